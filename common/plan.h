@@ -1,0 +1,82 @@
+// The epoch plan and the epoch timing report as plain structs, shared by server and worker.
+#ifndef DBS_COMMON_PLAN_H_
+#define DBS_COMMON_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dbs {
+
+// [begin, end) positions of an epoch's permutation.
+struct SampleRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const SampleRange& o) const { return begin == o.begin && end == o.end; }
+};
+
+// One worker's part of an epoch. See proto/dbs.proto (EpochPlan) for the meaning of each field.
+struct WorkerPlan {
+  int epoch = 0;
+  bool finished = false;
+  int batch_size = 0;
+  int final_batch_size = 0;
+  int num_steps = 0;
+  int global_batch = 0;
+  uint64_t permutation_seed = 0;
+  std::vector<SampleRange> train_ranges;
+  SampleRange test_range;
+  double share = 0.0;
+  int total_epochs = 0;
+
+  // The worker's batch size at `step`.
+  int BatchAt(int step) const { return step == num_steps - 1 ? final_batch_size : batch_size; }
+  // Total training samples of the worker in the epoch.
+  int64_t TrainSamples() const {
+    int64_t n = 0;
+    for (const SampleRange& r : train_ranges) n += r.size();
+    return n;
+  }
+};
+
+// One worker's account of one epoch. See proto/dbs.proto (EpochReport).
+struct EpochTiming {
+  int worker_id = 0;
+  int epoch = 0;
+  int64_t samples = 0;
+  double compute_seconds = 0.0;
+  double wait_seconds = 0.0;
+  double eval_seconds = 0.0;
+  int64_t test_samples = 0;
+  int64_t test_correct = 0;
+  double test_loss_sum = 0.0;
+
+  bool operator==(const EpochTiming& o) const {
+    return worker_id == o.worker_id && epoch == o.epoch && samples == o.samples &&
+           compute_seconds == o.compute_seconds && wait_seconds == o.wait_seconds &&
+           eval_seconds == o.eval_seconds && test_samples == o.test_samples &&
+           test_correct == o.test_correct && test_loss_sum == o.test_loss_sum;
+  }
+};
+
+// What a worker tells the scheduler when it joins.
+struct WorkerRegistration {
+  std::string name;
+  int64_t train_samples = 0;
+  int64_t test_samples = 0;
+  std::string device;
+};
+
+// What the scheduler answers.
+struct RegistrationResult {
+  int worker_id = 0;
+  int expected_workers = 0;
+  int epochs = 0;
+  int global_batch = 0;
+  std::string policy;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_PLAN_H_

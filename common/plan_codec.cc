@@ -1,0 +1,66 @@
+#include "common/plan_codec.h"
+
+namespace dbs {
+
+void ToProto(const WorkerPlan& p, v1::EpochPlan* out) {
+  out->set_epoch(p.epoch);
+  out->set_finished(p.finished);
+  out->set_batch_size(p.batch_size);
+  out->set_final_batch_size(p.final_batch_size);
+  out->set_num_steps(p.num_steps);
+  out->set_global_batch(p.global_batch);
+  out->set_permutation_seed(p.permutation_seed);
+  for (const SampleRange& r : p.train_ranges) {
+    v1::SampleRange* m = out->add_train_ranges();
+    m->set_begin(r.begin);
+    m->set_end(r.end);
+  }
+  out->mutable_test_range()->set_begin(p.test_range.begin);
+  out->mutable_test_range()->set_end(p.test_range.end);
+  out->set_share(p.share);
+  out->set_total_epochs(p.total_epochs);
+}
+
+WorkerPlan FromProto(const v1::EpochPlan& m) {
+  WorkerPlan p;
+  p.epoch = m.epoch();
+  p.finished = m.finished();
+  p.batch_size = m.batch_size();
+  p.final_batch_size = m.final_batch_size();
+  p.num_steps = m.num_steps();
+  p.global_batch = m.global_batch();
+  p.permutation_seed = m.permutation_seed();
+  for (const v1::SampleRange& r : m.train_ranges()) p.train_ranges.push_back({r.begin(), r.end()});
+  p.test_range = {m.test_range().begin(), m.test_range().end()};
+  p.share = m.share();
+  p.total_epochs = m.total_epochs();
+  return p;
+}
+
+void ToProto(const EpochTiming& t, v1::EpochReport* out) {
+  out->set_worker_id(t.worker_id);
+  out->set_epoch(t.epoch);
+  out->set_samples(t.samples);
+  out->set_compute_seconds(t.compute_seconds);
+  out->set_wait_seconds(t.wait_seconds);
+  out->set_eval_seconds(t.eval_seconds);
+  out->set_test_samples(t.test_samples);
+  out->set_test_correct(t.test_correct);
+  out->set_test_loss_sum(t.test_loss_sum);
+}
+
+EpochTiming FromProto(const v1::EpochReport& m) {
+  EpochTiming t;
+  t.worker_id = m.worker_id();
+  t.epoch = m.epoch();
+  t.samples = m.samples();
+  t.compute_seconds = m.compute_seconds();
+  t.wait_seconds = m.wait_seconds();
+  t.eval_seconds = m.eval_seconds();
+  t.test_samples = m.test_samples();
+  t.test_correct = m.test_correct();
+  t.test_loss_sum = m.test_loss_sum();
+  return t;
+}
+
+}  // namespace dbs

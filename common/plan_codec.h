@@ -1,0 +1,18 @@
+// Conversion between the plan/report structs of common/plan.h and their dbs.v1 messages.
+#ifndef DBS_COMMON_PLAN_CODEC_H_
+#define DBS_COMMON_PLAN_CODEC_H_
+
+#include "common/plan.h"
+#include "proto/dbs.pb.h"
+
+namespace dbs {
+
+void ToProto(const WorkerPlan& plan, v1::EpochPlan* out);
+WorkerPlan FromProto(const v1::EpochPlan& msg);
+
+void ToProto(const EpochTiming& timing, v1::EpochReport* out);
+EpochTiming FromProto(const v1::EpochReport& msg);
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_PLAN_CODEC_H_

@@ -1,0 +1,63 @@
+#include "common/tensor.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dbs {
+
+int64_t TensorSpec::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorSpec::ShapeString() const {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t TotalElements(const ModelLayout& layout) {
+  int64_t n = 0;
+  for (const TensorSpec& t : layout) n += t.NumElements();
+  return n;
+}
+
+absl::Status ValidateLayout(const ModelLayout& layout) {
+  if (layout.empty()) return absl::InvalidArgumentError("the model has no tensors");
+  absl::flat_hash_set<std::string> names;
+  for (const TensorSpec& t : layout) {
+    if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor name '", t.name, "' appears twice"));
+    }
+    for (int64_t d : t.shape) {
+      if (d <= 0 || d > (int64_t{1} << 31)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t.name, "' has invalid shape ", t.ShapeString()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& actual,
+                             const std::string& what) {
+  if (expected.size() != actual.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", actual.size(),
+                                                   " tensors; the model has ", expected.size()));
+  }
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i].name != actual[i].name) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", i, " is '", actual[i].name,
+                                                     "'; the model has '", expected[i].name, "'"));
+    }
+    if (expected[i].shape != actual[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),
+          "; the model has ", expected[i].ShapeString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dbs

@@ -1,0 +1,129 @@
+#include "server/batch_allocator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace dbs {
+
+std::vector<int64_t> LargestRemainder(int64_t total, absl::Span<const double> shares) {
+  const size_t n = shares.size();
+  std::vector<int64_t> out(n, 0);
+  if (n == 0 || total <= 0) return out;
+  double sum = 0.0;
+  for (double s : shares) sum += s;
+  std::vector<double> frac(n, 0.0);
+  int64_t assigned = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double exact = static_cast<double>(total) * (shares[i] / sum);
+    out[i] = std::min<int64_t>(total, static_cast<int64_t>(std::floor(exact)));
+    frac[i] = exact - static_cast<double>(out[i]);
+    assigned += out[i];
+  }
+  // Floating-point rounding can in principle overshoot; take units back from the smallest parts.
+  while (assigned > total) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i] > 0 && (out[k] == 0 || frac[i] < frac[k])) k = i;
+    }
+    --out[k];
+    frac[k] += 1.0;
+    --assigned;
+  }
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return frac[a] > frac[b]; });
+  for (size_t k = 0; assigned < total; k = (k + 1) % n) {
+    ++out[order[k]];
+    ++assigned;
+  }
+  return out;
+}
+
+absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t test_samples,
+                                              int global_batch, absl::Span<const double> shares) {
+  if (train_samples <= 0) return absl::InvalidArgumentError("the training set is empty");
+  if (test_samples < 0) return absl::InvalidArgumentError("negative test set size");
+  if (global_batch <= 0) return absl::InvalidArgumentError("global batch must be positive");
+  if (shares.empty()) return absl::InvalidArgumentError("no workers to allocate to");
+  double sum = 0.0;
+  for (double s : shares) {
+    if (!std::isfinite(s) || s < 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid share ", s));
+    }
+    sum += s;
+  }
+  if (sum <= 0.0) return absl::InvalidArgumentError("shares sum to zero");
+
+  const int64_t full_steps = train_samples / global_batch;
+  const int64_t remainder = train_samples % global_batch;
+  const std::vector<int64_t> batch = LargestRemainder(global_batch, shares);
+  const std::vector<int64_t> last =
+      remainder > 0 ? LargestRemainder(remainder, shares) : batch;
+  const std::vector<int64_t> test = LargestRemainder(test_samples, shares);
+
+  EpochAllocation out;
+  out.num_steps = static_cast<int>(full_steps + (remainder > 0 ? 1 : 0));
+  // With a remainder the last step is the partial one; otherwise the last full step is.
+  const int64_t regular_steps = remainder > 0 ? full_steps : full_steps - 1;
+  int64_t train_offset = 0;
+  int64_t test_offset = 0;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    WorkerAllocation w;
+    w.share = shares[i] / sum;
+    w.batch_size = static_cast<int>(batch[i]);
+    w.final_batch_size = static_cast<int>(last[i]);
+    const int64_t n = regular_steps * batch[i] + last[i];
+    w.train = {train_offset, train_offset + n};
+    w.test = {test_offset, test_offset + test[i]};
+    train_offset += n;
+    test_offset += test[i];
+    out.workers.push_back(w);
+  }
+  return out;
+}
+
+std::vector<double> EqualSplitPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  return std::vector<double>(workers.size(), workers.empty() ? 0.0 : 1.0 / workers.size());
+}
+
+std::vector<double> ProportionalPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  const size_t n = workers.size();
+  std::vector<double> speed(n, -1.0);
+  double known_sum = 0.0;
+  int known = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const WorkerObservation& w = workers[i];
+    if (w.samples > 0 && w.compute_seconds > 0.0 && std::isfinite(w.compute_seconds)) {
+      speed[i] = static_cast<double>(w.samples) / w.compute_seconds;
+      if (!std::isfinite(speed[i])) speed[i] = -1.0;
+    }
+    if (speed[i] > 0.0) {
+      known_sum += speed[i];
+      ++known;
+    }
+  }
+  if (known == 0) return EqualSplitPolicy().NextShares(workers);
+  const double mean = known_sum / known;
+  double total = 0.0;
+  for (double& v : speed) {
+    if (v <= 0.0) v = mean;
+    total += v;
+  }
+  for (double& v : speed) v /= total;
+  return speed;
+}
+
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name) {
+  if (name == "dbs") return std::unique_ptr<SharePolicy>(new ProportionalPolicy());
+  if (name == "fixed") return std::unique_ptr<SharePolicy>(new EqualSplitPolicy());
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy '", name, "'; use 'dbs' or 'fixed'"));
+}
+
+}  // namespace dbs

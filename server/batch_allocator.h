@@ -1,0 +1,84 @@
+// BatchAllocator: the pure arithmetic of Dynamic Batch Size.
+//
+// From per-worker shares it derives integer batch sizes that sum exactly to the global batch
+// (largest remainder), contiguous ranges of the epoch's permutation that cover it exactly once, the
+// common number of steps, and each worker's slice of the test set. Share policies turn the previous
+// epoch's measurements into new shares: DBS (proportional to compute-only speed, as in the paper)
+// or a fixed equal split (plain S-SGD). No state, no I/O; thread-compatible.
+#ifndef DBS_SERVER_BATCH_ALLOCATOR_H_
+#define DBS_SERVER_BATCH_ALLOCATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/plan.h"
+
+namespace dbs {
+
+// Splits `total` into non-negative integers proportional to `shares` that sum exactly to `total`:
+// each gets floor(total * share), and the leftover units go to the largest fractional parts (ties
+// to the lower index). Shares must be non-negative with a positive sum; they need not be normalised.
+std::vector<int64_t> LargestRemainder(int64_t total, absl::Span<const double> shares);
+
+// One worker's part of an epoch.
+struct WorkerAllocation {
+  double share = 0.0;
+  int batch_size = 0;        // at every step but the last
+  int final_batch_size = 0;  // at the last step
+  SampleRange train;         // positions in the epoch's permutation
+  SampleRange test;          // indices of the test set to evaluate
+};
+
+struct EpochAllocation {
+  int num_steps = 0;
+  std::vector<WorkerAllocation> workers;  // in the order of the shares
+};
+
+// Lays out an epoch of `train_samples` samples with global batch `global_batch`:
+// num_steps = ceil(D / B); full steps use the shares' split of B, the last step the shares' split of
+// the remainder D mod B (or of B when it divides evenly); worker i's range holds exactly the samples
+// of its steps. INVALID_ARGUMENT for empty data, a non-positive batch or bad shares.
+absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t test_samples,
+                                              int global_batch, absl::Span<const double> shares);
+
+// What the scheduler knows about a worker when it re-plans.
+struct WorkerObservation {
+  double previous_share = 0.0;
+  int64_t samples = 0;           // samples processed in the last epoch
+  double compute_seconds = 0.0;  // compute-only time of the last epoch
+};
+
+// Turns observations into the next epoch's shares (same order, summing to 1).
+class SharePolicy {
+ public:
+  virtual ~SharePolicy() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const = 0;
+};
+
+// Plain S-SGD: every worker gets 1/n, whatever it measured.
+class EqualSplitPolicy : public SharePolicy {
+ public:
+  std::string name() const override { return "fixed"; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+};
+
+// DBS: speed v_i = samples_i / compute_seconds_i, share_i = v_i / sum_j v_j. A worker without a
+// usable measurement (no samples, zero or non-finite time) is given the mean speed of the others,
+// so it is probed again rather than starved; with no measurement at all the split is equal.
+class ProportionalPolicy : public SharePolicy {
+ public:
+  std::string name() const override { return "dbs"; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+};
+
+// "dbs" or "fixed"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_BATCH_ALLOCATOR_H_

@@ -1,0 +1,79 @@
+// Optimizers applied by the parameter server to its flat parameter buffer, once per step.
+//
+// Semantics follow torch.optim (SGD with momentum, dampening 0, optional Nesterov, L2 weight decay
+// added to the gradient; Adam with bias correction and L2 weight decay), so a run can be checked
+// against PyTorch. State (momentum, moments) is sized on the first step. Not thread-safe: the
+// ParameterStore serialises calls.
+#ifndef DBS_SERVER_OPTIMIZER_H_
+#define DBS_SERVER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace dbs {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // params -= update(grad). Both spans have the model's size.
+  virtual void Step(absl::Span<float> params, absl::Span<const float> grad) = 0;
+  virtual std::string Describe() const = 0;
+};
+
+struct SgdConfig {
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+class SgdOptimizer : public Optimizer {
+ public:
+  explicit SgdOptimizer(SgdConfig config) : config_(config) {}
+  void Step(absl::Span<float> params, absl::Span<const float> grad) override;
+  std::string Describe() const override;
+
+ private:
+  SgdConfig config_;
+  std::vector<float> momentum_;
+  bool has_momentum_ = false;
+};
+
+struct AdamConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class AdamOptimizer : public Optimizer {
+ public:
+  explicit AdamOptimizer(AdamConfig config) : config_(config) {}
+  void Step(absl::Span<float> params, absl::Span<const float> grad) override;
+  std::string Describe() const override;
+
+ private:
+  AdamConfig config_;
+  std::vector<float> m_;
+  std::vector<float> v_;
+  int64_t t_ = 0;
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // "sgd" or "adam"
+  SgdConfig sgd;
+  AdamConfig adam;
+};
+
+// INVALID_ARGUMENT for an unknown name or out-of-range hyper-parameters.
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_OPTIMIZER_H_

@@ -1,0 +1,99 @@
+#include "server/parameter_service.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/tensor_codec.h"
+
+namespace dbs {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap,
+                    v1::Parameters* out) {
+  out->set_version(snap.version);
+  EncodeTensors(layout, *snap.values, out->mutable_parameters());
+}
+
+absl::Status UnknownWorker(int id) {
+  return absl::NotFoundError(
+      absl::StrCat("unknown worker ", id, "; call SchedulerService.RegisterWorker first"));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(
+    grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest* req, v1::Parameters* reply) {
+  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
+  if (!layout.ok()) return Finish(ctx, layout.status());
+  std::vector<float> initial(static_cast<size_t>(TotalElements(*layout)));
+  absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
+  if (!decoded.ok()) return Finish(ctx, decoded);
+  absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
+  if (snap.ok()) FillParameters(*layout, *snap, reply);
+  return Finish(ctx, snap.status());
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(
+    grpc::CallbackServerContext* ctx, const v1::PullParametersRequest* req, v1::Parameters* reply) {
+  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
+  if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
+  return Finish(ctx, snap.status());
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
+                                                             const v1::PushGradientRequest* req,
+                                                             v1::PushGradientReply* reply) {
+  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  if (req->num_samples() < 0) {
+    return Finish(ctx, absl::InvalidArgumentError("num_samples is negative"));
+  }
+  if (!std::isfinite(req->loss_sum())) {
+    return Finish(ctx, absl::InvalidArgumentError("loss_sum is not finite"));
+  }
+  // Callback threads are pooled, so a per-thread scratch buffer is reused across steps.
+  thread_local std::vector<float> scratch;
+  const ModelLayout layout = store_->layout();
+  GradientPush push;
+  push.worker_id = req->worker_id();
+  push.epoch = req->epoch();
+  push.step = req->step();
+  push.num_samples = req->num_samples();
+  push.loss_sum = req->loss_sum();
+  if (req->num_samples() > 0 || req->gradients_size() > 0) {
+    if (layout.empty()) {
+      return Finish(ctx, absl::FailedPreconditionError("no model registered yet"));
+    }
+    scratch.resize(static_cast<size_t>(TotalElements(layout)));
+    absl::Status decoded =
+        DecodeTensors(req->gradients(), layout, /*require_finite=*/true, absl::MakeSpan(scratch));
+    if (!decoded.ok()) {
+      return Finish(ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ",
+                                                                 decoded.message())));
+    }
+    push.gradient = scratch;
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  aggregator_->Push(push, [reactor, reply, layout](const absl::StatusOr<StepResult>& r) {
+    if (r.ok()) {
+      reply->set_epoch(r->epoch);
+      reply->set_step(r->step);
+      reply->set_global_loss(r->global_loss);
+      reply->set_global_samples(r->global_samples);
+      FillParameters(layout, r->parameters, reply->mutable_parameters());
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+}  // namespace dbs

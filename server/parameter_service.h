@@ -1,0 +1,41 @@
+// ParameterService adapter: decodes dbs.v1 tensors, calls the ParameterStore and StepAggregator,
+// maps statuses. Pushes use the callback API: a worker waiting for its step holds no thread.
+#ifndef DBS_SERVER_PARAMETER_SERVICE_H_
+#define DBS_SERVER_PARAMETER_SERVICE_H_
+
+#include <functional>
+
+#include "proto/dbs.grpc.pb.h"
+#include "server/parameter_store.h"
+#include "server/step_aggregator.h"
+
+namespace dbs {
+
+class ParameterServiceImpl final : public v1::ParameterService::CallbackService {
+ public:
+  // Tells whether a worker id belongs to a registered worker (the scheduler's membership).
+  using IsMember = std::function<bool(int worker_id)>;
+
+  // `store` and `aggregator` must outlive the service.
+  ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, IsMember is_member)
+      : store_(store), aggregator_(aggregator), is_member_(std::move(is_member)) {}
+
+  grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
+                                          const v1::RegisterModelRequest* req,
+                                          v1::Parameters* reply) override;
+  grpc::ServerUnaryReactor* PushGradient(grpc::CallbackServerContext* ctx,
+                                         const v1::PushGradientRequest* req,
+                                         v1::PushGradientReply* reply) override;
+  grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
+                                           const v1::PullParametersRequest* req,
+                                           v1::Parameters* reply) override;
+
+ private:
+  ParameterStore* const store_;
+  StepAggregator* const aggregator_;
+  const IsMember is_member_;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_PARAMETER_SERVICE_H_

@@ -1,0 +1,76 @@
+#include "server/parameter_store.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dbs {
+
+ParameterStore::ParameterStore(std::unique_ptr<Optimizer> optimizer)
+    : optimizer_(std::move(optimizer)) {}
+
+absl::StatusOr<ParameterSnapshot> ParameterStore::Register(const ModelLayout& layout,
+                                                           absl::Span<const float> initial) {
+  DBS_RETURN_IF_ERROR(ValidateLayout(layout));
+  absl::MutexLock lock(&mu_);
+  if (!layout_.empty()) {
+    DBS_RETURN_IF_ERROR(CheckSameLayout(layout_, layout, "the registered model"));
+    return SnapshotLocked();
+  }
+  if (initial.size() != static_cast<size_t>(TotalElements(layout))) {
+    return absl::InvalidArgumentError(absl::StrCat("initial values hold ", initial.size(),
+                                                   " floats; the layout needs ",
+                                                   TotalElements(layout)));
+  }
+  for (float v : initial) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError("initial values are not finite");
+  }
+  layout_ = layout;
+  values_.assign(initial.begin(), initial.end());
+  cached_.reset();
+  return SnapshotLocked();
+}
+
+absl::StatusOr<ParameterSnapshot> ParameterStore::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  if (layout_.empty()) {
+    return absl::FailedPreconditionError("no model registered yet");
+  }
+  return SnapshotLocked();
+}
+
+absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const float> grad) {
+  absl::MutexLock lock(&mu_);
+  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
+  if (grad.size() != values_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient holds ", grad.size(),
+                                                   " floats; the model has ", values_.size()));
+  }
+  optimizer_->Step(absl::MakeSpan(values_), grad);
+  ++version_;
+  cached_.reset();
+  return SnapshotLocked();
+}
+
+ParameterSnapshot ParameterStore::SnapshotLocked() const {
+  if (!cached_) cached_ = std::make_shared<const std::vector<float>>(values_);
+  return ParameterSnapshot{version_, cached_};
+}
+
+bool ParameterStore::registered() const {
+  absl::MutexLock lock(&mu_);
+  return !layout_.empty();
+}
+
+ModelLayout ParameterStore::layout() const {
+  absl::MutexLock lock(&mu_);
+  return layout_;
+}
+
+int64_t ParameterStore::num_elements() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(values_.size());
+}
+
+}  // namespace dbs

@@ -1,0 +1,61 @@
+// ParameterStore: the job's model parameters and the optimizer that updates them.
+//
+// The first Register fixes the layout and initial values; later ones must match and receive the
+// stored values. ApplyGradient runs the optimizer once and bumps the version. Snapshots are
+// immutable and shared, so replies can be built without holding the lock. Thread-safe.
+#ifndef DBS_SERVER_PARAMETER_STORE_H_
+#define DBS_SERVER_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/tensor.h"
+#include "server/optimizer.h"
+
+namespace dbs {
+
+struct ParameterSnapshot {
+  int64_t version = 0;
+  std::shared_ptr<const std::vector<float>> values;
+};
+
+class ParameterStore {
+ public:
+  explicit ParameterStore(std::unique_ptr<Optimizer> optimizer);
+
+  // First call: validates and stores `layout` and `initial`. Later calls: INVALID_ARGUMENT unless
+  // the layout is identical. Returns the current parameters either way.
+  absl::StatusOr<ParameterSnapshot> Register(const ModelLayout& layout,
+                                             absl::Span<const float> initial);
+
+  // FAILED_PRECONDITION before Register.
+  absl::StatusOr<ParameterSnapshot> Snapshot() const;
+
+  // Applies one optimizer step with `grad` (the model's size) and returns the new parameters.
+  absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<const float> grad);
+
+  bool registered() const;
+  // The layout; empty before Register.
+  ModelLayout layout() const;
+  int64_t num_elements() const;
+
+ private:
+  ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  ModelLayout layout_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last snapshot handed out, reused until the values change.
+  mutable std::shared_ptr<const std::vector<float>> cached_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_PARAMETER_STORE_H_

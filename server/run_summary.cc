@@ -1,0 +1,183 @@
+#include "server/run_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace dbs {
+namespace {
+
+double Seconds(absl::Time a, absl::Time b) { return absl::ToDoubleSeconds(b - a); }
+
+struct Spread {
+  double min = 0.0, max = 0.0;
+  double ratio() const { return min > 0 ? max / min : 0.0; }
+};
+
+Spread ComputeSpread(const EpochRecord& r) {
+  Spread s;
+  bool first = true;
+  for (const auto& [id, t] : r.reports) {
+    if (first) {
+      s.min = s.max = t.compute_seconds;
+      first = false;
+    }
+    s.min = std::min(s.min, t.compute_seconds);
+    s.max = std::max(s.max, t.compute_seconds);
+  }
+  return s;
+}
+
+double TestLoss(const EpochRecord& r) {
+  double loss = 0.0;
+  int64_t n = 0;
+  for (const auto& [id, t] : r.reports) {
+    loss += t.test_loss_sum;
+    n += t.test_samples;
+  }
+  return n > 0 ? loss / n : 0.0;
+}
+
+}  // namespace
+
+double TestAccuracy(const EpochRecord& r) {
+  int64_t correct = 0, n = 0;
+  for (const auto& [id, t] : r.reports) {
+    correct += t.test_correct;
+    n += t.test_samples;
+  }
+  return n > 0 ? static_cast<double>(correct) / n : 0.0;
+}
+
+nlohmann::json BuildSummary(const RunInfo& run) {
+  using nlohmann::json;
+  json out;
+  out["format"] = "dbs.run_summary.v1";
+  out["status"] = run.status;
+  out["policy"] = run.policy;
+  out["optimizer"] = run.optimizer;
+  out["workers"] = run.scheduler.expected_workers;
+  out["epochs_planned"] = run.scheduler.epochs;
+  out["global_batch"] = run.scheduler.global_batch;
+  out["seed"] = run.scheduler.seed;
+  json workers = json::array();
+  for (size_t id = 0; id < run.workers.size(); ++id) {
+    const WorkerRegistration& w = run.workers[id];
+    workers.push_back({{"id", id},
+                       {"name", w.name},
+                       {"device", w.device},
+                       {"train_samples", w.train_samples},
+                       {"test_samples", w.test_samples}});
+  }
+  out["worker_info"] = workers;
+  json epochs = json::array();
+  double final_accuracy = 0.0;
+  int completed = 0;
+  for (const EpochRecord& r : run.epochs) {
+    if (!r.complete) continue;
+    ++completed;
+    json e;
+    e["epoch"] = r.epoch;
+    e["wall_seconds"] = Seconds(r.start, r.end);
+    e["start_seconds"] = Seconds(run.start, r.start);
+    auto loss = run.losses.find(r.epoch);
+    e["train_loss"] = loss == run.losses.end() ? 0.0 : loss->second.mean();
+    e["steps"] = r.plans.empty() ? 0 : r.plans.begin()->second.num_steps;
+    e["test_accuracy"] = TestAccuracy(r);
+    e["test_loss"] = TestLoss(r);
+    const Spread s = ComputeSpread(r);
+    e["compute_seconds_max_over_min"] = s.ratio();
+    json ws = json::array();
+    for (const auto& [id, plan] : r.plans) {
+      const EpochTiming& t = r.reports.at(id);
+      ws.push_back({{"id", id},
+                    {"share", plan.share},
+                    {"batch_size", plan.batch_size},
+                    {"final_batch_size", plan.final_batch_size},
+                    {"samples", t.samples},
+                    {"compute_seconds", t.compute_seconds},
+                    {"wait_seconds", t.wait_seconds},
+                    {"eval_seconds", t.eval_seconds},
+                    {"test_samples", t.test_samples},
+                    {"test_correct", t.test_correct}});
+    }
+    e["workers"] = ws;
+    epochs.push_back(e);
+    final_accuracy = TestAccuracy(r);
+  }
+  out["epochs"] = epochs;
+  out["epochs_completed"] = completed;
+  out["final_test_accuracy"] = final_accuracy;
+  out["wall_seconds"] = Seconds(run.start, run.end);
+  return out;
+}
+
+std::string EpochLine(const RunInfo& run, const EpochRecord& r) {
+  std::vector<std::string> batches, compute, wait;
+  for (const auto& [id, plan] : r.plans) {
+    batches.push_back(absl::StrCat(plan.batch_size));
+    auto t = r.reports.find(id);
+    compute.push_back(t == r.reports.end() ? "-" : absl::StrFormat("%.2f", t->second.compute_seconds));
+    wait.push_back(t == r.reports.end() ? "-" : absl::StrFormat("%.2f", t->second.wait_seconds));
+  }
+  auto loss = run.losses.find(r.epoch);
+  const double elapsed = Seconds(run.start, r.end);
+  const int done = r.epoch + 1;
+  const double eta = done > 0 ? elapsed / done * (run.scheduler.epochs - done) : 0.0;
+  return absl::StrFormat(
+      "epoch %d/%d done in %.1f s | train loss %.4f | test acc %.2f%% | ETA %.0f s | "
+      "batch [%s] compute s [%s] wait s [%s]",
+      done, run.scheduler.epochs, Seconds(r.start, r.end),
+      loss == run.losses.end() ? 0.0 : loss->second.mean(), 100.0 * TestAccuracy(r), eta,
+      absl::StrJoin(batches, " "), absl::StrJoin(compute, " "), absl::StrJoin(wait, " "));
+}
+
+std::string HumanSummary(const RunInfo& run) {
+  std::string out = absl::StrFormat(
+      "dbs run summary: policy=%s, %d workers, global batch %d, %s\n", run.policy,
+      run.scheduler.expected_workers, run.scheduler.global_batch, run.optimizer);
+  int completed = 0;
+  const EpochRecord* last = nullptr;
+  for (const EpochRecord& r : run.epochs) {
+    if (!r.complete) continue;
+    ++completed;
+    last = &r;
+  }
+  absl::StrAppendFormat(&out, "  status: %s\n  epochs: %d of %d, wall time %.1f s\n", run.status,
+                        completed, run.scheduler.epochs, Seconds(run.start, run.end));
+  if (last != nullptr) {
+    absl::StrAppendFormat(&out, "  final test accuracy: %.2f%%\n", 100.0 * TestAccuracy(*last));
+    absl::StrAppendFormat(&out, "  last epoch compute time max/min across workers: %.2f\n",
+                          ComputeSpread(*last).ratio());
+    for (const auto& [id, plan] : last->plans) {
+      const EpochTiming& t = last->reports.at(id);
+      absl::StrAppendFormat(&out,
+                            "  worker %d: batch %d (share %.3f), compute %.2f s, wait %.2f s, "
+                            "eval %.2f s\n",
+                            id, plan.batch_size, plan.share, t.compute_seconds, t.wait_seconds,
+                            t.eval_seconds);
+    }
+  }
+  return out;
+}
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    f << contents;
+    f.flush();
+    if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dbs

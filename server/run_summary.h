@@ -1,0 +1,49 @@
+// The run's record: a machine-readable JSON summary and a short human summary, built from the
+// scheduler's history and the aggregator's losses. Pure functions; no I/O except WriteFileAtomic.
+#ifndef DBS_SERVER_RUN_SUMMARY_H_
+#define DBS_SERVER_RUN_SUMMARY_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/plan.h"
+#include "nlohmann/json.hpp"
+#include "server/scheduler.h"
+#include "server/step_aggregator.h"
+
+namespace dbs {
+
+struct RunInfo {
+  std::string policy;
+  std::string optimizer;
+  SchedulerConfig scheduler;
+  std::vector<WorkerRegistration> workers;  // by id
+  std::vector<EpochRecord> epochs;
+  std::map<int, EpochLoss> losses;  // by epoch
+  absl::Time start;
+  absl::Time end;
+  std::string status = "ok";  // "ok" or the error that ended the job
+};
+
+// Test accuracy of an epoch over all workers' test slices (0 when nothing was evaluated).
+double TestAccuracy(const EpochRecord& record);
+
+// The JSON summary: config, one entry per epoch (wall time, loss, accuracy, and per worker: batch
+// size, share, samples, compute/wait/eval seconds), and the totals.
+nlohmann::json BuildSummary(const RunInfo& run);
+
+// A few lines for a person: epochs, final accuracy, wall time, balance of the last epoch.
+std::string HumanSummary(const RunInfo& run);
+
+// One line about a completed epoch, for the progress log.
+std::string EpochLine(const RunInfo& run, const EpochRecord& record);
+
+// Writes `contents` to `path` via a temporary file and rename, so readers never see half a file.
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_RUN_SUMMARY_H_

@@ -1,0 +1,127 @@
+// Scheduler: membership and the epoch plans of a job.
+//
+// Workers register (idempotent by name); when the expected number have joined, the scheduler lays
+// out epoch 0 with equal shares. Each worker reports its epoch's compute-only time; when every
+// worker of the epoch has reported, the share policy turns the reports into the next epoch's
+// shares and the BatchAllocator into plans. After the last epoch every plan request is answered
+// with `finished`. Plan requests do not block a thread: the callback runs when the plan exists.
+//
+// A listener (the parameter server's wiring) hears of each new epoch before any worker receives
+// its plan, of each completed epoch, and of the end of the job. Callbacks run without the
+// scheduler's lock held, except OnEpochPlanned, which runs under it so that no worker can see a
+// plan the rest of the server does not yet know. Thread-safe.
+#ifndef DBS_SERVER_SCHEDULER_H_
+#define DBS_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/plan.h"
+#include "server/batch_allocator.h"
+
+namespace dbs {
+
+struct SchedulerConfig {
+  int expected_workers = 1;
+  int epochs = 1;
+  int global_batch = 64;
+  uint64_t seed = 1;
+};
+
+// Everything recorded about one epoch.
+struct EpochRecord {
+  int epoch = 0;
+  absl::Time start;
+  absl::Time end;                     // when the last report arrived
+  std::map<int, WorkerPlan> plans;    // by worker id
+  std::map<int, EpochTiming> reports; // by worker id
+  bool complete = false;
+};
+
+class SchedulerListener {
+ public:
+  virtual ~SchedulerListener() = default;
+  // A new epoch has been planned (called under the scheduler's lock; must not call back).
+  virtual void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) = 0;
+  // Every worker has reported `record.epoch`.
+  virtual void OnEpochCompleted(const EpochRecord& record) = 0;
+  // The job ended: OK after the last epoch, an error when it was aborted.
+  virtual void OnJobFinished(const absl::Status& status) = 0;
+};
+
+class Scheduler {
+ public:
+  using PlanCallback = std::function<void(const absl::StatusOr<WorkerPlan>&)>;
+
+  // `clock` and `listener` (may be null) must outlive the scheduler.
+  Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy, const Clock* clock,
+            SchedulerListener* listener);
+
+  // INVALID_ARGUMENT for an unusable configuration.
+  static absl::Status ValidateConfig(const SchedulerConfig& config);
+
+  // Joins the job. The same name gets the same id back. FAILED_PRECONDITION when the job has
+  // started without this worker or its data set size differs from the first worker's.
+  absl::StatusOr<RegistrationResult> Register(const WorkerRegistration& registration);
+
+  // A worker leaves. Leaving before the job has finished aborts the job (elastic membership is
+  // not part of this version): every waiting worker is told why.
+  absl::Status Leave(int worker_id);
+
+  // Records a worker's epoch report; an identical repeat is accepted once.
+  absl::Status Report(const EpochTiming& timing);
+
+  // Calls `done` with the worker's plan for `epoch` once it exists (at once if it does).
+  void AwaitPlan(int worker_id, int epoch, PlanCallback done);
+
+  // Aborts the job: fails every waiting and future plan request with `status`.
+  void Abort(const absl::Status& status);
+
+  bool IsRegistered(int worker_id) const;
+  std::vector<EpochRecord> History() const;
+  std::vector<WorkerRegistration> Workers() const;  // by id
+  int active_workers() const;  // registered and not left
+  const SchedulerConfig& config() const { return config_; }
+  std::string policy_name() const { return policy_->name(); }
+
+ private:
+  struct Waiter {
+    int worker_id;
+    int epoch;
+    PlanCallback done;
+  };
+  using Calls = std::vector<std::function<void()>>;
+
+  // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
+  absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortLocked(const absl::Status& status, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerPlan FinishedPlan(int epoch) const;
+  static void Run(Calls& calls);
+
+  const SchedulerConfig config_;
+  const std::unique_ptr<SharePolicy> policy_;
+  const Clock* const clock_;
+  SchedulerListener* const listener_;
+
+  mutable absl::Mutex mu_;
+  std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
+  std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
+  std::vector<EpochRecord> records_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_SCHEDULER_H_

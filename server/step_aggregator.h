@@ -1,0 +1,110 @@
+// StepAggregator: the synchronous step barrier of the parameter server.
+//
+// For each step of an epoch it collects one gradient from every worker in the epoch's plan, each
+// the mean over that worker's b_i samples, and applies g = sum_i (b_i / B) g_i (B = sum b_i) once
+// through the ParameterStore: exactly the mean gradient of the step's global batch. Pushers are not
+// blocked: each push hands over a completion callback, and when the last gradient of the step
+// arrives every callback runs (on the thread of that last push) with the same result.
+//
+// Everything a peer controls is checked before anything changes: an unknown worker, a push for a
+// step that is not the current one, or a sample count that differs from the plan leaves the step
+// as it was. A duplicate push of the pending step or of the step just completed is not counted
+// again and gets the same result, so pushes may be retried. Thread-safe.
+#ifndef DBS_SERVER_STEP_AGGREGATOR_H_
+#define DBS_SERVER_STEP_AGGREGATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/parameter_store.h"
+
+namespace dbs {
+
+// The outcome of one step, shared by every worker of the step.
+struct StepResult {
+  int epoch = 0;
+  int step = 0;
+  double global_loss = 0.0;  // mean loss over the step's samples
+  int64_t global_samples = 0;
+  ParameterSnapshot parameters;
+};
+
+// One worker's batch sizes in an epoch.
+struct StepQuota {
+  int batch_size = 0;
+  int final_batch_size = 0;
+};
+
+// Loss totals of an epoch.
+struct EpochLoss {
+  double loss_sum = 0.0;
+  int64_t samples = 0;
+  int steps_completed = 0;
+  double mean() const { return samples > 0 ? loss_sum / samples : 0.0; }
+};
+
+struct GradientPush {
+  int worker_id = 0;
+  int epoch = 0;
+  int step = 0;
+  int num_samples = 0;
+  double loss_sum = 0.0;
+  // The worker's mean gradient (model size); may be empty when num_samples is 0.
+  absl::Span<const float> gradient;
+};
+
+class StepAggregator {
+ public:
+  using Done = std::function<void(const absl::StatusOr<StepResult>&)>;
+
+  // `store` must outlive the aggregator.
+  explicit StepAggregator(ParameterStore* store);
+
+  // Starts `epoch` with `num_steps` steps and the given participants. Called by the scheduler's
+  // listener before any worker sees the plan.
+  void BeginEpoch(int epoch, int num_steps, std::map<int, StepQuota> quotas);
+
+  // Validates and records a push. On error `done` runs at once with the error and nothing changes;
+  // otherwise it runs when the step completes (possibly at once, on this thread).
+  void Push(const GradientPush& push, Done done);
+
+  // Fails every pending and future push with `status` (job aborted or shutting down).
+  void Abort(const absl::Status& status);
+
+  // Loss totals of `epoch` so far.
+  EpochLoss LossOf(int epoch) const;
+
+ private:
+  struct Pending {
+    std::vector<Done> callbacks;
+  };
+
+  absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ParameterStore* const store_;
+  mutable absl::Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  int epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  int num_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, StepQuota> quotas_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
+  std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
+  double loss_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
+  int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_
+  std::map<int, EpochLoss> epoch_loss_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_STEP_AGGREGATOR_H_

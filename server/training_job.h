@@ -1,0 +1,71 @@
+// TrainingJob: one training job on the parameter server, wiring the domain objects together.
+//
+// It owns the ParameterStore (with its optimizer), the StepAggregator and the Scheduler, listens to
+// the scheduler to start each epoch's steps in the aggregator, logs a line per epoch, and keeps the
+// run record for the summary. Free of gRPC; ps_main puts services in front of it. Thread-safe.
+#ifndef DBS_SERVER_TRAINING_JOB_H_
+#define DBS_SERVER_TRAINING_JOB_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "server/optimizer.h"
+#include "server/parameter_store.h"
+#include "server/run_summary.h"
+#include "server/scheduler.h"
+#include "server/step_aggregator.h"
+
+namespace dbs {
+
+struct JobConfig {
+  SchedulerConfig scheduler;
+  std::string policy = "dbs";  // "dbs" or "fixed"
+  OptimizerConfig optimizer;
+};
+
+class TrainingJob : public SchedulerListener {
+ public:
+  // INVALID_ARGUMENT for a bad configuration. `clock` must outlive the job.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(const JobConfig& config,
+                                                             const Clock* clock);
+
+  Scheduler* scheduler() { return scheduler_.get(); }
+  ParameterStore* store() { return store_.get(); }
+  StepAggregator* aggregator() { return aggregator_.get(); }
+
+  // Blocks until the job has finished or been aborted; returns how it ended.
+  absl::Status Wait();
+  // Ends the job early (a signal, a fatal error): releases every waiting worker.
+  void Abort(const absl::Status& status);
+
+  // The run record so far.
+  RunInfo Run() const;
+
+  void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
+  void OnEpochCompleted(const EpochRecord& record) override;
+  void OnJobFinished(const absl::Status& status) override;
+
+ private:
+  TrainingJob(const JobConfig& config, const Clock* clock, std::string optimizer_description);
+
+  const JobConfig config_;
+  const Clock* const clock_;
+  const std::string optimizer_description_;
+  const absl::Time start_;
+  std::unique_ptr<ParameterStore> store_;
+  std::unique_ptr<StepAggregator> aggregator_;
+  std::unique_ptr<Scheduler> scheduler_;
+
+  mutable absl::Mutex mu_;
+  absl::Status final_status_ ABSL_GUARDED_BY(mu_);
+  absl::Time end_ ABSL_GUARDED_BY(mu_);
+  absl::Notification finished_;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_TRAINING_JOB_H_

@@ -1,0 +1,163 @@
+#include "worker/grpc_ps_client.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/plan_codec.h"
+#include "common/status_macros.h"
+#include "common/tensor_codec.h"
+#include "grpcpp/grpcpp.h"
+
+namespace dbs {
+
+GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config) : config_(config) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(config.max_message_mb << 20);
+  args.SetMaxSendMessageSize(config.max_message_mb << 20);
+  // Our own backoff drives reconnection; keep gRPC's from adding long pauses of its own.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(config.address, grpc::InsecureChannelCredentials(), args);
+  scheduler_ = v1::SchedulerService::NewStub(channel_);
+  parameters_ = v1::ParameterService::NewStub(channel_);
+}
+
+absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
+  absl::Status st = FromGrpcStatus(s);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat(what, " at dbs_ps ", config_.address, ": ",
+                                              st.message()));
+}
+
+absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
+  v1::RegisterWorkerRequest req;
+  req.set_name(reg.name);
+  req.set_train_samples(reg.train_samples);
+  req.set_test_samples(reg.test_samples);
+  req.set_device(reg.device);
+  Backoff backoff(config_.backoff, std::hash<std::string>()(reg.name));
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + config_.connect_timeout;
+  grpc::Status last;
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
+    v1::RegisterWorkerReply reply;
+    last = scheduler_->RegisterWorker(&ctx, req, &reply);
+    if (last.ok()) {
+      RegistrationResult r;
+      r.worker_id = reply.worker_id();
+      r.expected_workers = reply.expected_workers();
+      r.epochs = reply.epochs();
+      r.global_batch = reply.global_batch();
+      r.policy = reply.policy();
+      return r;
+    }
+    const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retryable) return Annotate(last, "registration refused");
+    const absl::Duration delay = backoff.Next();
+    if (absl::Now() + delay >= deadline) break;
+    absl::SleepFor(delay);
+  }
+  return absl::UnavailableError(absl::StrFormat(
+      "could not reach dbs_ps at %s after %d attempts over %.1f s (last error: %s). Is dbs_ps "
+      "running there, and are --server and the port right?",
+      config_.address, attempts, absl::ToDoubleSeconds(absl::Now() - start),
+      last.error_message()));
+}
+
+absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layout,
+                                         absl::Span<const float> initial,
+                                         absl::Span<float> params) {
+  v1::RegisterModelRequest req;
+  req.set_worker_id(worker_id);
+  EncodeTensors(layout, initial, req.mutable_parameters());
+  v1::Parameters reply;
+  grpc::ClientContext ctx;
+  DBS_RETURN_IF_ERROR(Annotate(parameters_->RegisterModel(&ctx, req, &reply), "RegisterModel"));
+  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout, false, params));
+  layout_ = layout;
+  // Prepare the reusable push request: one tensor per parameter.
+  push_.Clear();
+  push_.set_worker_id(worker_id);
+  for (const TensorSpec& spec : layout) {
+    v1::Tensor* t = push_.add_gradients();
+    t->set_name(spec.name);
+    for (int64_t d : spec.shape) t->add_shape(d);
+    t->mutable_data()->resize(static_cast<size_t>(spec.NumElements()) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerPlan> GrpcPsClient::GetEpochPlan(int worker_id, int epoch) {
+  v1::GetEpochPlanRequest req;
+  req.set_worker_id(worker_id);
+  req.set_epoch(epoch);
+  v1::EpochPlan reply;
+  grpc::ClientContext ctx;
+  DBS_RETURN_IF_ERROR(Annotate(scheduler_->GetEpochPlan(&ctx, req, &reply), "GetEpochPlan"));
+  return FromProto(reply);
+}
+
+absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch, int step,
+                                                       int num_samples, double loss_sum,
+                                                       double compute_seconds,
+                                                       absl::Span<const float> gradient,
+                                                       absl::Span<float> params) {
+  if (layout_.empty()) return absl::FailedPreconditionError("RegisterModel first");
+  const bool send = num_samples > 0;
+  // A push with samples reuses push_ and its tensor buffers; an empty one carries no tensors.
+  v1::PushGradientRequest empty;
+  v1::PushGradientRequest& req = send ? push_ : empty;
+  req.set_worker_id(worker_id);
+  req.set_epoch(epoch);
+  req.set_step(step);
+  req.set_num_samples(num_samples);
+  req.set_loss_sum(loss_sum);
+  req.set_compute_seconds(compute_seconds);
+  if (send) {
+    if (gradient.size() != static_cast<size_t>(TotalElements(layout_))) {
+      return absl::InternalError("gradient buffer does not match the model");
+    }
+    size_t offset = 0;
+    for (int i = 0; i < push_.gradients_size(); ++i) {
+      std::string* data = push_.mutable_gradients(i)->mutable_data();
+      std::memcpy(data->data(), gradient.data() + offset, data->size());
+      offset += data->size() / sizeof(float);
+    }
+  }
+  grpc::ClientContext ctx;
+  DBS_RETURN_IF_ERROR(Annotate(
+      parameters_->PushGradient(&ctx, req, &push_reply_), "PushGradient"));
+  DBS_RETURN_IF_ERROR(DecodeTensors(push_reply_.parameters().parameters(), layout_, false, params));
+  StepOutcome out;
+  out.global_loss = push_reply_.global_loss();
+  out.global_samples = push_reply_.global_samples();
+  out.version = push_reply_.parameters().version();
+  return out;
+}
+
+absl::Status GrpcPsClient::ReportEpoch(const EpochTiming& timing) {
+  v1::EpochReport req;
+  ToProto(timing, &req);
+  v1::EpochReportReply reply;
+  grpc::ClientContext ctx;
+  return Annotate(scheduler_->ReportEpoch(&ctx, req, &reply), "ReportEpoch");
+}
+
+absl::Status GrpcPsClient::Leave(int worker_id) {
+  v1::LeaveRequest req;
+  req.set_worker_id(worker_id);
+  v1::LeaveReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  return Annotate(scheduler_->Leave(&ctx, req, &reply), "Leave");
+}
+
+}  // namespace dbs

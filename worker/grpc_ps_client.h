@@ -1,0 +1,57 @@
+// GrpcPsClient: PsClient over gRPC (one channel to dbs_ps for both services).
+//
+// RegisterWorker retries with exponential backoff while the server is unreachable and, when
+// `connect_timeout` runs out, fails with a message naming the address and the attempts made.
+// Push requests are reused between steps so their tensor buffers are not reallocated.
+// Not thread-safe: one client per worker loop.
+#ifndef DBS_WORKER_GRPC_PS_CLIENT_H_
+#define DBS_WORKER_GRPC_PS_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "common/backoff.h"
+#include "proto/dbs.grpc.pb.h"
+#include "worker/ps_client.h"
+
+namespace dbs {
+
+struct GrpcClientConfig {
+  std::string address = "127.0.0.1:50051";
+  absl::Duration connect_timeout = absl::Seconds(60);
+  BackoffConfig backoff;
+  int max_message_mb = 512;
+};
+
+class GrpcPsClient : public PsClient {
+ public:
+  explicit GrpcPsClient(const GrpcClientConfig& config);
+
+  absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
+  absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
+                             absl::Span<const float> initial, absl::Span<float> params) override;
+  absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) override;
+  absl::StatusOr<StepOutcome> PushGradient(int worker_id, int epoch, int step, int num_samples,
+                                           double loss_sum, double compute_seconds,
+                                           absl::Span<const float> gradient,
+                                           absl::Span<float> params) override;
+  absl::Status ReportEpoch(const EpochTiming& timing) override;
+  absl::Status Leave(int worker_id) override;
+
+ private:
+  // Adds the server's address to an error so the user knows which peer failed.
+  absl::Status Annotate(const grpc::Status& s, const char* what) const;
+
+  const GrpcClientConfig config_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::SchedulerService::Stub> scheduler_;
+  std::unique_ptr<v1::ParameterService::Stub> parameters_;
+  ModelLayout layout_;
+  v1::PushGradientRequest push_;
+  v1::PushGradientReply push_reply_;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_WORKER_GRPC_PS_CLIENT_H_

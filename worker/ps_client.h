@@ -1,0 +1,49 @@
+// PsClient: what a worker needs from the parameter server, as plain C++ (no gRPC types), so the
+// training loop can run against the real server or an in-process fake.
+#ifndef DBS_WORKER_PS_CLIENT_H_
+#define DBS_WORKER_PS_CLIENT_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/plan.h"
+#include "common/tensor.h"
+
+namespace dbs {
+
+struct StepOutcome {
+  double global_loss = 0.0;
+  int64_t global_samples = 0;
+  int64_t version = 0;
+};
+
+class PsClient {
+ public:
+  virtual ~PsClient() = default;
+
+  // Joins the job (retrying while the server is unreachable, if the implementation does).
+  virtual absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) = 0;
+
+  // Registers the model with its initial values; writes the job's parameters into `params`.
+  virtual absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
+                                     absl::Span<const float> initial, absl::Span<float> params) = 0;
+
+  // The worker's plan for `epoch`; returns when the plan exists.
+  virtual absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) = 0;
+
+  // Pushes the mean gradient of `num_samples` samples for (epoch, step) and waits for the step;
+  // writes the updated parameters into `params`. `gradient` may be empty when num_samples is 0.
+  virtual absl::StatusOr<StepOutcome> PushGradient(int worker_id, int epoch, int step,
+                                                   int num_samples, double loss_sum,
+                                                   double compute_seconds,
+                                                   absl::Span<const float> gradient,
+                                                   absl::Span<float> params) = 0;
+
+  virtual absl::Status ReportEpoch(const EpochTiming& timing) = 0;
+  virtual absl::Status Leave(int worker_id) = 0;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_WORKER_PS_CLIENT_H_

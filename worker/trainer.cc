@@ -1,0 +1,195 @@
+#include "worker/trainer.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/permutation.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/fashion_mnist.h"
+#include "worker/model.h"
+
+namespace dbs {
+namespace {
+
+absl::StatusOr<torch::Device> ChooseDevice(const std::string& want) {
+  const bool cuda = torch::cuda::is_available();
+  if (want == "cpu") return torch::Device(torch::kCPU);
+  if (want == "auto") return cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (want == "cuda") {
+    if (!cuda) {
+      return absl::FailedPreconditionError(
+          "--device=cuda, but no CUDA device is usable: either this machine has no GPU or "
+          "dbs_worker was built against a CPU-only libtorch (Debian's is). Rebuild with "
+          "LIBTORCH_DIR pointing at a CUDA libtorch, or use --device=cpu.");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown --device '", want, "'; use auto, cpu or cuda"));
+}
+
+std::string Clock(double seconds) {
+  const int s = static_cast<int>(seconds + 0.5);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+double Since(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+}  // namespace
+
+absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
+  if (!(config.slowdown >= 1.0)) return absl::InvalidArgumentError("--slowdown must be >= 1");
+  if (config.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  torch::set_num_threads(config.threads);
+  DBS_ASSIGN_OR_RETURN(torch::Device device, ChooseDevice(config.device));
+  DBS_ASSIGN_OR_RETURN(ImageDataset train, LoadFashionMnist(config.data_dir, true,
+                                                            config.train_limit));
+  DBS_ASSIGN_OR_RETURN(ImageDataset test, LoadFashionMnist(config.data_dir, false,
+                                                           config.test_limit));
+  torch::manual_seed(config.seed);
+  DBS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
+  const ModelLayout layout = ModelLayoutOf(model);
+  const size_t model_size = static_cast<size_t>(TotalElements(layout));
+  std::vector<float> params(model_size), grad(model_size);
+  CopyParametersTo(model, absl::MakeSpan(params));
+
+  const torch::Tensor train_x = ImagesTensor(train).to(device);
+  const torch::Tensor train_y = LabelsTensor(train).to(device);
+  const torch::Tensor test_x = ImagesTensor(test).to(device);
+  const torch::Tensor test_y = LabelsTensor(test).to(device);
+
+  WorkerRegistration reg{config.name, train.size, test.size, device.str()};
+  DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client->RegisterWorker(reg));
+  const int id = joined.worker_id;
+  std::printf("[worker %d] joined as '%s' on %s: %lld train / %lld test samples, model %s "
+              "(%zu parameters), policy %s, %d epochs, global batch %d\n",
+              id, config.name.c_str(), device.str().c_str(), static_cast<long long>(train.size),
+              static_cast<long long>(test.size), config.model.c_str(), model_size,
+              joined.policy.c_str(), joined.epochs, joined.global_batch);
+  std::fflush(stdout);
+  DBS_RETURN_IF_ERROR(client->RegisterModel(id, layout, params, absl::MakeSpan(params)));
+  model->to(device);
+  LoadParameters(model, params);
+  model->train();
+
+  nlohmann::json record = nlohmann::json::array();
+  const absl::Time job_start = absl::Now();
+  double last_accuracy = 0.0;
+  for (int epoch = 0;; ++epoch) {
+    DBS_ASSIGN_OR_RETURN(WorkerPlan plan, client->GetEpochPlan(id, epoch));
+    if (plan.finished) break;
+    const std::vector<int64_t> perm = EpochPermutation(train.size, plan.permutation_seed);
+    std::vector<int64_t> mine;
+    mine.reserve(static_cast<size_t>(plan.TrainSamples()));
+    for (const SampleRange& r : plan.train_ranges) {
+      if (r.begin < 0 || r.end > train.size || r.begin > r.end) {
+        return absl::InvalidArgumentError("the plan's sample range is outside the data set");
+      }
+      mine.insert(mine.end(), perm.begin() + r.begin, perm.begin() + r.end);
+    }
+    const torch::Tensor index =
+        torch::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, torch::kInt64)
+            .to(device);
+
+    EpochTiming timing;
+    timing.worker_id = id;
+    timing.epoch = epoch;
+    double loss_shown = 0.0;
+    const absl::Time epoch_start = absl::Now();
+    absl::Time next_log = epoch_start + config.log_every;
+    int64_t cursor = 0;
+    for (int step = 0; step < plan.num_steps; ++step) {
+      const int b = plan.BatchAt(step);
+      if (cursor + b > static_cast<int64_t>(mine.size())) {
+        return absl::InvalidArgumentError("the plan's batches exceed its sample ranges");
+      }
+      absl::Time t0 = absl::Now();
+      double loss_sum = 0.0;
+      if (b > 0) {
+        model->train();
+        const torch::Tensor idx = index.slice(0, cursor, cursor + b);
+        loss_sum = ComputeGradient(model, train_x.index_select(0, idx),
+                                   train_y.index_select(0, idx), absl::MakeSpan(grad));
+        if (config.slowdown > 1.0) absl::SleepFor((absl::Now() - t0) * (config.slowdown - 1.0));
+      }
+      cursor += b;
+      const double compute = Since(t0);
+      const absl::Time t1 = absl::Now();
+      DBS_ASSIGN_OR_RETURN(StepOutcome outcome,
+                           client->PushGradient(id, epoch, step, b, loss_sum, compute,
+                                                b > 0 ? absl::Span<const float>(grad)
+                                                      : absl::Span<const float>(),
+                                                absl::MakeSpan(params)));
+      const absl::Time t2 = absl::Now();
+      LoadParameters(model, params);
+      timing.compute_seconds += compute + Since(t2);
+      timing.wait_seconds += absl::ToDoubleSeconds(t2 - t1);
+      timing.samples += b;
+      loss_shown = outcome.global_loss;
+      if (absl::Now() >= next_log || step == plan.num_steps - 1) {
+        next_log = absl::Now() + config.log_every;
+        const double elapsed = Since(epoch_start);
+        const double per_step = elapsed / (step + 1);
+        const double epoch_eta = per_step * (plan.num_steps - step - 1);
+        const double job_eta =
+            epoch_eta + per_step * plan.num_steps * (plan.total_epochs - epoch - 1);
+        std::printf("[worker %d] epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
+                    "| epoch ETA %s | job ETA %s\n",
+                    id, epoch + 1, plan.total_epochs, step + 1, plan.num_steps, loss_shown, b,
+                    timing.samples / std::max(elapsed, 1e-9), Clock(epoch_eta).c_str(),
+                    Clock(job_eta).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (cursor != static_cast<int64_t>(mine.size())) {
+      return absl::InternalError("the plan's batches do not use every sample of its ranges");
+    }
+    const absl::Time eval_start = absl::Now();
+    model->eval();
+    if (plan.test_range.begin < 0 || plan.test_range.end > test.size ||
+        plan.test_range.begin > plan.test_range.end) {
+      return absl::InvalidArgumentError("the plan's test range is outside the test set");
+    }
+    const EvalResult eval = Evaluate(model, test_x, test_y, plan.test_range.begin,
+                                     plan.test_range.end);
+    timing.eval_seconds = Since(eval_start);
+    timing.test_samples = eval.samples;
+    timing.test_correct = eval.correct;
+    timing.test_loss_sum = eval.loss_sum;
+    DBS_RETURN_IF_ERROR(client->ReportEpoch(timing));
+    last_accuracy = eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
+    std::printf("[worker %d] epoch %d/%d done: %lld samples, batch %d (share %.3f), compute "
+                "%.2f s, wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%\n",
+                id, epoch + 1, plan.total_epochs, static_cast<long long>(timing.samples),
+                plan.batch_size, plan.share, timing.compute_seconds, timing.wait_seconds,
+                timing.eval_seconds, 100.0 * last_accuracy);
+    std::fflush(stdout);
+    record.push_back({{"epoch", epoch},
+                      {"batch_size", plan.batch_size},
+                      {"share", plan.share},
+                      {"samples", timing.samples},
+                      {"compute_seconds", timing.compute_seconds},
+                      {"wait_seconds", timing.wait_seconds},
+                      {"eval_seconds", timing.eval_seconds},
+                      {"test_samples", timing.test_samples},
+                      {"test_correct", timing.test_correct}});
+  }
+  const absl::Status left = client->Leave(id);
+  if (!left.ok()) std::fprintf(stderr, "[worker %d] warning: %s\n", id, left.ToString().c_str());
+  std::printf("[worker %d] finished: %zu epochs in %.1f s\n", id, record.size(), Since(job_start));
+  std::fflush(stdout);
+  if (!config.record_path.empty()) {
+    FILE* f = std::fopen(config.record_path.c_str(), "w");
+    if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", config.record_path));
+    const std::string text =
+        nlohmann::json({{"worker_id", id}, {"name", config.name}, {"epochs", record}}).dump(2);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dbs
