@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything dbs needs to build, run and test on Debian 12 (bookworm). Idempotent: when
+# every package is already installed it changes nothing and does not touch the network.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java g++
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev
+  libtorch-dev dataset-fashion-mnist python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install_deps: installing ${missing[*]}"
+$SUDO apt-get update
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"

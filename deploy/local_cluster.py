@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Runs a dbs training job on this machine: one dbs_ps and N dbs_worker processes on loopback.
+
+The parameter server binds a free port chosen at run time (it writes it to a file); workers are
+started against it, optionally slowed down to emulate a heterogeneous cluster. Output of every
+process is shown with a prefix and kept in --out_dir. On Ctrl-C, on SIGTERM, or when any process
+fails, every process is stopped (SIGTERM, then SIGKILL) and the launcher exits non-zero.
+At the end it prints the server's summary and leaves the JSON record in --out_dir/summary.json.
+Only the Python standard library is used.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """Runs in the child: ask the kernel to SIGTERM it if the launcher dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def parse_slowdowns(text, workers):
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if len(values) == 1:
+        values = values * workers
+    if len(values) != workers:
+        raise ValueError(f"--slowdown lists {len(values)} factors for {workers} workers")
+    if any(v < 1.0 for v in values):
+        raise ValueError("slowdown factors must be >= 1")
+    return values
+
+
+def find_binary(explicit, bin_dir, rel):
+    candidates = [explicit] if explicit else [os.path.join(bin_dir, rel)]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise FileNotFoundError(
+        f"{candidates[0]} not found: build it first with "
+        "'bazel build //server:dbs_ps //worker:dbs_worker' (or pass --bin_dir)")
+
+
+class Cluster:
+    """Owns the child processes; stop() is safe to call more than once."""
+
+    def __init__(self, out_dir, quiet):
+        self.out_dir = out_dir
+        self.quiet = quiet
+        self.procs = []  # (label, Popen)
+        self.threads = []
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def start(self, label, argv):
+        log_path = os.path.join(self.out_dir, f"{label}.log")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        t = threading.Thread(target=self._pump, args=(label, proc, log_path), daemon=True)
+        t.start()
+        with self.lock:
+            self.procs.append((label, proc))
+            self.threads.append(t)
+        self._write_pids()
+        return proc
+
+    def _write_pids(self):
+        with self.lock:
+            pids = {label: p.pid for label, p in self.procs}
+        with open(os.path.join(self.out_dir, "pids.json"), "w") as f:
+            json.dump(pids, f)
+
+    def _pump(self, label, proc, log_path):
+        with open(log_path, "w") as log:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace")
+                log.write(line)
+                log.flush()
+                if not self.quiet:
+                    sys.stdout.write(f"[{label}] {line}")
+                    sys.stdout.flush()
+
+    def stop(self, grace=5.0):
+        with self.lock:
+            self.stopping = True
+            procs = list(self.procs)
+        for _, p in procs:
+            if p.poll() is None:
+                try:
+                    p.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + grace
+        for _, p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in self.threads:
+            t.join(timeout=2)
+
+
+def wait_for_port(port_file, proc, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dbs_ps exited with code {proc.returncode} before listening")
+        try:
+            with open(port_file) as f:
+                text = f.read().strip()
+            if text:
+                return int(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"dbs_ps did not report its port within {timeout} s")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--slowdown", default="1,1,1,3",
+                    help="per-worker slowdown factors, comma-separated, or one for all")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--global_batch", type=int, default=128)
+    ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed"])
+    ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight_decay", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--train_limit", type=int, default=0, help="0: all 60000 images")
+    ap.add_argument("--test_limit", type=int, default=0, help="0: all 10000 images")
+    ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--threads", type=int, default=1, help="libtorch threads per worker")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--log_every_s", type=float, default=10.0)
+    ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "local_cluster"))
+    ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
+    ap.add_argument("--ps_bin", default="")
+    ap.add_argument("--worker_bin", default="")
+    ap.add_argument("--quiet", action="store_true", help="only log to files and print the summary")
+    ap.add_argument("--timeout_s", type=float, default=0, help="stop everything after this long")
+    args = ap.parse_args(argv)
+
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
+    try:
+        slowdowns = parse_slowdowns(args.slowdown, args.workers)
+        ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")
+        worker_bin = find_binary(args.worker_bin, args.bin_dir, "worker/dbs_worker")
+    except (ValueError, FileNotFoundError) as e:
+        print(f"local_cluster: {e}", file=sys.stderr)
+        return 2
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    port_file = os.path.join(args.out_dir, "ps.port")
+    summary = os.path.join(args.out_dir, "summary.json")
+    for stale in (port_file, summary):
+        if os.path.exists(stale):
+            os.remove(stale)
+
+    cluster = Cluster(args.out_dir, args.quiet)
+    failure = []
+
+    def on_signal(signum, _frame):
+        failure.append(f"stopped by signal {signum}")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    start = time.time()
+    try:
+        ps = cluster.start("ps", [
+            ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+            f"--workers={args.workers}", f"--epochs={args.epochs}",
+            f"--global_batch={args.global_batch}", f"--policy={args.policy}",
+            f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
+            f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
+            f"--summary_path={summary}"])
+        port = wait_for_port(port_file, ps, timeout=30)
+        print(f"local_cluster: dbs_ps on 127.0.0.1:{port}; starting {args.workers} workers "
+              f"(slowdown {','.join(f'{s:g}' for s in slowdowns)}); logs in {args.out_dir}",
+              flush=True)
+        workers = []
+        for i, slow in enumerate(slowdowns):
+            workers.append(cluster.start(f"w{i}", [
+                worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
+                f"--model={args.model}", f"--device={args.device}",
+                f"--data_dir={args.data_dir}", f"--train_limit={args.train_limit}",
+                f"--test_limit={args.test_limit}", f"--slowdown={slow}",
+                f"--threads={args.threads}", f"--seed={args.seed}",
+                f"--log_every_s={args.log_every_s}",
+                f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}"]))
+        everyone = [("ps", ps)] + [(f"w{i}", w) for i, w in enumerate(workers)]
+        while True:
+            codes = {label: p.poll() for label, p in everyone}
+            bad = [f"{label} exited with code {c}" for label, c in codes.items()
+                   if c not in (None, 0)]
+            if bad:
+                failure.extend(bad)
+                break
+            if all(c == 0 for c in codes.values()):
+                break
+            if args.timeout_s and time.time() - start > args.timeout_s:
+                failure.append(f"timed out after {args.timeout_s} s")
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        if not failure:
+            failure.append("interrupted (Ctrl-C)")
+    except RuntimeError as e:
+        failure.append(str(e))
+    finally:
+        cluster.stop()
+
+    wall = time.time() - start
+    if failure:
+        print(f"local_cluster: FAILED after {wall:.1f} s: {'; '.join(failure)}. "
+              f"Logs are in {args.out_dir}.", file=sys.stderr)
+        return 1
+    with open(summary) as f:
+        record = json.load(f)
+    print(f"local_cluster: done in {wall:.1f} s; final test accuracy "
+          f"{100 * record['final_test_accuracy']:.2f}% after {record['epochs_completed']} "
+          f"epochs; summary in {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+#include "server/batch_allocator.h"
+
+#include <numeric>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::ElementsAre;
+
+int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), 0LL); }
+
+TEST(LargestRemainderTest, SplitsProportionallyAndSumsExactly) {
+  EXPECT_THAT(LargestRemainder(128, {0.125, 0.125, 0.25, 0.5}), ElementsAre(16, 16, 32, 64));
+  // 100 * (1/3, 1/3, 1/3) = 33.33 each: one leftover unit goes to the lowest index on a tie.
+  EXPECT_THAT(LargestRemainder(100, {1.0, 1.0, 1.0}), ElementsAre(34, 33, 33));
+  // 10 * (0.55, 0.45) = 5.5, 4.5: floors 5 + 4, the leftover to the first (tie on .5).
+  EXPECT_THAT(LargestRemainder(10, {0.55, 0.45}), ElementsAre(6, 4));
+  // The largest fraction wins the leftover: 7 * (0.3, 0.7) = 2.1, 4.9.
+  EXPECT_THAT(LargestRemainder(7, {0.3, 0.7}), ElementsAre(2, 5));
+}
+
+TEST(LargestRemainderTest, UnnormalisedSharesAreScaled) {
+  EXPECT_THAT(LargestRemainder(64, {1, 1, 2}), ElementsAre(16, 16, 32));
+}
+
+TEST(LargestRemainderTest, SumIsExactForManyAwkwardSplits) {
+  for (int64_t total : {1, 2, 3, 7, 63, 64, 127, 256, 1000, 99991}) {
+    for (int n : {1, 2, 3, 5, 7, 16, 64}) {
+      std::vector<double> shares(n);
+      for (int i = 0; i < n; ++i) shares[i] = 1.0 / (i + 1.7);
+      const std::vector<int64_t> out = LargestRemainder(total, shares);
+      EXPECT_EQ(Sum(out), total) << total << " over " << n;
+      for (int64_t v : out) EXPECT_GE(v, 0);
+    }
+  }
+}
+
+TEST(LargestRemainderTest, ZeroShareGetsNothingAndTinyShareMayGetNothing) {
+  EXPECT_THAT(LargestRemainder(10, {0.0, 1.0}), ElementsAre(0, 10));
+  EXPECT_THAT(LargestRemainder(10, {1e-9, 1.0}), ElementsAre(0, 10));
+}
+
+TEST(LargestRemainderTest, HugeRatiosStayExact) {
+  const std::vector<int64_t> out = LargestRemainder(256, {1e12, 1.0, 1e-12});
+  EXPECT_THAT(out, ElementsAre(256, 0, 0));
+}
+
+TEST(AllocateEpochTest, OneWorkerGetsEverything) {
+  auto a = AllocateEpoch(1000, 100, 64, {1.0});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->num_steps, 16);  // 15 full steps of 64 + one of 40
+  ASSERT_EQ(a->workers.size(), 1u);
+  EXPECT_EQ(a->workers[0].batch_size, 64);
+  EXPECT_EQ(a->workers[0].final_batch_size, 1000 - 15 * 64);
+  EXPECT_EQ(a->workers[0].train, (SampleRange{0, 1000}));
+  EXPECT_EQ(a->workers[0].test, (SampleRange{0, 100}));
+}
+
+TEST(AllocateEpochTest, RangesCoverThePermutationExactlyOnce) {
+  for (int64_t d : {64, 1000, 6000, 60000, 60001}) {
+    for (int b : {1, 7, 64, 128, 256}) {
+      const std::vector<double> shares = {0.1, 0.2, 0.3, 0.4, 1e-6};
+      auto a = AllocateEpoch(d, 10000, b, shares);
+      ASSERT_TRUE(a.ok()) << a.status();
+      std::vector<int> hits(d, 0);
+      int64_t batch_sum = 0, last_sum = 0, test_next = 0;
+      for (const WorkerAllocation& w : a->workers) {
+        for (int64_t i = w.train.begin; i < w.train.end; ++i) hits[i]++;
+        // The range holds exactly the worker's steps.
+        EXPECT_EQ(w.train.size(),
+                  static_cast<int64_t>(a->num_steps - 1) * w.batch_size + w.final_batch_size);
+        batch_sum += w.batch_size;
+        last_sum += w.final_batch_size;
+        EXPECT_EQ(w.test.begin, test_next);
+        test_next = w.test.end;
+      }
+      EXPECT_EQ(test_next, 10000);
+      EXPECT_EQ(batch_sum, b);
+      EXPECT_EQ(last_sum, d % b == 0 ? b : d % b);
+      EXPECT_EQ(a->num_steps, (d + b - 1) / b);
+      for (int64_t i = 0; i < d; ++i) ASSERT_EQ(hits[i], 1) << "sample " << i << " d=" << d;
+    }
+  }
+}
+
+TEST(AllocateEpochTest, DatasetSmallerThanBatchIsOnePartialStep) {
+  auto a = AllocateEpoch(10, 0, 64, {0.5, 0.5});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->num_steps, 1);
+  EXPECT_EQ(a->workers[0].final_batch_size + a->workers[1].final_batch_size, 10);
+}
+
+TEST(AllocateEpochTest, RejectsBadInput) {
+  EXPECT_EQ(AllocateEpoch(0, 0, 64, {1.0}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AllocateEpoch(10, 0, 0, {1.0}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AllocateEpoch(10, 0, 8, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AllocateEpoch(10, 0, 8, {0.0, 0.0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AllocateEpoch(10, 0, 8, {-1.0, 2.0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AllocateEpoch(10, 0, 8, {std::nan(""), 1.0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+WorkerObservation Obs(int64_t samples, double seconds) {
+  WorkerObservation o;
+  o.samples = samples;
+  o.compute_seconds = seconds;
+  return o;
+}
+
+TEST(ProportionalPolicyTest, SharesFollowComputeSpeed) {
+  ProportionalPolicy p;
+  // Equal shares, times 8:8:4:2 -> speeds 1:1:2:4.
+  const std::vector<double> s = p.NextShares({Obs(100, 8), Obs(100, 8), Obs(100, 4), Obs(100, 2)});
+  EXPECT_THAT(s, ElementsAre(::testing::DoubleNear(0.125, 1e-12), ::testing::DoubleNear(0.125, 1e-12),
+                             ::testing::DoubleNear(0.25, 1e-12), ::testing::DoubleNear(0.5, 1e-12)));
+}
+
+TEST(ProportionalPolicyTest, EqualSpeedsGiveEqualShares) {
+  ProportionalPolicy p;
+  const std::vector<double> s = p.NextShares({Obs(50, 1), Obs(100, 2), Obs(200, 4)});
+  for (double v : s) EXPECT_NEAR(v, 1.0 / 3, 1e-12);
+}
+
+TEST(ProportionalPolicyTest, UnmeasuredWorkerGetsTheMeanSpeed) {
+  ProportionalPolicy p;
+  // Worker 1 processed nothing (zero batch) and worker 2 reported zero time: both get the mean
+  // speed of worker 0 and 3 (100/s and 300/s -> 200/s).
+  const std::vector<double> s = p.NextShares({Obs(100, 1), Obs(0, 0), Obs(10, 0), Obs(300, 1)});
+  EXPECT_NEAR(s[0], 100.0 / 800, 1e-12);
+  EXPECT_NEAR(s[1], 200.0 / 800, 1e-12);
+  EXPECT_NEAR(s[2], 200.0 / 800, 1e-12);
+  EXPECT_NEAR(s[3], 300.0 / 800, 1e-12);
+}
+
+TEST(ProportionalPolicyTest, NoMeasurementAtAllIsAnEqualSplit) {
+  ProportionalPolicy p;
+  EXPECT_THAT(p.NextShares({Obs(0, 0), Obs(0, 0)}), ElementsAre(0.5, 0.5));
+}
+
+TEST(ProportionalPolicyTest, HugeAndTinySpeeds) {
+  ProportionalPolicy p;
+  const std::vector<double> s = p.NextShares({Obs(1, 1e-9), Obs(1, 1e9)});
+  EXPECT_NEAR(s[0], 1.0, 1e-12);
+  EXPECT_GT(s[1], 0.0);
+  EXPECT_NEAR(s[0] + s[1], 1.0, 1e-12);
+}
+
+TEST(EqualSplitPolicyTest, IgnoresMeasurements) {
+  EqualSplitPolicy p;
+  EXPECT_THAT(p.NextShares({Obs(100, 1), Obs(100, 10)}), ElementsAre(0.5, 0.5));
+}
+
+TEST(MakeSharePolicyTest, KnowsBothNames) {
+  EXPECT_EQ((*MakeSharePolicy("dbs"))->name(), "dbs");
+  EXPECT_EQ((*MakeSharePolicy("fixed"))->name(), "fixed");
+  EXPECT_EQ(MakeSharePolicy("random").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dbs

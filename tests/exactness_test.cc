@@ -1,0 +1,148 @@
+// DBS is exact: three workers with batches 5, 11 and 48 on one step produce, through the real
+// StepAggregator and ParameterStore, the same aggregated gradient and the same updated parameters
+// as one process computing the same 64 samples (checked against libtorch's own SGD).
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/parameter_store.h"
+#include "server/step_aggregator.h"
+#include "worker/model.h"
+
+namespace dbs {
+namespace {
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// Runs one aggregated step of `batches` (which sum to 64) and returns the new parameters.
+std::vector<float> AggregatedStep(torch::nn::Sequential& model, const torch::Tensor& x,
+                                  const torch::Tensor& y, const std::vector<int>& batches,
+                                  std::unique_ptr<Optimizer> optimizer) {
+  const ModelLayout layout = ModelLayoutOf(model);
+  const size_t n = static_cast<size_t>(TotalElements(layout));
+  std::vector<float> init(n);
+  CopyParametersTo(model, absl::MakeSpan(init));
+  ParameterStore store(std::move(optimizer));
+  EXPECT_TRUE(store.Register(layout, init).ok());
+  StepAggregator agg(&store);
+  std::map<int, StepQuota> quotas;
+  for (size_t w = 0; w < batches.size(); ++w) quotas[w] = {batches[w], batches[w]};
+  agg.BeginEpoch(0, 1, quotas);
+  std::vector<std::vector<float>> grads(batches.size(), std::vector<float>(n));
+  int offset = 0;
+  int completed = 0;
+  for (size_t w = 0; w < batches.size(); ++w) {
+    const int b = batches[w];
+    const double loss_sum = ComputeGradient(model, x.slice(0, offset, offset + b),
+                                            y.slice(0, offset, offset + b),
+                                            absl::MakeSpan(grads[w]));
+    offset += b;
+    GradientPush push{static_cast<int>(w), 0, 0, b, loss_sum, grads[w]};
+    agg.Push(push, [&](const absl::StatusOr<StepResult>& r) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      ++completed;
+    });
+  }
+  EXPECT_EQ(completed, static_cast<int>(batches.size()));
+  return *store.Snapshot()->values;
+}
+
+class ExactnessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(3);
+    model_ = *MakeModel("cnn");
+    x_ = torch::randn({64, 1, 28, 28});
+    y_ = torch::randint(0, 10, {64}, torch::kInt64);
+    const ModelLayout layout = ModelLayoutOf(model_);
+    n_ = static_cast<size_t>(TotalElements(layout));
+    init_.resize(n_);
+    CopyParametersTo(model_, absl::MakeSpan(init_));
+  }
+
+  torch::nn::Sequential model_{nullptr};
+  torch::Tensor x_, y_;
+  size_t n_ = 0;
+  std::vector<float> init_;
+};
+
+TEST_F(ExactnessTest, AggregatedGradientEqualsTheGlobalBatchGradient) {
+  std::vector<float> full(n_);
+  ComputeGradient(model_, x_, y_, absl::MakeSpan(full));
+  // With plain SGD at lr 1 the update is exactly the aggregated gradient: g = p0 - p1.
+  const std::vector<float> p1 = AggregatedStep(
+      model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  std::vector<float> aggregated(n_);
+  for (size_t i = 0; i < n_; ++i) aggregated[i] = init_[i] - p1[i];
+  const double err = RelativeError(aggregated, full);
+  std::printf("relative error of the aggregated gradient (5+11+48 vs 64): %.3g\n", err);
+  EXPECT_LT(err, 1e-5);
+
+  // The check can tell a wrong aggregation apart: an unweighted mean of the three workers'
+  // gradients (what equal-batch S-SGD averaging would do) is far off.
+  std::vector<float> unweighted(n_, 0.0f);
+  int offset = 0;
+  for (int b : {5, 11, 48}) {
+    std::vector<float> g(n_);
+    ComputeGradient(model_, x_.slice(0, offset, offset + b), y_.slice(0, offset, offset + b),
+                    absl::MakeSpan(g));
+    offset += b;
+    for (size_t i = 0; i < n_; ++i) unweighted[i] += g[i] / 3.0f;
+  }
+  const double naive = RelativeError(unweighted, full);
+  std::printf("relative error of an unweighted mean: %.3g\n", naive);
+  EXPECT_GT(naive, 1e-2);
+}
+
+TEST_F(ExactnessTest, UpdatedParametersMatchLibtorchSgdOnOneProcess) {
+  const SgdConfig sgd{0.1, 0.9, 1e-4, false};
+  const std::vector<float> ours =
+      AggregatedStep(model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(sgd));
+
+  // Reference: one process, 64 samples, torch::optim::SGD.
+  LoadParameters(model_, init_);
+  torch::optim::SGD reference(model_->parameters(), torch::optim::SGDOptions(sgd.lr)
+                                                        .momentum(sgd.momentum)
+                                                        .weight_decay(sgd.weight_decay));
+  reference.zero_grad();
+  torch::nn::functional::cross_entropy(model_->forward(x_), y_).backward();
+  reference.step();
+  std::vector<float> want(n_);
+  CopyParametersTo(model_, absl::MakeSpan(want));
+
+  std::vector<float> delta_ours(n_), delta_want(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    delta_ours[i] = ours[i] - init_[i];
+    delta_want[i] = want[i] - init_[i];
+  }
+  std::printf("relative error vs torch::optim::SGD: parameters %.3g, update %.3g\n",
+              RelativeError(ours, want), RelativeError(delta_ours, delta_want));
+  EXPECT_LT(RelativeError(ours, want), 1e-5);
+  // The update itself, not only the parameters, agrees to 1e-5 relative.
+  EXPECT_LT(RelativeError(delta_ours, delta_want), 1e-5);
+}
+
+TEST_F(ExactnessTest, UnequalSplitsDoNotChangeTheResult) {
+  const std::vector<float> a = AggregatedStep(
+      model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  LoadParameters(model_, init_);
+  const std::vector<float> b = AggregatedStep(
+      model_, x_, y_, {32, 32}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  LoadParameters(model_, init_);
+  const std::vector<float> c = AggregatedStep(
+      model_, x_, y_, {64}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  EXPECT_LT(RelativeError(a, c), 1e-6);
+  EXPECT_LT(RelativeError(b, c), 1e-6);
+}
+
+}  // namespace
+}  // namespace dbs

@@ -1,0 +1,86 @@
+#include "worker/fashion_mnist.h"
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+std::string Be32(uint32_t v) {
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+std::string Images(uint32_t n, uint32_t rows, uint32_t cols) {
+  std::string s = Be32(0x803) + Be32(n) + Be32(rows) + Be32(cols);
+  for (uint32_t i = 0; i < n * rows * cols; ++i) s.push_back(static_cast<char>(i % 256));
+  return s;
+}
+
+std::string Labels(uint32_t n) {
+  std::string s = Be32(0x801) + Be32(n);
+  for (uint32_t i = 0; i < n; ++i) s.push_back(static_cast<char>(i % 10));
+  return s;
+}
+
+void WriteGz(const std::string& path, const std::string& data) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, data.data(), data.size()), static_cast<int>(data.size()));
+  gzclose(f);
+}
+
+TEST(ParseIdxTest, ParsesAndLimits) {
+  auto d = ParseIdx(Images(5, 2, 3), Labels(5), 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->size, 5);
+  EXPECT_EQ(d->rows, 2);
+  EXPECT_EQ(d->cols, 3);
+  EXPECT_EQ(d->images.size(), 30u);
+  EXPECT_EQ(d->images[7], 7);
+  EXPECT_EQ(d->labels[3], 3);
+  auto limited = ParseIdx(Images(5, 2, 3), Labels(5), 2);
+  ASSERT_TRUE(limited.ok());
+  EXPECT_EQ(limited->size, 2);
+  EXPECT_EQ(limited->images.size(), 12u);
+}
+
+TEST(ParseIdxTest, RejectsMalformedFiles) {
+  EXPECT_EQ(ParseIdx("junk", Labels(5), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseIdx(Images(5, 2, 3), Labels(4), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string truncated = Images(5, 2, 3);
+  truncated.pop_back();
+  EXPECT_EQ(ParseIdx(truncated, Labels(5), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string bad_label = Labels(5);
+  bad_label.back() = 12;
+  EXPECT_EQ(ParseIdx(Images(5, 2, 3), bad_label, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LoadFashionMnistTest, ReadsGzippedFilesFromADirectory) {
+  const std::string dir = ::testing::TempDir() + "/fmnist";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  WriteGz(dir + "/train-images-idx3-ubyte.gz", Images(6, 28, 28));
+  WriteGz(dir + "/train-labels-idx1-ubyte.gz", Labels(6));
+  auto d = LoadFashionMnist(dir, true, 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->size, 6);
+  EXPECT_EQ(d->labels[5], 5);
+}
+
+TEST(LoadFashionMnistTest, MissingDataSetSaysHowToInstallIt) {
+  auto d = LoadFashionMnist("/nonexistent/fashion", false, 0);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(d.status().message()),
+              ::testing::HasSubstr("apt-get install dataset-fashion-mnist"));
+}
+
+}  // namespace
+}  // namespace dbs

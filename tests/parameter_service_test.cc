@@ -1,0 +1,221 @@
+// The gRPC adapters with a real in-process server on a loopback port picked at run time:
+// bad input is refused with the right code and leaves the step unaffected.
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/tensor_codec.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/parameter_service.h"
+#include "server/scheduler_service.h"
+#include "server/training_job.h"
+
+namespace dbs {
+namespace {
+
+const ModelLayout kLayout = {{"w", {2}}, {"b", {1}}};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    JobConfig config;
+    config.scheduler.expected_workers = 2;
+    config.scheduler.epochs = 1;
+    config.scheduler.global_batch = 4;
+    config.policy = "dbs";
+    config.optimizer.name = "sgd";
+    config.optimizer.sgd = SgdConfig{0.5, 0.0, 0.0, false};
+    job_ = *TrainingJob::Create(config, &clock_);
+    scheduler_service_ = std::make_unique<SchedulerServiceImpl>(job_->scheduler());
+    Scheduler* s = job_->scheduler();
+    parameter_service_ = std::make_unique<ParameterServiceImpl>(
+        job_->store(), job_->aggregator(), [s](int id) { return s->IsRegistered(id); });
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(scheduler_service_.get());
+    builder.RegisterService(parameter_service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                       grpc::InsecureChannelCredentials());
+    sched_ = v1::SchedulerService::NewStub(channel);
+    params_ = v1::ParameterService::NewStub(channel);
+
+    // Two workers on an 8-sample data set: 2 steps of batch 2 + 2.
+    for (const char* name : {"w0", "w1"}) {
+      v1::RegisterWorkerRequest req;
+      req.set_name(name);
+      req.set_train_samples(8);
+      req.set_test_samples(2);
+      v1::RegisterWorkerReply reply;
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(sched_->RegisterWorker(&ctx, req, &reply).ok());
+    }
+    for (int id = 0; id < 2; ++id) {
+      v1::RegisterModelRequest req;
+      req.set_worker_id(id);
+      // Worker 1's initial values differ: the first registration wins.
+      std::vector<float> init = id == 0 ? std::vector<float>{1, 2, 3} : std::vector<float>{9, 9, 9};
+      EncodeTensors(kLayout, init, req.mutable_parameters());
+      v1::Parameters reply;
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(params_->RegisterModel(&ctx, req, &reply).ok());
+      std::vector<float> got(3);
+      ASSERT_TRUE(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)).ok());
+      EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
+    }
+  }
+
+  void TearDown() override {
+    job_->Abort(absl::CancelledError("test over"));
+    server_->Shutdown();
+  }
+
+  v1::PushGradientRequest Push(int id, int step, const std::vector<float>& g) {
+    v1::PushGradientRequest req;
+    req.set_worker_id(id);
+    req.set_epoch(0);
+    req.set_step(step);
+    req.set_num_samples(2);
+    req.set_loss_sum(1.0);
+    EncodeTensors(kLayout, g, req.mutable_gradients());
+    return req;
+  }
+
+  grpc::Status Send(const v1::PushGradientRequest& req, v1::PushGradientReply* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return params_->PushGradient(&ctx, req, reply);
+  }
+
+  std::vector<float> Current(int64_t* version) {
+    v1::PullParametersRequest req;
+    req.set_worker_id(0);
+    v1::Parameters reply;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(params_->PullParameters(&ctx, req, &reply).ok());
+    std::vector<float> got(3);
+    EXPECT_TRUE(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)).ok());
+    *version = reply.version();
+    return got;
+  }
+
+  // Runs step 0 with both workers' correct gradients; returns worker 0's reply.
+  v1::PushGradientReply GoodStep() {
+    v1::PushGradientReply r0, r1;
+    grpc::Status s0;
+    std::thread t([&]() { s0 = Send(Push(0, 0, {2, 0, 4}), &r0); });
+    EXPECT_TRUE(Send(Push(1, 0, {0, 2, 0}), &r1).ok());
+    t.join();
+    EXPECT_TRUE(s0.ok()) << s0.error_message();
+    return r0;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TrainingJob> job_;
+  std::unique_ptr<SchedulerServiceImpl> scheduler_service_;
+  std::unique_ptr<ParameterServiceImpl> parameter_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::SchedulerService::Stub> sched_;
+  std::unique_ptr<v1::ParameterService::Stub> params_;
+};
+
+TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
+  v1::PushGradientReply reply;
+  v1::PushGradientRequest wrong_shape = Push(0, 0, {1, 1, 1});
+  wrong_shape.mutable_gradients(0)->set_shape(0, 3);
+  EXPECT_EQ(Send(wrong_shape, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest wrong_size = Push(0, 0, {1, 1, 1});
+  wrong_size.mutable_gradients(1)->mutable_data()->append("xxxx");
+  EXPECT_EQ(Send(wrong_size, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest missing = Push(0, 0, {1, 1, 1});
+  missing.mutable_gradients()->RemoveLast();
+  EXPECT_EQ(Send(missing, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest wrong_count = Push(0, 0, {1, 1, 1});
+  wrong_count.set_num_samples(3);
+  EXPECT_EQ(Send(wrong_count, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Send(Push(0, 1, {1, 1, 1}), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // a step that has not started
+  EXPECT_EQ(Send(Push(9, 0, {1, 1, 1}), &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  int64_t version = -1;
+  EXPECT_EQ(Current(&version), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(version, 0);
+
+  // The step then completes exactly as if the bad pushes had never happened:
+  // g = (2*[2,0,4] + 2*[0,2,0]) / 4 = [1, 1, 2]; p = [1,2,3] - 0.5 * g.
+  const v1::PushGradientReply r = GoodStep();
+  EXPECT_EQ(r.global_samples(), 4);
+  EXPECT_EQ(r.parameters().version(), 1);
+  EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
+
+  // A stale push (step 0 again, from a worker with a different gradient) is answered as a retry
+  // and changes nothing.
+  EXPECT_TRUE(Send(Push(1, 0, {100, 100, 100}), &reply).ok());
+  EXPECT_EQ(reply.parameters().version(), 1);
+  EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
+  EXPECT_EQ(version, 1);
+}
+
+TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
+  v1::RegisterModelRequest req;
+  req.set_worker_id(5);
+  EncodeTensors(kLayout, std::vector<float>{1, 2, 3}, req.mutable_parameters());
+  v1::Parameters reply;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  req.set_worker_id(1);
+  req.mutable_parameters(0)->set_name("renamed");
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  v1::GetEpochPlanRequest plan_req;
+  plan_req.set_worker_id(3);
+  v1::EpochPlan plan;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(sched_->GetEpochPlan(&ctx, plan_req, &plan).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  v1::RegisterWorkerRequest late;
+  late.set_name("w2");
+  late.set_train_samples(8);
+  v1::RegisterWorkerReply late_reply;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(sched_->RegisterWorker(&ctx, late, &late_reply).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+}
+
+TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {
+  v1::GetEpochPlanRequest req;
+  req.set_worker_id(1);
+  req.set_epoch(0);
+  v1::EpochPlan a, b;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(sched_->GetEpochPlan(&ctx, req, &a).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(sched_->GetEpochPlan(&ctx, req, &b).ok());
+  }
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  EXPECT_EQ(a.batch_size(), 2);
+  EXPECT_EQ(a.num_steps(), 2);
+  ASSERT_EQ(a.train_ranges_size(), 1);
+  EXPECT_EQ(a.train_ranges(0).begin(), 4);
+  EXPECT_EQ(a.train_ranges(0).end(), 8);
+}
+
+}  // namespace
+}  // namespace dbs

@@ -1,0 +1,202 @@
+#include "server/scheduler.h"
+
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+class RecordingListener : public SchedulerListener {
+ public:
+  void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>&) override {
+    planned.push_back(epoch);
+    steps = num_steps;
+  }
+  void OnEpochCompleted(const EpochRecord& r) override { completed.push_back(r.epoch); }
+  void OnJobFinished(const absl::Status& s) override { finished = s; }
+
+  std::vector<int> planned, completed;
+  int steps = 0;
+  std::optional<absl::Status> finished;
+};
+
+struct PlanBox {
+  std::optional<absl::StatusOr<WorkerPlan>> plan;
+  Scheduler::PlanCallback callback() {
+    return [this](const absl::StatusOr<WorkerPlan>& p) { plan = p; };
+  }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Scheduler> Make(const std::string& policy, int workers = 3, int epochs = 2) {
+    SchedulerConfig c;
+    c.expected_workers = workers;
+    c.epochs = epochs;
+    c.global_batch = 64;
+    c.seed = 7;
+    return std::make_unique<Scheduler>(c, *MakeSharePolicy(policy), &clock_, &listener_);
+  }
+  static WorkerRegistration Reg(const std::string& name, int64_t train = 6400) {
+    return WorkerRegistration{name, train, 1000, "cpu"};
+  }
+  // Reports `plan` with compute time = samples / speed.
+  static EpochTiming Report(const WorkerPlan& plan, int id, double speed) {
+    EpochTiming t;
+    t.worker_id = id;
+    t.epoch = plan.epoch;
+    t.samples = plan.TrainSamples();
+    t.compute_seconds = t.samples / speed;
+    t.test_samples = plan.test_range.size();
+    t.test_correct = t.test_samples / 2;
+    return t;
+  }
+
+  FakeClock clock_;
+  RecordingListener listener_;
+};
+
+TEST_F(SchedulerTest, PlansWaitForAllWorkersThenSplitEqually) {
+  auto s = Make("dbs");
+  ASSERT_EQ(s->Register(Reg("a"))->worker_id, 0);
+  PlanBox p0;
+  s->AwaitPlan(0, 0, p0.callback());
+  EXPECT_FALSE(p0.plan.has_value()) << "epoch 0 must wait for all three workers";
+  ASSERT_EQ(s->Register(Reg("b"))->worker_id, 1);
+  ASSERT_EQ(s->Register(Reg("c"))->worker_id, 2);
+  ASSERT_TRUE(p0.plan.has_value() && p0.plan->ok());
+  EXPECT_EQ((*p0.plan)->batch_size, 22);  // 64 / 3 -> 22, 21, 21
+  EXPECT_EQ((*p0.plan)->num_steps, 100);
+  EXPECT_EQ(listener_.planned, std::vector<int>{0});
+}
+
+TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
+  auto s = Make("dbs");
+  EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
+  EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
+  EXPECT_EQ(s->Register(Reg("b", 999)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s->Register(Reg("")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Register(Reg("b"))->worker_id, 1);
+  EXPECT_EQ(s->Register(Reg("c"))->worker_id, 2);
+  EXPECT_EQ(s->Register(Reg("d")).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, DbsRebalancesBySpeedAndFinishes) {
+  auto s = Make("dbs");
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s->Register(Reg(n)).ok());
+  std::vector<WorkerPlan> e0;
+  for (int id = 0; id < 3; ++id) {
+    PlanBox b;
+    s->AwaitPlan(id, 0, b.callback());
+    e0.push_back(**b.plan);
+  }
+  // Worker 2 is three times slower.
+  const double speeds[] = {300, 300, 100};
+  PlanBox next;
+  ASSERT_TRUE(s->Report(Report(e0[0], 0, speeds[0])).ok());
+  s->AwaitPlan(0, 1, next.callback());
+  EXPECT_FALSE(next.plan.has_value());
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(s->Report(Report(e0[1], 1, speeds[1])).ok());
+  ASSERT_TRUE(s->Report(Report(e0[2], 2, speeds[2])).ok());
+  ASSERT_TRUE(next.plan.has_value() && next.plan->ok());
+  EXPECT_EQ(listener_.completed, std::vector<int>{0});
+  std::vector<WorkerPlan> e1;
+  for (int id = 0; id < 3; ++id) {
+    PlanBox b;
+    s->AwaitPlan(id, 1, b.callback());
+    e1.push_back(**b.plan);
+  }
+  // Shares 3:3:1 of 64 -> 27.43, 27.43, 9.14 -> 28, 27, 9 (largest remainder).
+  EXPECT_EQ(e1[0].batch_size + e1[1].batch_size + e1[2].batch_size, 64);
+  EXPECT_EQ(e1[2].batch_size, 9);
+  EXPECT_NEAR(e1[2].share, 1.0 / 7, 1e-9);
+  EXPECT_EQ(e1[0].train_ranges[0].begin, 0);
+  EXPECT_EQ(e1[2].train_ranges[0].end, 6400);
+  EXPECT_NE(e1[0].permutation_seed, e0[0].permutation_seed);
+  EXPECT_EQ(s->History()[0].end - s->History()[0].start, absl::Seconds(10));
+
+  PlanBox done;
+  for (int id = 0; id < 3; ++id) ASSERT_TRUE(s->Report(Report(e1[id], id, speeds[id])).ok());
+  s->AwaitPlan(1, 2, done.callback());
+  ASSERT_TRUE(done.plan->ok());
+  EXPECT_TRUE((*done.plan)->finished);
+  ASSERT_TRUE(listener_.finished.has_value());
+  EXPECT_TRUE(listener_.finished->ok());
+}
+
+TEST_F(SchedulerTest, FixedPolicyIgnoresSpeed) {
+  auto s = Make("fixed", 2, 2);
+  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  const auto h = s->History();
+  ASSERT_TRUE(s->Report(Report(h[0].plans.at(0), 0, 1000)).ok());
+  ASSERT_TRUE(s->Report(Report(h[0].plans.at(1), 1, 10)).ok());
+  EXPECT_EQ(s->History()[1].plans.at(0).batch_size, 32);
+  EXPECT_EQ(s->History()[1].plans.at(1).batch_size, 32);
+}
+
+TEST_F(SchedulerTest, BadReportsAreRefusedAndChangeNothing) {
+  auto s = Make("dbs", 2, 2);
+  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  const WorkerPlan p0 = s->History()[0].plans.at(0);
+  EpochTiming t = Report(p0, 0, 100);
+  EpochTiming unknown = t;
+  unknown.worker_id = 9;
+  EXPECT_EQ(s->Report(unknown).code(), absl::StatusCode::kNotFound);
+  EpochTiming future = t;
+  future.epoch = 1;
+  EXPECT_EQ(s->Report(future).code(), absl::StatusCode::kFailedPrecondition);
+  EpochTiming wrong_samples = t;
+  wrong_samples.samples += 1;
+  EXPECT_EQ(s->Report(wrong_samples).code(), absl::StatusCode::kInvalidArgument);
+  EpochTiming negative = t;
+  negative.compute_seconds = -1;
+  EXPECT_EQ(s->Report(negative).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(s->History()[0].reports.empty());
+  ASSERT_TRUE(s->Report(t).ok());
+  EXPECT_TRUE(s->Report(t).ok()) << "an identical retry is accepted once";
+  EpochTiming changed = t;
+  changed.compute_seconds += 1;
+  EXPECT_EQ(s->Report(changed).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s->History()[0].reports.size(), 1u);
+}
+
+TEST_F(SchedulerTest, PlanRequestsAreCheckedAndRepeatable) {
+  auto s = Make("dbs", 1, 3);
+  PlanBox unknown;
+  s->AwaitPlan(4, 0, unknown.callback());
+  EXPECT_EQ(unknown.plan->status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  PlanBox first, again, too_far, unreported;
+  s->AwaitPlan(0, 0, first.callback());
+  s->AwaitPlan(0, 0, again.callback());
+  EXPECT_EQ((*first.plan)->train_ranges, (*again.plan)->train_ranges);
+  s->AwaitPlan(0, 2, too_far.callback());
+  EXPECT_EQ(too_far.plan->status().code(), absl::StatusCode::kFailedPrecondition);
+  s->AwaitPlan(0, 1, unreported.callback());
+  EXPECT_EQ(unreported.plan->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SchedulerTest, LeavingMidJobAbortsAndReleasesWaiters) {
+  auto s = Make("dbs", 2, 2);
+  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  ASSERT_TRUE(s->Report(Report(s->History()[0].plans.at(0), 0, 100)).ok());
+  PlanBox waiting;
+  s->AwaitPlan(0, 1, waiting.callback());
+  EXPECT_FALSE(waiting.plan.has_value());
+  ASSERT_TRUE(s->Leave(1).ok());
+  ASSERT_TRUE(waiting.plan.has_value());
+  EXPECT_EQ(waiting.plan->status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(listener_.finished.has_value());
+  EXPECT_EQ(listener_.finished->code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s->Leave(5).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace dbs

@@ -1,0 +1,164 @@
+#include "server/step_aggregator.h"
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::FloatNear;
+
+// Collects the result a push's callback receives.
+struct Outcome {
+  std::optional<absl::StatusOr<StepResult>> result;
+  StepAggregator::Done callback() {
+    return [this](const absl::StatusOr<StepResult>& r) { result = r; };
+  }
+};
+
+class StepAggregatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Plain SGD with lr 1 so the update equals the aggregated gradient: p' = p - g.
+    store_ = std::make_unique<ParameterStore>(
+        std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+    ASSERT_TRUE(store_->Register({{"w", {2}}}, std::vector<float>{0.0f, 0.0f}).ok());
+    agg_ = std::make_unique<StepAggregator>(store_.get());
+    // Worker 0: batch 1 (final 1); worker 1: batch 3 (final 0); two steps.
+    agg_->BeginEpoch(0, 2, {{0, {1, 1}}, {1, {3, 0}}});
+  }
+
+  GradientPush Push(int worker, int step, int n, const std::vector<float>& g, double loss = 0) {
+    grads_.push_back(g);
+    GradientPush p;
+    p.worker_id = worker;
+    p.epoch = 0;
+    p.step = step;
+    p.num_samples = n;
+    p.loss_sum = loss;
+    p.gradient = grads_.back();
+    return p;
+  }
+
+  std::vector<float> Params() { return *store_->Snapshot()->values; }
+
+  std::unique_ptr<ParameterStore> store_;
+  std::unique_ptr<StepAggregator> agg_;
+  std::vector<std::vector<float>> grads_{};
+
+  void TearDown() override {}
+};
+
+TEST_F(StepAggregatorTest, WeightsEachGradientBySampleCount) {
+  grads_.reserve(16);
+  Outcome a, b;
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}, 2.0), a.callback());
+  EXPECT_FALSE(a.result.has_value()) << "must wait for worker 1";
+  agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}, 6.0), b.callback());
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  ASSERT_TRUE(a.result->ok());
+  // g = (1 * [4, 0] + 3 * [0, 8]) / 4 = [1, 6]; p = -g.
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+  EXPECT_EQ((*a.result)->global_samples, 4);
+  EXPECT_DOUBLE_EQ((*a.result)->global_loss, 2.0);  // (2 + 6) / 4
+  EXPECT_EQ((*a.result)->parameters.version, 1);
+  EXPECT_EQ((*b.result)->parameters.values, (*a.result)->parameters.values);
+}
+
+TEST_F(StepAggregatorTest, ZeroSampleWorkerStillSynchronisesButAddsNothing) {
+  grads_.reserve(16);
+  Outcome a, b, c, d;
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
+  agg_->Push(Push(1, 0, 3, {1.0f, 1.0f}), b.callback());
+  // Last step: worker 1 has a final batch of 0 and pushes no gradient.
+  GradientPush empty = Push(1, 1, 0, {});
+  agg_->Push(empty, c.callback());
+  EXPECT_FALSE(c.result.has_value());
+  agg_->Push(Push(0, 1, 1, {2.0f, -2.0f}), d.callback());
+  ASSERT_TRUE(d.result.has_value() && d.result->ok());
+  EXPECT_EQ((*d.result)->global_samples, 1);
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-3.0f, 1e-6), FloatNear(1.0f, 1e-6)));
+  EXPECT_EQ(agg_->LossOf(0).steps_completed, 2);
+  EXPECT_EQ(agg_->LossOf(0).samples, 5);
+}
+
+TEST_F(StepAggregatorTest, BadPushesChangeNothing) {
+  grads_.reserve(16);
+  Outcome unknown, stale, future, wrong_count, wrong_size;
+  agg_->Push(Push(7, 0, 1, {1.0f, 1.0f}), unknown.callback());
+  EXPECT_EQ(unknown.result->status().code(), absl::StatusCode::kNotFound);
+  agg_->Push(Push(0, 1, 1, {1.0f, 1.0f}), future.callback());
+  EXPECT_EQ(future.result->status().code(), absl::StatusCode::kFailedPrecondition);
+  agg_->Push(Push(0, 0, 2, {1.0f, 1.0f}), wrong_count.callback());
+  EXPECT_EQ(wrong_count.result->status().code(), absl::StatusCode::kInvalidArgument);
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f, 1.0f}), wrong_size.callback());
+  EXPECT_EQ(wrong_size.result->status().code(), absl::StatusCode::kInvalidArgument);
+  GradientPush old_epoch = Push(0, 0, 1, {1.0f, 1.0f});
+  old_epoch.epoch = -1;
+  agg_->Push(old_epoch, stale.callback());
+  EXPECT_EQ(stale.result->status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // The step is untouched: a correct round gives exactly the expected update.
+  Outcome a, b;
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
+  agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b.callback());
+  ASSERT_TRUE(b.result->ok());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+}
+
+TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
+  grads_.reserve(16);
+  Outcome a, a_again, b, b_late_retry;
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
+  agg_->Push(Push(0, 0, 1, {400.0f, 0.0f}), a_again.callback());  // retry while pending
+  EXPECT_FALSE(a_again.result.has_value());
+  agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b.callback());
+  ASSERT_TRUE(a.result->ok() && a_again.result->ok() && b.result->ok());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+  // A retry of the completed step gets the same answer and changes nothing.
+  agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b_late_retry.callback());
+  ASSERT_TRUE(b_late_retry.result->ok());
+  EXPECT_EQ((*b_late_retry.result)->parameters.version, 1);
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+  EXPECT_EQ(store_->Snapshot()->version, 1);
+}
+
+TEST_F(StepAggregatorTest, AbortReleasesPendingPushes) {
+  grads_.reserve(16);
+  Outcome a, later;
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
+  agg_->Abort(absl::AbortedError("stop"));
+  ASSERT_TRUE(a.result.has_value());
+  EXPECT_EQ(a.result->status().code(), absl::StatusCode::kAborted);
+  agg_->Push(Push(1, 0, 3, {1.0f, 1.0f}), later.callback());
+  EXPECT_EQ(later.result->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store_->Snapshot()->version, 0);
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+TEST_F(StepAggregatorTest, PushForAnOlderStepIsStale) {
+  grads_.reserve(16);
+  Outcome a, b, c, d, stale;
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
+  agg_->Push(Push(1, 0, 3, {1.0f, 1.0f}), b.callback());
+  agg_->Push(Push(0, 1, 1, {1.0f, 1.0f}), c.callback());
+  agg_->Push(Push(1, 1, 0, {}), d.callback());
+  ASSERT_TRUE(d.result->ok());
+  // Step 0 is two steps old: not a retry of the latest step, so it is refused.
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), stale.callback());
+  EXPECT_EQ(stale.result->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Snapshot()->version, 2);
+}
+
+}  // namespace
+}  // namespace dbs
