@@ -32,6 +32,9 @@ def die_with_parent():
 
 
 def parse_slowdowns(text, workers):
+    if not text:
+        # Default: the last worker is three times slower, so DBS has something to balance.
+        return [1.0] * (workers - 1) + [3.0] if workers > 1 else [1.0]
     values = [float(v) for v in text.split(",") if v.strip()]
     if len(values) == 1:
         values = values * workers
@@ -132,8 +135,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--slowdown", default="1,1,1,3",
-                    help="per-worker slowdown factors, comma-separated, or one for all")
+    ap.add_argument("--slowdown", default="",
+                    help="per-worker slowdown factors, comma-separated, or one for all "
+                         "(default: the last worker 3x slower, the others 1)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--global_batch", type=int, default=128)
     ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed"])

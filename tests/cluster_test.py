@@ -1,0 +1,215 @@
+"""End-to-end tests: real dbs_ps and dbs_worker processes on loopback ports chosen at run time.
+
+Every process started here is stopped in tearDown (the launcher runs in its own session and is
+killed as a group), so a failing test leaves nothing behind.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "dbs"))
+if not os.path.isdir(RUNFILES):
+    RUNFILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PS = os.path.join(RUNFILES, "server", "dbs_ps")
+WORKER = os.path.join(RUNFILES, "worker", "dbs_worker")
+LAUNCHER = os.path.join(RUNFILES, "deploy", "local_cluster.py")
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is not running; /proc says so.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class ProcessTestCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="dbs_test_", dir=os.environ.get("TEST_TMPDIR"))
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+    def spawn(self, argv, **kw):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def run_cmd(self, argv, timeout):
+        p = self.spawn(argv)
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out.decode(), err.decode()
+
+    def launch(self, name, *extra, timeout=240):
+        out_dir = os.path.join(self.tmp, name)
+        rc, out, err = self.run_cmd(
+            [sys.executable, LAUNCHER, f"--ps_bin={PS}", f"--worker_bin={WORKER}",
+             f"--out_dir={out_dir}", "--quiet", f"--data_dir={DATA_DIR}", *extra], timeout)
+        return rc, out, err, out_dir
+
+
+class ClusterTest(ProcessTestCase):
+    """One dbs_ps and three dbs_workers train the CNN for 2 epochs, one worker slowed 3x."""
+
+    COMMON = ["--workers=3", "--slowdown=1,1,3", "--epochs=2", "--global_batch=64",
+              "--train_limit=6000", "--test_limit=2000", "--model=cnn", "--lr=0.05"]
+    MIN_ACCURACY = 0.75  # the stated target for 2 epochs on 6000 images
+
+    def check_summary(self, summary):
+        self.assertEqual(summary["status"], "ok")
+        self.assertEqual(summary["epochs_completed"], 2)
+        for e in summary["epochs"]:
+            ws = e["workers"]
+            self.assertEqual(len(ws), 3)
+            self.assertEqual(sum(w["samples"] for w in ws), 6000, "every sample exactly once")
+            self.assertEqual(sum(w["batch_size"] for w in ws), 64, "batches sum to B")
+            self.assertEqual(sum(w["test_samples"] for w in ws), 2000)
+            self.assertGreater(min(w["compute_seconds"] for w in ws), 0)
+            self.assertEqual(e["steps"], 94)  # ceil(6000 / 64)
+
+    def test_dbs_rebalances_the_slow_worker_and_beats_the_fixed_split(self):
+        runs = {}
+        for policy in ("fixed", "dbs"):
+            rc, out, err, out_dir = self.launch(policy, f"--policy={policy}", *self.COMMON)
+            self.assertEqual(rc, 0, f"{policy} run failed:\n{out}\n{err}")
+            with open(os.path.join(out_dir, "summary.json")) as f:
+                runs[policy] = json.load(f)
+            self.check_summary(runs[policy])
+            for i in range(3):
+                self.assertTrue(os.path.exists(os.path.join(out_dir, f"worker-{i}.json")))
+
+        dbs, fixed = runs["dbs"], runs["fixed"]
+        self.assertGreaterEqual(dbs["final_test_accuracy"], self.MIN_ACCURACY)
+        self.assertGreaterEqual(fixed["final_test_accuracy"], self.MIN_ACCURACY)
+
+        e2 = dbs["epochs"][1]["workers"]
+        slow, others = e2[2]["batch_size"], (e2[0]["batch_size"] + e2[1]["batch_size"]) / 2
+        ratio = slow / others
+        fixed_spread = fixed["epochs"][1]["compute_seconds_max_over_min"]
+        dbs_spread = dbs["epochs"][1]["compute_seconds_max_over_min"]
+        print(f"epoch 2: slow worker batch {slow} vs others {others:.1f} (ratio {ratio:.2f}); "
+              f"compute max/min fixed {fixed_spread:.2f}, dbs {dbs_spread:.2f}; accuracy "
+              f"fixed {fixed['final_test_accuracy']:.4f}, dbs {dbs['final_test_accuracy']:.4f}")
+        self.assertGreater(ratio, 0.2, "roughly a third of the others' batch")
+        self.assertLess(ratio, 0.5, "roughly a third of the others' batch")
+        # Fixed: the 3x worker computes ~3x as long; DBS narrows the spread.
+        self.assertGreater(fixed_spread, 2.0)
+        self.assertLess(dbs_spread, fixed_spread / 1.5)
+        for e in fixed["epochs"]:
+            self.assertEqual([w["batch_size"] for w in e["workers"]], [22, 21, 21])
+
+
+class BadInputTest(ProcessTestCase):
+    def test_missing_data_set_names_the_apt_command(self):
+        rc, _, err = self.run_cmd([WORKER, "--data_dir=/nonexistent/fmnist",
+                                   f"--server=127.0.0.1:{free_port()}"], 30)
+        self.assertEqual(rc, 1)
+        self.assertIn("apt-get install dataset-fashion-mnist", err)
+
+    def test_unreachable_server_is_retried_with_backoff_then_reported(self):
+        port = free_port()  # nothing listens there
+        start = time.time()
+        rc, _, err = self.run_cmd([WORKER, f"--server=127.0.0.1:{port}", "--connect_timeout_s=2",
+                                   f"--data_dir={DATA_DIR}", "--train_limit=100",
+                                   "--test_limit=100"], 60)
+        elapsed = time.time() - start
+        self.assertEqual(rc, 1)
+        self.assertIn(f"could not reach dbs_ps at 127.0.0.1:{port}", err)
+        attempts = int(err.split(" after ")[1].split(" attempts")[0])
+        self.assertGreaterEqual(attempts, 3, err)
+        self.assertGreaterEqual(elapsed, 1.0, "it kept retrying for about the timeout")
+
+    def test_bad_flags_are_refused_with_a_message(self):
+        rc, _, err = self.run_cmd([PS, "--policy=bogus", "--port=0"], 30)
+        self.assertEqual(rc, 2)
+        self.assertIn("unknown policy 'bogus'", err)
+        rc, _, err = self.run_cmd([PS, "--workers=0", "--port=0"], 30)
+        self.assertEqual(rc, 2)
+        self.assertIn("at least one worker", err)
+        rc, _, err = self.run_cmd([PS, "--optimizer=adam", "--lr=-1", "--port=0"], 30)
+        self.assertEqual(rc, 2)
+        self.assertIn("adam needs lr > 0", err)
+        rc, _, err = self.run_cmd([WORKER, "--slowdown=0.5"], 30)
+        self.assertEqual(rc, 1)
+        self.assertIn("--slowdown must be >= 1", err)
+        rc, _, err = self.run_cmd([WORKER, "--model=resnet", f"--data_dir={DATA_DIR}",
+                                   "--train_limit=10", "--test_limit=10"], 60)
+        self.assertEqual(rc, 1)
+        self.assertIn("unknown model 'resnet'", err)
+
+    def test_cuda_request_without_cuda_says_why(self):
+        if os.environ.get("LIBTORCH_DIR"):
+            self.skipTest("built against a custom libtorch that may have CUDA")
+        rc, _, err = self.run_cmd([WORKER, "--device=cuda"], 30)
+        self.assertEqual(rc, 1)
+        self.assertIn("--device=cuda", err)
+        self.assertIn("--device=cpu", err)
+
+
+class LauncherTest(ProcessTestCase):
+    def test_a_failing_worker_stops_the_whole_cluster(self):
+        rc, _, err, out_dir = self.launch("fail", "--workers=2", "--data_dir=/nonexistent",
+                                          timeout=60)
+        self.assertEqual(rc, 1)
+        self.assertIn("FAILED", err)
+        with open(os.path.join(out_dir, "pids.json")) as f:
+            pids = json.load(f)
+        self.assertIn("ps", pids)
+        for label, pid in pids.items():
+            self.assertFalse(alive(pid), f"{label} (pid {pid}) still running")
+
+    def test_ctrl_c_stops_every_process(self):
+        out_dir = os.path.join(self.tmp, "interrupt")
+        p = self.spawn([sys.executable, LAUNCHER, f"--ps_bin={PS}", f"--worker_bin={WORKER}",
+                        f"--out_dir={out_dir}", "--quiet", "--workers=2", "--epochs=50",
+                        f"--data_dir={DATA_DIR}", "--train_limit=6000", "--test_limit=500"])
+        pids_file = os.path.join(out_dir, "pids.json")
+        deadline = time.time() + 60
+        pids = {}
+        while time.time() < deadline and len(pids) < 3:
+            time.sleep(0.2)
+            try:
+                with open(pids_file) as f:
+                    pids = json.load(f)
+            except (FileNotFoundError, json.JSONDecodeError):
+                pass
+        self.assertEqual(len(pids), 3, "the launcher started dbs_ps and two workers")
+        # Let training get going, then interrupt as a user would.
+        time.sleep(2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("interrupted", err.decode())
+        for label, pid in pids.items():
+            self.assertFalse(alive(pid), f"{label} (pid {pid}) still running")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
