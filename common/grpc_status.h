@@ -1,10 +1,13 @@
-// Mapping between absl::Status and grpc::Status; the codes match one to one.
+// Mapping between absl::Status and grpc::Status (the codes match one to one), and finishing
+// callback RPCs with a status.
 #ifndef DBS_COMMON_GRPC_STATUS_H_
 #define DBS_COMMON_GRPC_STATUS_H_
 
 #include <string>
 
 #include "absl/status/status.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 
 namespace dbs {
@@ -17,6 +20,14 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
 inline absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Finishes a unary callback RPC at once with `s` and returns its reactor.
+inline grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
+                                             const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
 }
 
 }  // namespace dbs

@@ -91,7 +91,9 @@ class Cluster:
                 log.write(line)
                 log.flush()
                 if not self.quiet:
-                    sys.stdout.write(f"[{label}] {line}")
+                    # Worker lines already start with the worker's name.
+                    prefix = "[ps] " if label == "ps" else ""
+                    sys.stdout.write(prefix + line)
                     sys.stdout.flush()
 
     def stop(self, grace=5.0):
@@ -138,7 +140,7 @@ def main(argv=None):
     ap.add_argument("--slowdown", default="",
                     help="per-worker slowdown factors, comma-separated, or one for all "
                          "(default: the last worker 3x slower, the others 1)")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--global_batch", type=int, default=128)
     ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed"])
     ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
@@ -201,7 +203,7 @@ def main(argv=None):
               flush=True)
         workers = []
         for i, slow in enumerate(slowdowns):
-            workers.append(cluster.start(f"w{i}", [
+            workers.append(cluster.start(f"worker-{i}", [
                 worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
                 f"--model={args.model}", f"--device={args.device}",
                 f"--data_dir={args.data_dir}", f"--train_limit={args.train_limit}",
@@ -209,7 +211,7 @@ def main(argv=None):
                 f"--threads={args.threads}", f"--seed={args.seed}",
                 f"--log_every_s={args.log_every_s}",
                 f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}"]))
-        everyone = [("ps", ps)] + [(f"w{i}", w) for i, w in enumerate(workers)]
+        everyone = [("ps", ps)] + [(f"worker-{i}", w) for i, w in enumerate(workers)]
         while True:
             codes = {label: p.poll() for label, p in everyone}
             bad = [f"{label} exited with code {c}" for label, c in codes.items()

@@ -10,11 +10,6 @@
 namespace dbs {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
 
 void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap,
                     v1::Parameters* out) {
@@ -31,34 +26,34 @@ absl::Status UnknownWorker(int id) {
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(
     grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest* req, v1::Parameters* reply) {
-  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
-  if (!layout.ok()) return Finish(ctx, layout.status());
+  if (!layout.ok()) return FinishUnary(ctx, layout.status());
   std::vector<float> initial(static_cast<size_t>(TotalElements(*layout)));
   absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
-  if (!decoded.ok()) return Finish(ctx, decoded);
+  if (!decoded.ok()) return FinishUnary(ctx, decoded);
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
   if (snap.ok()) FillParameters(*layout, *snap, reply);
-  return Finish(ctx, snap.status());
+  return FinishUnary(ctx, snap.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(
     grpc::CallbackServerContext* ctx, const v1::PullParametersRequest* req, v1::Parameters* reply) {
-  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
-  return Finish(ctx, snap.status());
+  return FinishUnary(ctx, snap.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
                                                              const v1::PushGradientRequest* req,
                                                              v1::PushGradientReply* reply) {
-  if (!is_member_(req->worker_id())) return Finish(ctx, UnknownWorker(req->worker_id()));
+  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
   if (req->num_samples() < 0) {
-    return Finish(ctx, absl::InvalidArgumentError("num_samples is negative"));
+    return FinishUnary(ctx, absl::InvalidArgumentError("num_samples is negative"));
   }
   if (!std::isfinite(req->loss_sum())) {
-    return Finish(ctx, absl::InvalidArgumentError("loss_sum is not finite"));
+    return FinishUnary(ctx, absl::InvalidArgumentError("loss_sum is not finite"));
   }
   // Callback threads are pooled, so a per-thread scratch buffer is reused across steps.
   thread_local std::vector<float> scratch;
@@ -71,13 +66,13 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
   push.loss_sum = req->loss_sum();
   if (req->num_samples() > 0 || req->gradients_size() > 0) {
     if (layout.empty()) {
-      return Finish(ctx, absl::FailedPreconditionError("no model registered yet"));
+      return FinishUnary(ctx, absl::FailedPreconditionError("no model registered yet"));
     }
     scratch.resize(static_cast<size_t>(TotalElements(layout)));
     absl::Status decoded =
         DecodeTensors(req->gradients(), layout, /*require_finite=*/true, absl::MakeSpan(scratch));
     if (!decoded.ok()) {
-      return Finish(ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ",
+      return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ",
                                                                  decoded.message())));
     }
     push.gradient = scratch;

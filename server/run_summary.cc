@@ -155,11 +155,13 @@ std::string HumanSummary(const RunInfo& run) {
                           ComputeSpread(*last).ratio());
     for (const auto& [id, plan] : last->plans) {
       const EpochTiming& t = last->reports.at(id);
+      const std::string name =
+          id < static_cast<int>(run.workers.size()) ? run.workers[id].name : "?";
       absl::StrAppendFormat(&out,
-                            "  worker %d: batch %d (share %.3f), compute %.2f s, wait %.2f s, "
-                            "eval %.2f s\n",
-                            id, plan.batch_size, plan.share, t.compute_seconds, t.wait_seconds,
-                            t.eval_seconds);
+                            "  worker %d (%s): batch %d (share %.3f), compute %.2f s, "
+                            "wait %.2f s, eval %.2f s\n",
+                            id, name, plan.batch_size, plan.share, t.compute_seconds,
+                            t.wait_seconds, t.eval_seconds);
     }
   }
   return out;

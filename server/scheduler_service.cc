@@ -4,15 +4,6 @@
 #include "common/plan_codec.h"
 
 namespace dbs {
-namespace {
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
@@ -26,19 +17,19 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
     reply->set_global_batch(r->global_batch);
     reply->set_policy(r->policy);
   }
-  return Finish(ctx, r.status());
+  return FinishUnary(ctx, r.status());
 }
 
 grpc::ServerUnaryReactor* SchedulerServiceImpl::Leave(grpc::CallbackServerContext* ctx,
                                                       const v1::LeaveRequest* req,
                                                       v1::LeaveReply*) {
-  return Finish(ctx, scheduler_->Leave(req->worker_id()));
+  return FinishUnary(ctx, scheduler_->Leave(req->worker_id()));
 }
 
 grpc::ServerUnaryReactor* SchedulerServiceImpl::ReportEpoch(grpc::CallbackServerContext* ctx,
                                                             const v1::EpochReport* req,
                                                             v1::EpochReportReply*) {
-  return Finish(ctx, scheduler_->Report(FromProto(*req)));
+  return FinishUnary(ctx, scheduler_->Report(FromProto(*req)));
 }
 
 grpc::ServerUnaryReactor* SchedulerServiceImpl::GetEpochPlan(grpc::CallbackServerContext* ctx,

@@ -64,9 +64,9 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
   WorkerRegistration reg{config.name, train.size, test.size, device.str()};
   DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client->RegisterWorker(reg));
   const int id = joined.worker_id;
-  std::printf("[worker %d] joined as '%s' on %s: %lld train / %lld test samples, model %s "
+  std::printf("[%s] joined as worker %d on %s: %lld train / %lld test samples, model %s "
               "(%zu parameters), policy %s, %d epochs, global batch %d\n",
-              id, config.name.c_str(), device.str().c_str(), static_cast<long long>(train.size),
+              config.name.c_str(), id, device.str().c_str(), static_cast<long long>(train.size),
               static_cast<long long>(test.size), config.model.c_str(), model_size,
               joined.policy.c_str(), joined.epochs, joined.global_batch);
   std::fflush(stdout);
@@ -136,9 +136,9 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
         const double epoch_eta = per_step * (plan.num_steps - step - 1);
         const double job_eta =
             epoch_eta + per_step * plan.num_steps * (plan.total_epochs - epoch - 1);
-        std::printf("[worker %d] epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
+        std::printf("[%s] epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
                     "| epoch ETA %s | job ETA %s\n",
-                    id, epoch + 1, plan.total_epochs, step + 1, plan.num_steps, loss_shown, b,
+                    config.name.c_str(), epoch + 1, plan.total_epochs, step + 1, plan.num_steps, loss_shown, b,
                     timing.samples / std::max(elapsed, 1e-9), Clock(epoch_eta).c_str(),
                     Clock(job_eta).c_str());
         std::fflush(stdout);
@@ -161,9 +161,10 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     timing.test_loss_sum = eval.loss_sum;
     DBS_RETURN_IF_ERROR(client->ReportEpoch(timing));
     last_accuracy = eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
-    std::printf("[worker %d] epoch %d/%d done: %lld samples, batch %d (share %.3f), compute "
+    std::printf("[%s] epoch %d/%d done: %lld samples, batch %d (share %.3f), compute "
                 "%.2f s, wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%\n",
-                id, epoch + 1, plan.total_epochs, static_cast<long long>(timing.samples),
+                config.name.c_str(), epoch + 1, plan.total_epochs,
+                static_cast<long long>(timing.samples),
                 plan.batch_size, plan.share, timing.compute_seconds, timing.wait_seconds,
                 timing.eval_seconds, 100.0 * last_accuracy);
     std::fflush(stdout);
@@ -178,8 +179,11 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
                       {"test_correct", timing.test_correct}});
   }
   const absl::Status left = client->Leave(id);
-  if (!left.ok()) std::fprintf(stderr, "[worker %d] warning: %s\n", id, left.ToString().c_str());
-  std::printf("[worker %d] finished: %zu epochs in %.1f s\n", id, record.size(), Since(job_start));
+  if (!left.ok()) {
+    std::fprintf(stderr, "[%s] warning: %s\n", config.name.c_str(), left.ToString().c_str());
+  }
+  std::printf("[%s] finished: %zu epochs in %.1f s\n", config.name.c_str(), record.size(),
+              Since(job_start));
   std::fflush(stdout);
   if (!config.record_path.empty()) {
     FILE* f = std::fopen(config.record_path.c_str(), "w");
