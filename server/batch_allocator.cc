@@ -67,23 +67,32 @@ absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t tes
 
   EpochAllocation out;
   out.num_steps = static_cast<int>(full_steps + (remainder > 0 ? 1 : 0));
-  // With a remainder the last step is the partial one; otherwise the last full step is.
-  const int64_t regular_steps = remainder > 0 ? full_steps : full_steps - 1;
-  int64_t train_offset = 0;
+  out.workers.resize(shares.size());
   int64_t test_offset = 0;
   for (size_t i = 0; i < shares.size(); ++i) {
-    WorkerAllocation w;
+    WorkerAllocation& w = out.workers[i];
     w.share = shares[i] / sum;
     w.batch_size = static_cast<int>(batch[i]);
     w.final_batch_size = static_cast<int>(last[i]);
-    const int64_t n = regular_steps * batch[i] + last[i];
-    w.train = {train_offset, train_offset + n};
     w.test = {test_offset, test_offset + test[i]};
-    train_offset += n;
     test_offset += test[i];
-    out.workers.push_back(w);
+  }
+  for (int step = 0; step < out.num_steps; ++step) {
+    const bool final_step = step == out.num_steps - 1;
+    int64_t offset = static_cast<int64_t>(step) * global_batch;
+    for (size_t i = 0; i < shares.size(); ++i) {
+      const int64_t b = final_step ? last[i] : batch[i];
+      if (b > 0) out.workers[i].train.push_back({offset, offset + b});
+      offset += b;
+    }
   }
   return out;
+}
+
+int64_t WorkerAllocation::train_samples() const {
+  int64_t n = 0;
+  for (const SampleRange& r : train) n += r.size();
+  return n;
 }
 
 std::vector<double> EqualSplitPolicy::NextShares(

@@ -29,7 +29,11 @@ struct WorkerAllocation {
   double share = 0.0;
   int batch_size = 0;        // at every step but the last
   int final_batch_size = 0;  // at the last step
-  SampleRange train;         // positions in the epoch's permutation
+  int64_t train_samples() const;
+  // Positions in the epoch's permutation, one range per step in step order (steps where the
+  // worker's batch is 0 have none). Step s uses the block [s * B, s * B + B_s) of the
+  // permutation, and each worker its slice of that block.
+  std::vector<SampleRange> train;
   SampleRange test;          // indices of the test set to evaluate
 };
 
@@ -40,8 +44,11 @@ struct EpochAllocation {
 
 // Lays out an epoch of `train_samples` samples with global batch `global_batch`:
 // num_steps = ceil(D / B); full steps use the shares' split of B, the last step the shares' split of
-// the remainder D mod B (or of B when it divides evenly); worker i's range holds exactly the samples
-// of its steps. INVALID_ARGUMENT for empty data, a non-positive batch or bad shares.
+// the remainder D mod B (or of B when it divides evenly). Step s always trains on the same block of
+// the permutation, whatever the split, so the global batch of every step, and hence the training
+// trajectory, is the same as single-process SGD with batch B over that permutation; only who
+// computes which part of it changes. INVALID_ARGUMENT for empty data, a non-positive batch or bad
+// shares.
 absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t test_samples,
                                               int global_batch, absl::Span<const double> shares);
 

@@ -44,6 +44,8 @@ ABSL_FLAG(double, adam_eps, 1e-8, "Adam epsilon.");
 ABSL_FLAG(std::string, summary_path, "dbs_summary.json",
           "Where the JSON run summary is written at the end ('' to skip).");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
+ABSL_FLAG(double, stall_timeout_s, 300.0,
+          "Abort the job when no worker makes progress for this long (a worker died); 0: never.");
 ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave before shutting down.");
 
@@ -90,6 +92,7 @@ int main(int argc, char** argv) {
   config.optimizer.adam.beta1 = absl::GetFlag(FLAGS_adam_beta1);
   config.optimizer.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
   config.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
+  config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   const int port = absl::GetFlag(FLAGS_port);
   const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (port < 0 || port > 65535) return Fail("--port must be in [0, 65535]");
@@ -138,6 +141,7 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
+  while (!(*job)->WaitFor(absl::Seconds(1))) (*job)->CheckStall();
   const absl::Status result = (*job)->Wait();
   const dbs::RunInfo run = (*job)->Run();
   const std::string summary_path = absl::GetFlag(FLAGS_summary_path);

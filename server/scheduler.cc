@@ -106,7 +106,7 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
     p.num_steps = alloc.num_steps;
     p.global_batch = config_.global_batch;
     p.permutation_seed = seed;
-    p.train_ranges = {a.train};
+    p.train_ranges = a.train;
     p.test_range = a.test;
     p.share = a.share;
     p.total_epochs = config_.epochs;

@@ -80,6 +80,7 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
         }
         loss_sum_ += push.loss_sum;
         samples_ += push.num_samples;
+        ++accepted_pushes_;
         pending_[push.worker_id].callbacks.push_back(std::move(done));
         if (pending_.size() < quotas_.size()) return;
 
@@ -136,6 +137,21 @@ void StepAggregator::Abort(const absl::Status& status) {
     pending_.clear();
   }
   for (Done& d : to_run) d(status);
+}
+
+StepProgress StepAggregator::Progress() const {
+  absl::MutexLock lock(&mu_);
+  StepProgress p;
+  p.epoch = epoch_;
+  p.step = step_;
+  p.num_steps = num_steps_;
+  p.accepted_pushes = accepted_pushes_;
+  if (step_ < num_steps_) {
+    for (const auto& [id, quota] : quotas_) {
+      if (pending_.count(id) == 0) p.waiting_for.push_back(id);
+    }
+  }
+  return p;
 }
 
 EpochLoss StepAggregator::LossOf(int epoch) const {

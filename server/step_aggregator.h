@@ -50,6 +50,15 @@ struct EpochLoss {
   double mean() const { return samples > 0 ? loss_sum / samples : 0.0; }
 };
 
+// Where the step barrier stands, for stall detection and status reports.
+struct StepProgress {
+  int epoch = -1;
+  int step = 0;
+  int num_steps = 0;
+  int64_t accepted_pushes = 0;  // pushes counted so far, over the whole job
+  std::vector<int> waiting_for;  // workers of the current step that have not pushed yet
+};
+
 struct GradientPush {
   int worker_id = 0;
   int epoch = 0;
@@ -81,6 +90,8 @@ class StepAggregator {
   // Loss totals of `epoch` so far.
   EpochLoss LossOf(int epoch) const;
 
+  StepProgress Progress() const;
+
  private:
   struct Pending {
     std::vector<Done> callbacks;
@@ -103,6 +114,7 @@ class StepAggregator {
   std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_
   std::map<int, EpochLoss> epoch_loss_ ABSL_GUARDED_BY(mu_);
+  int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dbs

@@ -1,5 +1,7 @@
 #include "server/training_job.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -58,6 +60,47 @@ absl::Status TrainingJob::Wait() {
   finished_.WaitForNotification();
   absl::MutexLock lock(&mu_);
   return final_status_;
+}
+
+bool TrainingJob::WaitFor(absl::Duration timeout) {
+  return finished_.WaitForNotificationWithTimeout(timeout);
+}
+
+bool TrainingJob::CheckStall() {
+  if (config_.stall_timeout <= absl::ZeroDuration() || finished_.HasBeenNotified()) return false;
+  const StepProgress progress = aggregator_->Progress();
+  const std::vector<EpochRecord> history = scheduler_->History();
+  int64_t activity = progress.accepted_pushes + static_cast<int64_t>(scheduler_->Workers().size());
+  for (const EpochRecord& r : history) activity += static_cast<int64_t>(r.reports.size());
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock lock(&mu_);
+    if (activity != last_activity_count_ || history.empty()) {
+      last_activity_count_ = activity;
+      last_activity_ = now;
+      return false;
+    }
+    if (now - last_activity_ < config_.stall_timeout) return false;
+  }
+  std::string waiting;
+  if (!progress.waiting_for.empty()) {
+    waiting = absl::StrCat("a push from worker(s) ", absl::StrJoin(progress.waiting_for, ", "),
+                           " at epoch ", progress.epoch, " step ", progress.step);
+  } else {
+    std::vector<int> missing;
+    for (const auto& [id, plan] : history.back().plans) {
+      if (history.back().reports.count(id) == 0) missing.push_back(id);
+    }
+    waiting = absl::StrCat("the epoch ", history.back().epoch, " report of worker(s) ",
+                           absl::StrJoin(missing, ", "));
+  }
+  const absl::Status stalled = absl::DeadlineExceededError(absl::StrCat(
+      "no progress for ", absl::FormatDuration(config_.stall_timeout), " while waiting for ",
+      waiting, "; the worker probably died (restart the job; recovery without restart is not "
+      "part of this version)"));
+  LOG(ERROR) << stalled.message();
+  Abort(stalled);
+  return true;
 }
 
 void TrainingJob::Abort(const absl::Status& status) {

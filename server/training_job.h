@@ -25,6 +25,9 @@ struct JobConfig {
   SchedulerConfig scheduler;
   std::string policy = "dbs";  // "dbs" or "fixed"
   OptimizerConfig optimizer;
+  // Abort the job when no push, report or registration arrives for this long once training has
+  // started (a worker that died without leaving). Zero disables the check.
+  absl::Duration stall_timeout = absl::Minutes(5);
 };
 
 class TrainingJob : public SchedulerListener {
@@ -39,6 +42,12 @@ class TrainingJob : public SchedulerListener {
 
   // Blocks until the job has finished or been aborted; returns how it ended.
   absl::Status Wait();
+  // Waits at most `timeout`; true when the job has ended.
+  bool WaitFor(absl::Duration timeout);
+
+  // Aborts the job, naming the workers it waits for, when nothing has happened for the stall
+  // timeout. Call periodically; returns true when it aborted.
+  bool CheckStall();
   // Ends the job early (a signal, a fatal error): releases every waiting worker.
   void Abort(const absl::Status& status);
 
@@ -62,6 +71,8 @@ class TrainingJob : public SchedulerListener {
 
   mutable absl::Mutex mu_;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
+  int64_t last_activity_count_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   absl::Notification finished_;
 };

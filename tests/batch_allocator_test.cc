@@ -1,5 +1,6 @@
 #include "server/batch_allocator.h"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -56,7 +57,9 @@ TEST(AllocateEpochTest, OneWorkerGetsEverything) {
   ASSERT_EQ(a->workers.size(), 1u);
   EXPECT_EQ(a->workers[0].batch_size, 64);
   EXPECT_EQ(a->workers[0].final_batch_size, 1000 - 15 * 64);
-  EXPECT_EQ(a->workers[0].train, (SampleRange{0, 1000}));
+  ASSERT_EQ(a->workers[0].train.size(), 16u);
+  EXPECT_EQ(a->workers[0].train[0], (SampleRange{0, 64}));
+  EXPECT_EQ(a->workers[0].train[15], (SampleRange{960, 1000}));
   EXPECT_EQ(a->workers[0].test, (SampleRange{0, 100}));
 }
 
@@ -69,9 +72,11 @@ TEST(AllocateEpochTest, RangesCoverThePermutationExactlyOnce) {
       std::vector<int> hits(d, 0);
       int64_t batch_sum = 0, last_sum = 0, test_next = 0;
       for (const WorkerAllocation& w : a->workers) {
-        for (int64_t i = w.train.begin; i < w.train.end; ++i) hits[i]++;
-        // The range holds exactly the worker's steps.
-        EXPECT_EQ(w.train.size(),
+        for (const SampleRange& r : w.train) {
+          for (int64_t i = r.begin; i < r.end; ++i) hits[i]++;
+        }
+        // The ranges hold exactly the worker's steps.
+        EXPECT_EQ(w.train_samples(),
                   static_cast<int64_t>(a->num_steps - 1) * w.batch_size + w.final_batch_size);
         batch_sum += w.batch_size;
         last_sum += w.final_batch_size;
@@ -84,6 +89,33 @@ TEST(AllocateEpochTest, RangesCoverThePermutationExactlyOnce) {
       EXPECT_EQ(a->num_steps, (d + b - 1) / b);
       for (int64_t i = 0; i < d; ++i) ASSERT_EQ(hits[i], 1) << "sample " << i << " d=" << d;
     }
+  }
+}
+
+TEST(AllocateEpochTest, EveryStepUsesTheSameBlockWhateverTheSplit) {
+  // 10 samples, B = 4: steps use positions [0,4), [4,8), [8,10) under any split.
+  for (const std::vector<double>& shares :
+       {std::vector<double>{1.0}, {0.5, 0.5}, {0.1, 0.2, 0.7}, {0.0, 1.0}}) {
+    auto a = AllocateEpoch(10, 0, 4, shares);
+    ASSERT_TRUE(a.ok());
+    ASSERT_EQ(a->num_steps, 3);
+    std::vector<std::vector<int64_t>> per_step(3);
+    for (const WorkerAllocation& w : a->workers) {
+      size_t k = 0;
+      for (int step = 0; step < 3; ++step) {
+        const int b = step == 2 ? w.final_batch_size : w.batch_size;
+        if (b == 0) continue;
+        ASSERT_LT(k, w.train.size());
+        EXPECT_EQ(w.train[k].size(), b);
+        for (int64_t i = w.train[k].begin; i < w.train[k].end; ++i) per_step[step].push_back(i);
+        ++k;
+      }
+      EXPECT_EQ(k, w.train.size());
+    }
+    for (auto& v : per_step) std::sort(v.begin(), v.end());
+    EXPECT_EQ(per_step[0], (std::vector<int64_t>{0, 1, 2, 3}));
+    EXPECT_EQ(per_step[1], (std::vector<int64_t>{4, 5, 6, 7}));
+    EXPECT_EQ(per_step[2], (std::vector<int64_t>{8, 9}));
   }
 }
 

@@ -212,9 +212,12 @@ TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
   EXPECT_EQ(a.batch_size(), 2);
   EXPECT_EQ(a.num_steps(), 2);
-  ASSERT_EQ(a.train_ranges_size(), 1);
-  EXPECT_EQ(a.train_ranges(0).begin(), 4);
-  EXPECT_EQ(a.train_ranges(0).end(), 8);
+  // Worker 1's half of each step's block of 4: positions [2, 4) and [6, 8).
+  ASSERT_EQ(a.train_ranges_size(), 2);
+  EXPECT_EQ(a.train_ranges(0).begin(), 2);
+  EXPECT_EQ(a.train_ranges(0).end(), 4);
+  EXPECT_EQ(a.train_ranges(1).begin(), 6);
+  EXPECT_EQ(a.train_ranges(1).end(), 8);
 }
 
 }  // namespace

@@ -114,8 +114,10 @@ TEST_F(SchedulerTest, DbsRebalancesBySpeedAndFinishes) {
   EXPECT_EQ(e1[0].batch_size + e1[1].batch_size + e1[2].batch_size, 64);
   EXPECT_EQ(e1[2].batch_size, 9);
   EXPECT_NEAR(e1[2].share, 1.0 / 7, 1e-9);
-  EXPECT_EQ(e1[0].train_ranges[0].begin, 0);
-  EXPECT_EQ(e1[2].train_ranges[0].end, 6400);
+  EXPECT_EQ(e1[0].train_ranges[0], (SampleRange{0, 28}));
+  EXPECT_EQ(e1[2].train_ranges[0], (SampleRange{55, 64}));
+  EXPECT_EQ(e1[2].train_ranges.back(), (SampleRange{6391, 6400}));
+  EXPECT_EQ(e1[2].TrainSamples(), 900);
   EXPECT_NE(e1[0].permutation_seed, e0[0].permutation_seed);
   EXPECT_EQ(s->History()[0].end - s->History()[0].start, absl::Seconds(10));
 
