@@ -19,6 +19,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hetero  # noqa: E402  (deploy/hetero.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PR_SET_PDEATHSIG = 1
 
@@ -31,15 +34,11 @@ def die_with_parent():
         pass
 
 
-def parse_slowdowns(text, workers):
-    if not text:
+def parse_slowdowns(text, workers, quotas_given):
+    if not text and not quotas_given:
         # Default: the last worker is three times slower, so DBS has something to balance.
         return [1.0] * (workers - 1) + [3.0] if workers > 1 else [1.0]
-    values = [float(v) for v in text.split(",") if v.strip()]
-    if len(values) == 1:
-        values = values * workers
-    if len(values) != workers:
-        raise ValueError(f"--slowdown lists {len(values)} factors for {workers} workers")
+    values = hetero.parse_floats(text, workers, "--slowdown", 1.0)
     if any(v < 1.0 for v in values):
         raise ValueError("slowdown factors must be >= 1")
     return values
@@ -66,10 +65,16 @@ class Cluster:
         self.lock = threading.Lock()
         self.stopping = False
 
-    def start(self, label, argv):
+    def start(self, label, argv, cgroup=None):
         log_path = os.path.join(self.out_dir, f"{label}.log")
+
+        def prepare_child():
+            die_with_parent()
+            if cgroup is not None:
+                cgroup.join()
+
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                stdin=subprocess.DEVNULL, preexec_fn=prepare_child)
         t = threading.Thread(target=self._pump, args=(label, proc, log_path), daemon=True)
         t.start()
         with self.lock:
@@ -140,6 +145,19 @@ def main(argv=None):
     ap.add_argument("--slowdown", default="",
                     help="per-worker slowdown factors, comma-separated, or one for all "
                          "(default: the last worker 3x slower, the others 1)")
+    ap.add_argument("--cpu_quota", default="",
+                    help="per-worker CPU quota in cores (cgroup v1, root), e.g. "
+                         "0.125,0.125,0.25,0.5; without root it falls back to slowdown factors")
+    ap.add_argument("--disturb", default="",
+                    help="slow worker k by f from epoch e1 to e2: k:e1:e2:f[,k:e1:e2:f...]")
+    ap.add_argument("--random_disturb", type=float, default=0.0,
+                    help="each epoch, slow a random worker with this probability")
+    ap.add_argument("--disturb_factor", type=float, default=3.0)
+    ap.add_argument("--disturb_max_epochs", type=int, default=2)
+    ap.add_argument("--init_params", default="", help="raw float32 initial parameters")
+    ap.add_argument("--speed_window", type=int, default=1,
+                    help="DBS: lowest speed over this many recent epochs (1: the paper's rule)")
+    ap.add_argument("--stall_timeout_s", type=float, default=300.0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--global_batch", type=int, default=128)
     ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed"])
@@ -166,12 +184,32 @@ def main(argv=None):
     if args.workers < 1:
         ap.error("--workers must be >= 1")
     try:
-        slowdowns = parse_slowdowns(args.slowdown, args.workers)
+        quotas = hetero.parse_floats(args.cpu_quota, args.workers, "--cpu_quota", 0.0)
+        quotas_given = bool(args.cpu_quota)
+        slowdowns = parse_slowdowns(args.slowdown, args.workers, quotas_given)
+        windows = hetero.parse_disturbance(args.disturb, args.workers)
+        if args.random_disturb > 0:
+            drawn = hetero.random_disturbances(args.workers, args.epochs, args.random_disturb,
+                                               args.disturb_factor, args.disturb_max_epochs,
+                                               args.seed)
+            windows = [";".join(filter(None, [a, b])) for a, b in zip(windows, drawn)]
         ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")
         worker_bin = find_binary(args.worker_bin, args.bin_dir, "worker/dbs_worker")
     except (ValueError, FileNotFoundError) as e:
         print(f"local_cluster: {e}", file=sys.stderr)
         return 2
+
+    cgroups = [None] * args.workers
+    if quotas_given:
+        why = hetero.quota_unavailable_reason()
+        if why is None:
+            tag = f"dbs_{os.getpid()}"
+            cgroups = [hetero.CpuQuota(f"{tag}_w{i}", q) for i, q in enumerate(quotas)]
+        else:
+            emulated = hetero.quotas_as_slowdowns(quotas)
+            slowdowns = [a * b for a, b in zip(slowdowns, emulated)]
+            print(f"local_cluster: {why}; emulating the quotas with slowdown factors "
+                  f"{','.join(f'{s:.3g}' for s in emulated)}", file=sys.stderr)
 
     os.makedirs(args.out_dir, exist_ok=True)
     port_file = os.path.join(args.out_dir, "ps.port")
@@ -196,11 +234,16 @@ def main(argv=None):
             f"--global_batch={args.global_batch}", f"--policy={args.policy}",
             f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
             f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
-            f"--summary_path={summary}"])
+            f"--summary_path={summary}", f"--stall_timeout_s={args.stall_timeout_s}",
+            f"--speed_window={args.speed_window}"])
         port = wait_for_port(port_file, ps, timeout=30)
+        described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
+        if any(cgroups):
+            described += f", CPU quota {','.join(f'{q:g}' for q in quotas)} cores"
+        if any(windows):
+            described += f", slow windows {windows}"
         print(f"local_cluster: dbs_ps on 127.0.0.1:{port}; starting {args.workers} workers "
-              f"(slowdown {','.join(f'{s:g}' for s in slowdowns)}); logs in {args.out_dir}",
-              flush=True)
+              f"({described}); logs in {args.out_dir}", flush=True)
         workers = []
         for i, slow in enumerate(slowdowns):
             workers.append(cluster.start(f"worker-{i}", [
@@ -210,7 +253,9 @@ def main(argv=None):
                 f"--test_limit={args.test_limit}", f"--slowdown={slow}",
                 f"--threads={args.threads}", f"--seed={args.seed}",
                 f"--log_every_s={args.log_every_s}",
-                f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}"]))
+                f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
+                f"--slow_windows={windows[i]}", f"--init_params={args.init_params}"],
+                cgroup=cgroups[i]))
         everyone = [("ps", ps)] + [(f"worker-{i}", w) for i, w in enumerate(workers)]
         while True:
             codes = {label: p.poll() for label, p in everyone}
@@ -232,6 +277,9 @@ def main(argv=None):
         failure.append(str(e))
     finally:
         cluster.stop()
+        for cg in cgroups:
+            if cg is not None:
+                cg.remove()
 
     wall = time.time() - start
     if failure:

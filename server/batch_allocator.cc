@@ -106,11 +106,17 @@ std::vector<double> ProportionalPolicy::NextShares(
   std::vector<double> speed(n, -1.0);
   double known_sum = 0.0;
   int known = 0;
+  auto speed_of = [](int64_t samples, double seconds) {
+    if (samples <= 0 || !(seconds > 0.0) || !std::isfinite(seconds)) return -1.0;
+    const double v = static_cast<double>(samples) / seconds;
+    return std::isfinite(v) ? v : -1.0;
+  };
   for (size_t i = 0; i < n; ++i) {
     const WorkerObservation& w = workers[i];
-    if (w.samples > 0 && w.compute_seconds > 0.0 && std::isfinite(w.compute_seconds)) {
-      speed[i] = static_cast<double>(w.samples) / w.compute_seconds;
-      if (!std::isfinite(speed[i])) speed[i] = -1.0;
+    speed[i] = speed_of(w.samples, w.compute_seconds);
+    for (size_t k = 0; k + 1 < static_cast<size_t>(speed_window_) && k < w.earlier.size(); ++k) {
+      const double v = speed_of(w.earlier[k].samples, w.earlier[k].compute_seconds);
+      if (v > 0.0 && (speed[i] <= 0.0 || v < speed[i])) speed[i] = v;
     }
     if (speed[i] > 0.0) {
       known_sum += speed[i];
@@ -128,8 +134,10 @@ std::vector<double> ProportionalPolicy::NextShares(
   return speed;
 }
 
-absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name) {
-  if (name == "dbs") return std::unique_ptr<SharePolicy>(new ProportionalPolicy());
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name,
+                                                             int speed_window) {
+  if (speed_window < 1) return absl::InvalidArgumentError("speed window must be >= 1 epoch");
+  if (name == "dbs") return std::unique_ptr<SharePolicy>(new ProportionalPolicy(speed_window));
   if (name == "fixed") return std::unique_ptr<SharePolicy>(new EqualSplitPolicy());
   return absl::InvalidArgumentError(
       absl::StrCat("unknown policy '", name, "'; use 'dbs' or 'fixed'"));

@@ -52,11 +52,19 @@ struct EpochAllocation {
 absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t test_samples,
                                               int global_batch, absl::Span<const double> shares);
 
+// One epoch's measurement of one worker.
+struct SpeedSample {
+  int64_t samples = 0;
+  double compute_seconds = 0.0;
+};
+
 // What the scheduler knows about a worker when it re-plans.
 struct WorkerObservation {
   double previous_share = 0.0;
   int64_t samples = 0;           // samples processed in the last epoch
   double compute_seconds = 0.0;  // compute-only time of the last epoch
+  // Earlier epochs, most recent first (the last epoch is the fields above).
+  std::vector<SpeedSample> earlier;
 };
 
 // Turns observations into the next epoch's shares (same order, summing to 1).
@@ -77,14 +85,25 @@ class EqualSplitPolicy : public SharePolicy {
 // DBS: speed v_i = samples_i / compute_seconds_i, share_i = v_i / sum_j v_j. A worker without a
 // usable measurement (no samples, zero or non-finite time) is given the mean speed of the others,
 // so it is probed again rather than starved; with no measurement at all the split is equal.
+//
+// With `speed_window` > 1 a worker's speed is the lowest it showed over its last `speed_window`
+// epochs. A worker throttled by a CPU quota (a shared node) runs at full speed while it is mostly
+// idle and only shows its real capacity once it is loaded, so the single last epoch overrates it
+// and the plan oscillates; the recent minimum does not. A slowdown is still acted on at once; a
+// recovery is trusted after `speed_window` epochs. speed_window = 1 is the paper's rule.
 class ProportionalPolicy : public SharePolicy {
  public:
+  explicit ProportionalPolicy(int speed_window = 1) : speed_window_(speed_window) {}
   std::string name() const override { return "dbs"; }
   std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+ private:
+  int speed_window_;
 };
 
-// "dbs" or "fixed"; INVALID_ARGUMENT otherwise.
-absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name);
+// "dbs" or "fixed"; INVALID_ARGUMENT otherwise (or for speed_window < 1).
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name,
+                                                             int speed_window = 1);
 
 }  // namespace dbs
 

@@ -32,6 +32,9 @@ ABSL_FLAG(int, global_batch, 128, "Global batch size B (sum of all workers' batc
 ABSL_FLAG(std::string, policy, "dbs",
           "Batch allocation: 'dbs' (proportional to measured speed) or 'fixed' (equal split, "
           "plain S-SGD).");
+ABSL_FLAG(int, speed_window, 1,
+          "DBS takes each worker's lowest speed over this many recent epochs (1: the paper's "
+          "last-epoch rule; larger values damp workers whose measured speed depends on load).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the epochs' data permutations.");
 ABSL_FLAG(std::string, optimizer, "sgd", "'sgd' (momentum, weight decay) or 'adam'.");
 ABSL_FLAG(double, lr, 0.05, "Learning rate.");
@@ -83,6 +86,7 @@ int main(int argc, char** argv) {
   config.scheduler.global_batch = absl::GetFlag(FLAGS_global_batch);
   config.scheduler.seed = absl::GetFlag(FLAGS_seed);
   config.policy = absl::GetFlag(FLAGS_policy);
+  config.speed_window = absl::GetFlag(FLAGS_speed_window);
   config.optimizer.name = absl::GetFlag(FLAGS_optimizer);
   config.optimizer.sgd.lr = config.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
   config.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);

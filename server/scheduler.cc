@@ -86,6 +86,12 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
       const EpochTiming& t = prev.reports.at(id);
       o.samples = t.samples;
       o.compute_seconds = t.compute_seconds;
+      for (int e = epoch - 2; e >= 0 && e >= epoch - 8; --e) {
+        auto r = records_[e].reports.find(id);
+        if (r != records_[e].reports.end()) {
+          o.earlier.push_back({r->second.samples, r->second.compute_seconds});
+        }
+      }
       obs.push_back(o);
     }
     shares = policy_->NextShares(obs);

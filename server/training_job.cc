@@ -10,7 +10,8 @@ namespace dbs {
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig& config,
                                                                  const Clock* clock) {
   DBS_RETURN_IF_ERROR(Scheduler::ValidateConfig(config.scheduler));
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(config.policy));
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(config.policy,
+                                                                      config.speed_window));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, MakeOptimizer(config.optimizer));
   const std::string description = optimizer->Describe();
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));

@@ -24,6 +24,7 @@ namespace dbs {
 struct JobConfig {
   SchedulerConfig scheduler;
   std::string policy = "dbs";  // "dbs" or "fixed"
+  int speed_window = 1;        // epochs over which DBS takes a worker's lowest speed
   OptimizerConfig optimizer;
   // Abort the job when no push, report or registration arrives for this long once training has
   // started (a worker that died without leaving). Zero disables the check.

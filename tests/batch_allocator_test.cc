@@ -183,6 +183,27 @@ TEST(ProportionalPolicyTest, HugeAndTinySpeeds) {
   EXPECT_NEAR(s[0] + s[1], 1.0, 1e-12);
 }
 
+TEST(ProportionalPolicyTest, SpeedWindowTakesTheRecentMinimum) {
+  // Worker 0 looked fast last epoch (200/s) but managed only 100/s the epoch before (a throttled
+  // worker that was idle last time); worker 1 is steady at 100/s.
+  WorkerObservation w0 = Obs(200, 1);
+  w0.earlier = {{100, 1}};
+  WorkerObservation w1 = Obs(100, 1);
+  w1.earlier = {{100, 1}};
+  EXPECT_THAT(ProportionalPolicy(1).NextShares({w0, w1}),
+              ElementsAre(::testing::DoubleNear(2.0 / 3, 1e-12), ::testing::DoubleNear(1.0 / 3, 1e-12)));
+  EXPECT_THAT(ProportionalPolicy(2).NextShares({w0, w1}), ElementsAre(0.5, 0.5));
+  // A slowdown shows at once whatever the window.
+  WorkerObservation slowed = Obs(50, 1);
+  slowed.earlier = {{100, 1}};
+  EXPECT_NEAR(ProportionalPolicy(2).NextShares({slowed, w1})[0], 1.0 / 3, 1e-12);
+  // Older epochs than the window are ignored; unusable ones are skipped.
+  WorkerObservation old = Obs(100, 1);
+  old.earlier = {{0, 0}, {10, 1}};
+  EXPECT_THAT(ProportionalPolicy(2).NextShares({old, w1}), ElementsAre(0.5, 0.5));
+  EXPECT_EQ(MakeSharePolicy("dbs", 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EqualSplitPolicyTest, IgnoresMeasurements) {
   EqualSplitPolicy p;
   EXPECT_THAT(p.NextShares({Obs(100, 1), Obs(100, 10)}), ElementsAre(0.5, 0.5));

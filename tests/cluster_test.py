@@ -227,6 +227,24 @@ class OtherModelTest(ProcessTestCase):
         self.assertGreaterEqual(s["final_test_accuracy"], 0.7)
 
 
+class CpuQuotaTest(ProcessTestCase):
+    def test_cpu_quotas_run_and_their_cgroups_are_removed(self):
+        sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
+        import hetero
+        why = hetero.quota_unavailable_reason()
+        if why is not None:
+            self.skipTest(f"CPU quotas unavailable here: {why}")
+        rc, out, err, out_dir = self.launch(
+            "quota", "--workers=2", "--cpu_quota=0.5,0.25", "--epochs=1", "--train_limit=640",
+            "--test_limit=100", "--global_batch=32")
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("CPU quota 0.5,0.25 cores", out)
+        # The launcher names its cgroups dbs_<its pid>_w<i> and removes them when done.
+        launcher_pid = self.procs[-1].pid
+        left = [d for d in os.listdir(hetero.CGROUP_CPU) if d.startswith(f"dbs_{launcher_pid}_")]
+        self.assertEqual(left, [])
+
+
 class LauncherTest(ProcessTestCase):
     def test_a_failing_worker_stops_the_whole_cluster(self):
         rc, _, err, out_dir = self.launch("fail", "--workers=2", "--data_dir=/nonexistent",

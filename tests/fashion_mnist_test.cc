@@ -46,6 +46,10 @@ TEST(ParseIdxTest, ParsesAndLimits) {
   EXPECT_EQ(d->labels[3], 3);
   auto limited = ParseIdx(Images(5, 2, 3), Labels(5), 2);
   ASSERT_TRUE(limited.ok());
+  // A limited parse accepts data that stops after the samples kept.
+  auto cut = ParseIdx(Images(5, 2, 3).substr(0, 16 + 12), Labels(5).substr(0, 10), 2);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->images, limited->images);
   EXPECT_EQ(limited->size, 2);
   EXPECT_EQ(limited->images.size(), 12u);
 }
@@ -73,6 +77,14 @@ TEST(LoadFashionMnistTest, ReadsGzippedFilesFromADirectory) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->size, 6);
   EXPECT_EQ(d->labels[5], 5);
+  // A limit reads only what it keeps, and keeps the same first samples.
+  auto first = LoadFashionMnist(dir, true, 4);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->size, 4);
+  EXPECT_EQ(first->labels[3], 3);
+  EXPECT_EQ(first->images,
+            std::vector<uint8_t>(d->images.begin(), d->images.begin() + 4 * 28 * 28));
+  EXPECT_EQ(ReadMaybeGzip(dir + "/train-labels-idx1-ubyte.gz", 10)->size(), 10u);
 }
 
 TEST(LoadFashionMnistTest, MissingDataSetSaysHowToInstallIt) {

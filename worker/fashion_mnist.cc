@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sys/stat.h>
 
@@ -23,14 +24,16 @@ bool Exists(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
+absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path, int64_t max_bytes) {
   if (!Exists(path)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently
   if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
   std::string out;
   char buf[1 << 16];
-  while (true) {
-    const int n = gzread(f, buf, sizeof(buf));
+  while (max_bytes <= 0 || static_cast<int64_t>(out.size()) < max_bytes) {
+    const int64_t room = max_bytes > 0 ? max_bytes - static_cast<int64_t>(out.size())
+                                       : static_cast<int64_t>(sizeof(buf));
+    const int n = gzread(f, buf, static_cast<unsigned>(std::min<int64_t>(room, sizeof(buf))));
     if (n < 0) {
       int errnum = 0;
       std::string msg = gzerror(f, &errnum);
@@ -60,12 +63,15 @@ absl::StatusOr<ImageDataset> ParseIdx(const std::string& images, const std::stri
                                                    BigEndian32(labels, 4), " labels"));
   }
   const int64_t pixels = static_cast<int64_t>(rows) * cols;
-  if (images.size() != static_cast<size_t>(16 + n * pixels) ||
-      labels.size() != static_cast<size_t>(8 + n)) {
-    return absl::InvalidArgumentError("IDX file is truncated or has trailing bytes");
-  }
   ImageDataset out;
   out.size = limit > 0 && limit < n ? limit : n;
+  const bool exact = out.size == n;
+  const auto fits = [exact](size_t have, int64_t need) {
+    return exact ? have == static_cast<size_t>(need) : have >= static_cast<size_t>(need);
+  };
+  if (!fits(images.size(), 16 + out.size * pixels) || !fits(labels.size(), 8 + out.size)) {
+    return absl::InvalidArgumentError("IDX file is truncated or has trailing bytes");
+  }
   out.rows = rows;
   out.cols = cols;
   out.images.assign(images.begin() + 16, images.begin() + 16 + out.size * pixels);
@@ -92,8 +98,18 @@ absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, bool train
           kDefaultFashionMnistDir, "), or point --data_dir at a folder holding the IDX files."));
     }
   }
-  DBS_ASSIGN_OR_RETURN(std::string images, ReadMaybeGzip(images_path));
-  DBS_ASSIGN_OR_RETURN(std::string labels, ReadMaybeGzip(labels_path));
+  // With a limit, read the header and only the samples kept (a small subset loads at once).
+  int64_t image_bytes = 0, label_bytes = 0;
+  if (limit > 0) {
+    DBS_ASSIGN_OR_RETURN(std::string header, ReadMaybeGzip(images_path, 16));
+    if (header.size() == 16) {
+      image_bytes = 16 + limit * static_cast<int64_t>(BigEndian32(header, 8)) *
+                             static_cast<int64_t>(BigEndian32(header, 12));
+      label_bytes = 8 + limit;
+    }
+  }
+  DBS_ASSIGN_OR_RETURN(std::string images, ReadMaybeGzip(images_path, image_bytes));
+  DBS_ASSIGN_OR_RETURN(std::string labels, ReadMaybeGzip(labels_path, label_bytes));
   absl::StatusOr<ImageDataset> parsed = ParseIdx(images, labels, limit);
   if (!parsed.ok()) {
     return absl::DataLossError(

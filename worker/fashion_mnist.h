@@ -26,12 +26,14 @@ struct ImageDataset {
 };
 
 // Parses an IDX image file and an IDX label file (already decompressed), keeping at most `limit`
-// samples (all when limit <= 0). INVALID_ARGUMENT on a malformed file.
+// samples (all when limit <= 0). With a limit below the file's count, the data may stop after the
+// samples kept. INVALID_ARGUMENT on a malformed file.
 absl::StatusOr<ImageDataset> ParseIdx(const std::string& images, const std::string& labels,
                                       int64_t limit);
 
-// Reads a file, gunzipping it if it is gzip-compressed. NOT_FOUND when it does not exist.
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path);
+// Reads a file, gunzipping it if it is gzip-compressed; at most `max_bytes` bytes when it is > 0.
+// NOT_FOUND when it does not exist.
+absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path, int64_t max_bytes = 0);
 
 // Loads the training (`train`) or test split from `dir`. NOT_FOUND, with the apt command that
 // installs the data set, when the files are missing.

@@ -38,10 +38,28 @@ std::string Clock(double seconds) {
 
 double Since(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
+// Reads `n` little-endian float32 values written in layout order (e.g. by bench/ddp_baseline.py).
+absl::Status ReadRawParams(const std::string& path, absl::Span<float> out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open --init_params ", path));
+  const size_t got = std::fread(out.data(), sizeof(float), out.size(), f);
+  const bool trailing = std::fgetc(f) != EOF;
+  std::fclose(f);
+  if (got != out.size() || trailing) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " does not hold exactly ", out.size(),
+                                                   " float32 values for this model"));
+  }
+  return absl::OkStatus();
+}
+
+// Sleeps so that a step whose real compute took `elapsed` appears `factor` times slower.
+void EmulateSlowdown(absl::Duration elapsed, double factor) {
+  if (factor > 1.0) absl::SleepFor(elapsed * (factor - 1.0));
+}
+
 }  // namespace
 
 absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
-  if (!(config.slowdown >= 1.0)) return absl::InvalidArgumentError("--slowdown must be >= 1");
   if (config.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
   torch::set_num_threads(config.threads);
   DBS_ASSIGN_OR_RETURN(torch::Device device, ChooseDevice(config.device));
@@ -55,6 +73,9 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
   const size_t model_size = static_cast<size_t>(TotalElements(layout));
   std::vector<float> params(model_size), grad(model_size);
   CopyParametersTo(model, absl::MakeSpan(params));
+  if (!config.init_params_path.empty()) {
+    DBS_RETURN_IF_ERROR(ReadRawParams(config.init_params_path, absl::MakeSpan(params)));
+  }
 
   const torch::Tensor train_x = ImagesTensor(train).to(device);
   const torch::Tensor train_y = LabelsTensor(train).to(device);
@@ -78,6 +99,7 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
   nlohmann::json record = nlohmann::json::array();
   const absl::Time job_start = absl::Now();
   double last_accuracy = 0.0;
+  int64_t global_step = 0;
   for (int epoch = 0;; ++epoch) {
     DBS_ASSIGN_OR_RETURN(WorkerPlan plan, client->GetEpochPlan(id, epoch));
     if (plan.finished) break;
@@ -113,8 +135,9 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
         const torch::Tensor idx = index.slice(0, cursor, cursor + b);
         loss_sum = ComputeGradient(model, train_x.index_select(0, idx),
                                    train_y.index_select(0, idx), absl::MakeSpan(grad));
-        if (config.slowdown > 1.0) absl::SleepFor((absl::Now() - t0) * (config.slowdown - 1.0));
+        EmulateSlowdown(absl::Now() - t0, config.slowdown.FactorAt(epoch, global_step));
       }
+      ++global_step;
       cursor += b;
       const double compute = Since(t0);
       const absl::Time t1 = absl::Now();
@@ -194,6 +217,36 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     std::fclose(f);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> MeasureSpeed(const TrainerConfig& config, int64_t samples, int batch) {
+  if (samples < 1 || batch < 1) return absl::InvalidArgumentError("samples and batch must be >= 1");
+  torch::set_num_threads(config.threads);
+  DBS_ASSIGN_OR_RETURN(torch::Device device, ChooseDevice(config.device));
+  DBS_ASSIGN_OR_RETURN(ImageDataset train, LoadFashionMnist(config.data_dir, true,
+                                                            config.train_limit));
+  torch::manual_seed(config.seed);
+  DBS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
+  model->to(device);
+  model->train();
+  std::vector<float> grad(static_cast<size_t>(TotalElements(ModelLayoutOf(model))));
+  const torch::Tensor x = ImagesTensor(train).to(device);
+  const torch::Tensor y = LabelsTensor(train).to(device);
+  // One warm-up batch, then the timed ones.
+  ComputeGradient(model, x.slice(0, 0, std::min<int64_t>(batch, train.size)),
+                  y.slice(0, 0, std::min<int64_t>(batch, train.size)), absl::MakeSpan(grad));
+  double seconds = 0.0;
+  int64_t done = 0;
+  while (done < samples) {
+    const int64_t begin = done % train.size;
+    const int64_t end = std::min<int64_t>(train.size, begin + batch);
+    const absl::Time t0 = absl::Now();
+    ComputeGradient(model, x.slice(0, begin, end), y.slice(0, begin, end), absl::MakeSpan(grad));
+    EmulateSlowdown(absl::Now() - t0, config.slowdown.base());
+    seconds += Since(t0);
+    done += end - begin;
+  }
+  return done / seconds;
 }
 
 }  // namespace dbs

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/ps_client.h"
+#include "worker/slowdown_schedule.h"
 
 namespace dbs {
 
@@ -25,7 +26,8 @@ struct TrainerConfig {
   std::string data_dir;             // folder with the Fashion-MNIST IDX files
   int64_t train_limit = 0;          // use the first N training samples (0: all)
   int64_t test_limit = 0;           // use the first N test samples (0: all)
-  double slowdown = 1.0;            // emulated slowness: compute takes this many times longer
+  SlowdownSchedule slowdown;        // emulated slowness: compute takes this many times longer
+  std::string init_params_path;     // optional raw float32 initial parameters (layout order)
   int threads = 1;                  // intra-op threads of libtorch on CPU
   uint64_t seed = 1;                // seed of the initial parameters
   absl::Duration log_every = absl::Seconds(5);
@@ -34,6 +36,10 @@ struct TrainerConfig {
 
 // Runs the worker until the job ends. Errors say what failed and what to do about it.
 absl::Status RunWorker(const TrainerConfig& config, PsClient* client);
+
+// Standalone compute speed, without a server: forward/backward over `samples` training samples
+// in batches of `batch`, slowed by the schedule's base factor. Returns samples per second.
+absl::StatusOr<double> MeasureSpeed(const TrainerConfig& config, int64_t samples, int batch);
 
 }  // namespace dbs
 

@@ -22,7 +22,17 @@ ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training samples (0: al
 ABSL_FLAG(int64_t, test_limit, 0, "Use only the first N test samples (0: all).");
 ABSL_FLAG(double, slowdown, 1.0,
           "Emulate a slower worker: each step's compute takes this many times longer (>= 1).");
+ABSL_FLAG(std::string, slow_windows, "",
+          "Extra slowdown while training, like a background job: 'e<begin>:<end>:<factor>' "
+          "(epochs) or 's<begin>:<end>:<factor>' (global steps), ';'-separated, e.g. e2:4:3.");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
+ABSL_FLAG(std::string, init_params, "",
+          "Optional file of raw float32 initial parameters in the model's order (for comparing "
+          "against another framework from the same start).");
+ABSL_FLAG(int64_t, measure_speed_samples, 0,
+          "If > 0, do not train: measure standalone compute speed over this many samples, print "
+          "it as JSON and exit.");
+ABSL_FLAG(int, measure_batch, 32, "Batch size of --measure_speed_samples.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial parameters (the first worker's are used).");
 ABSL_FLAG(double, log_every_s, 5.0, "Seconds between progress lines.");
 ABSL_FLAG(double, connect_timeout_s, 60.0,
@@ -48,11 +58,31 @@ int main(int argc, char** argv) {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.train_limit = absl::GetFlag(FLAGS_train_limit);
   config.test_limit = absl::GetFlag(FLAGS_test_limit);
-  config.slowdown = absl::GetFlag(FLAGS_slowdown);
+  absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
+      absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
+  if (!slowdown.ok()) {
+    std::cerr << "dbs_worker: " << slowdown.status().message() << std::endl;
+    return 1;
+  }
+  config.slowdown = *slowdown;
+  config.init_params_path = absl::GetFlag(FLAGS_init_params);
   config.threads = absl::GetFlag(FLAGS_threads);
   config.seed = absl::GetFlag(FLAGS_seed);
   config.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   config.record_path = absl::GetFlag(FLAGS_record_path);
+
+  if (absl::GetFlag(FLAGS_measure_speed_samples) > 0) {
+    absl::StatusOr<double> speed = dbs::MeasureSpeed(
+        config, absl::GetFlag(FLAGS_measure_speed_samples), absl::GetFlag(FLAGS_measure_batch));
+    if (!speed.ok()) {
+      std::cerr << "dbs_worker: " << speed.status().message() << std::endl;
+      return 1;
+    }
+    std::cout << "{\"samples_per_second\": " << *speed << ", \"slowdown\": "
+              << config.slowdown.base() << ", \"batch\": " << absl::GetFlag(FLAGS_measure_batch)
+              << "}" << std::endl;
+    return 0;
+  }
 
   dbs::GrpcClientConfig client_config;
   client_config.address = absl::GetFlag(FLAGS_server);

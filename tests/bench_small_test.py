@@ -1,0 +1,73 @@
+"""The benchmark harness in its small mode (CI): every system runs on a tiny subset, and the
+report is complete and self-consistent; the consistency check itself catches a broken record."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "dbs"))
+PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch and python3-matplotlib
+
+
+class BenchSmallTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.out = tempfile.mkdtemp(prefix="bench_", dir=os.environ.get("TEST_TMPDIR"))
+        r = subprocess.run(
+            [PYTHON, os.path.join(RUNFILES, "bench", "run_bench.py"), "--small",
+             f"--out_dir={cls.out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
+             f"--worker_bin={os.path.join(RUNFILES, 'worker', 'dbs_worker')}",
+             f"--simulator_bin={os.path.join(RUNFILES, 'bench', 'dbs_simulator')}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        cls.output = r.stdout
+        cls.returncode = r.returncode
+
+    def test_harness_succeeds_and_report_is_complete(self):
+        self.assertEqual(self.returncode, 0, self.output)
+        for name in ("report.md", "report.json", "results.json", "worker_times.png",
+                     "accuracy_vs_time.png", "disturbance.png"):
+            self.assertTrue(os.path.getsize(os.path.join(self.out, name)) > 0, name)
+        with open(os.path.join(self.out, "report.json")) as f:
+            rep = json.load(f)
+        for key in ("ideal_epoch_seconds", "sgd_epoch_seconds", "dbs_epoch_seconds",
+                    "dbs_over_ideal", "dbs_over_sgd", "ddp_epoch_seconds",
+                    "disturbance_added_ratio", "max_barrier_wait_fraction", "accuracy_gap_pp"):
+            self.assertIn(key, rep)
+        self.assertEqual(len(rep["standalone_speeds"]), 4)
+        self.assertEqual({t["figure"] for t in rep["targets"]},
+                         {"dbs_over_ideal", "dbs_over_sgd", "dbs_time_to_ddp_accuracy_ratio",
+                          "max_barrier_wait_fraction", "disturbance_added_ratio",
+                          "accuracy_gap_pp"})
+        md = open(os.path.join(self.out, "report.md")).read()
+        self.assertIn("## Targets", md)
+        self.assertIn("![worker_times.png]", md)
+        # The simulator's table for 4 ... 256 workers is in the report.
+        self.assertEqual([r["workers"] for r in rep["simulation"]], [4, 8, 16, 64, 256])
+        self.assertIn("## Beyond one machine (simulation)", md)
+
+    def test_consistency_check_passes_and_catches_a_broken_record(self):
+        self.assertEqual(self.returncode, 0, self.output)
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        import report
+        self.assertEqual(report.check(self.out), [])
+        broken = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        shutil.rmtree(broken)
+        shutil.copytree(self.out, broken)
+        path = os.path.join(broken, "runs", "dbs", "summary.json")
+        with open(path) as f:
+            s = json.load(f)
+        s["epochs"][1]["workers"].pop()  # a worker missing from an epoch
+        s["epochs"][0]["workers"][0]["samples"] += 1  # a sample counted twice
+        with open(path, "w") as f:
+            json.dump(s, f)
+        problems = report.check(broken)
+        self.assertTrue(any("workers" in p for p in problems), problems)
+        self.assertTrue(any("samples do not add up" in p for p in problems), problems)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
