@@ -2,6 +2,7 @@
 #ifndef DBS_COMMON_PLAN_H_
 #define DBS_COMMON_PLAN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,50 @@ struct WorkerPlan {
     for (const SampleRange& r : train_ranges) n += r.size();
     return n;
   }
+};
+
+// The positions a worker trains on at each step of an epoch: steps[s] lists the ranges of step s
+// (empty when its batch at that step is 0).
+using StepRanges = std::vector<std::vector<SampleRange>>;
+
+// Expands a plan's regular form (batch sizes and ranges consumed in order) into per-step ranges.
+inline StepRanges ExpandSteps(const WorkerPlan& plan) {
+  StepRanges steps(plan.num_steps > 0 ? plan.num_steps : 0);
+  size_t r = 0;
+  int64_t used = 0;  // positions of train_ranges[r] already taken
+  for (int s = 0; s < plan.num_steps; ++s) {
+    int64_t need = plan.BatchAt(s);
+    while (need > 0 && r < plan.train_ranges.size()) {
+      const SampleRange& range = plan.train_ranges[r];
+      const int64_t take = std::min<int64_t>(need, range.size() - used);
+      steps[s].push_back({range.begin + used, range.begin + used + take});
+      used += take;
+      need -= take;
+      if (used == range.size()) {
+        ++r;
+        used = 0;
+      }
+    }
+  }
+  return steps;
+}
+
+inline int64_t CountSamples(const std::vector<SampleRange>& ranges) {
+  int64_t n = 0;
+  for (const SampleRange& r : ranges) n += r.size();
+  return n;
+}
+
+// A change to the rest of an epoch, sent to a worker with a step's result (for example when
+// another worker died and its samples were shared out): from `from_step` on, the worker trains
+// on `steps[s - from_step]`, the epoch now has `num_steps` steps, and it evaluates `test_range`.
+struct PlanRevision {
+  int epoch = 0;
+  int revision = 0;
+  int from_step = 0;
+  int num_steps = 0;
+  StepRanges steps;
+  SampleRange test_range;
 };
 
 // One worker's account of one epoch. See proto/dbs.proto (EpochReport).

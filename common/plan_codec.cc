@@ -37,6 +37,38 @@ WorkerPlan FromProto(const v1::EpochPlan& m) {
   return p;
 }
 
+void ToProto(const PlanRevision& r, v1::PlanRevision* out) {
+  out->set_epoch(r.epoch);
+  out->set_revision(r.revision);
+  out->set_from_step(r.from_step);
+  out->set_num_steps(r.num_steps);
+  for (const std::vector<SampleRange>& step : r.steps) {
+    v1::StepAssignment* a = out->add_steps();
+    for (const SampleRange& range : step) {
+      v1::SampleRange* m = a->add_ranges();
+      m->set_begin(range.begin);
+      m->set_end(range.end);
+    }
+  }
+  out->mutable_test_range()->set_begin(r.test_range.begin);
+  out->mutable_test_range()->set_end(r.test_range.end);
+}
+
+PlanRevision FromProto(const v1::PlanRevision& m) {
+  PlanRevision r;
+  r.epoch = m.epoch();
+  r.revision = m.revision();
+  r.from_step = m.from_step();
+  r.num_steps = m.num_steps();
+  for (const v1::StepAssignment& a : m.steps()) {
+    std::vector<SampleRange> step;
+    for (const v1::SampleRange& range : a.ranges()) step.push_back({range.begin(), range.end()});
+    r.steps.push_back(std::move(step));
+  }
+  r.test_range = {m.test_range().begin(), m.test_range().end()};
+  return r;
+}
+
 void ToProto(const EpochTiming& t, v1::EpochReport* out) {
   out->set_worker_id(t.worker_id);
   out->set_epoch(t.epoch);

@@ -10,6 +10,9 @@ namespace dbs {
 void ToProto(const WorkerPlan& plan, v1::EpochPlan* out);
 WorkerPlan FromProto(const v1::EpochPlan& msg);
 
+void ToProto(const PlanRevision& revision, v1::PlanRevision* out);
+PlanRevision FromProto(const v1::PlanRevision& msg);
+
 void ToProto(const EpochTiming& timing, v1::EpochReport* out);
 EpochTiming FromProto(const v1::EpochReport& msg);
 

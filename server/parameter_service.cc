@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/plan_codec.h"
 #include "common/tensor_codec.h"
 
 namespace dbs {
@@ -64,6 +65,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
   push.step = req->step();
   push.num_samples = req->num_samples();
   push.loss_sum = req->loss_sum();
+  push.compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
   if (req->num_samples() > 0 || req->gradients_size() > 0) {
     if (layout.empty()) {
       return FinishUnary(ctx, absl::FailedPreconditionError("no model registered yet"));
@@ -78,8 +80,13 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
     push.gradient = scratch;
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  aggregator_->Push(push, [reactor, reply, layout](const absl::StatusOr<StepResult>& r) {
+  const int worker = req->worker_id();
+  aggregator_->Push(push, [reactor, reply, layout, worker](const absl::StatusOr<StepResult>& r) {
     if (r.ok()) {
+      if (r->revisions != nullptr) {
+        auto rev = r->revisions->find(worker);
+        if (rev != r->revisions->end()) ToProto(rev->second, reply->mutable_revision());
+      }
       reply->set_epoch(r->epoch);
       reply->set_step(r->step);
       reply->set_global_loss(r->global_loss);

@@ -49,6 +49,15 @@ ABSL_FLAG(std::string, summary_path, "dbs_summary.json",
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
 ABSL_FLAG(double, stall_timeout_s, 300.0,
           "Abort the job when no worker makes progress for this long (a worker died); 0: never.");
+ABSL_FLAG(double, worker_timeout_s, 60.0,
+          "A worker that has not pushed a step this long after the first push of that step is "
+          "removed as dead and the job goes on without it; 0: never.");
+ABSL_FLAG(int, replan_window_steps, 0,
+          "DBS mid-epoch re-planning: judge balance over this many recent steps and re-split the "
+          "rest of the epoch when it is off by --replan_threshold; 0: only at epoch boundaries "
+          "(the paper's rule).");
+ABSL_FLAG(double, replan_threshold, 1.5,
+          "Re-plan when the slowest worker's recent compute time is this many times the mean.");
 ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave before shutting down.");
 
@@ -97,6 +106,12 @@ int main(int argc, char** argv) {
   config.optimizer.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
   config.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
   config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
+  config.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+  config.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
+  config.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
+  if (config.replan_window_steps < 0 || !(config.replan_threshold > 1.0)) {
+    return Fail("--replan_window_steps must be >= 0 and --replan_threshold > 1");
+  }
   const int port = absl::GetFlag(FLAGS_port);
   const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (port < 0 || port > 65535) return Fail("--port must be in [0, 65535]");
@@ -145,7 +160,10 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
-  while (!(*job)->WaitFor(absl::Seconds(1))) (*job)->CheckStall();
+  while (!(*job)->WaitFor(absl::Milliseconds(250))) {
+    (*job)->CheckDeadWorkers();
+    (*job)->CheckStall();
+  }
   const absl::Status result = (*job)->Wait();
   const dbs::RunInfo run = (*job)->Run();
   const std::string summary_path = absl::GetFlag(FLAGS_summary_path);

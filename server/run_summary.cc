@@ -44,6 +44,28 @@ double TestLoss(const EpochRecord& r) {
 
 }  // namespace
 
+SampleAudit AuditEpoch(const EpochRecord& record, const std::set<std::pair<int, int>>& accepted,
+                       int64_t samples) {
+  std::vector<uint8_t> hits(static_cast<size_t>(std::max<int64_t>(samples, 0)), 0);
+  SampleAudit a;
+  a.samples = samples;
+  for (const auto& [worker, step] : accepted) {
+    auto it = record.layout.find(worker);
+    if (it == record.layout.end() || step >= static_cast<int>(it->second.size())) continue;
+    for (const SampleRange& r : it->second[step]) {
+      for (int64_t i = std::max<int64_t>(0, r.begin); i < std::min(r.end, samples); ++i) {
+        if (hits[i] < 2) ++hits[i];
+      }
+    }
+  }
+  for (uint8_t h : hits) {
+    if (h == 0) ++a.missing;
+    if (h == 1) ++a.used_once;
+    if (h > 1) ++a.duplicated;
+  }
+  return a;
+}
+
 double TestAccuracy(const EpochRecord& r) {
   int64_t correct = 0, n = 0;
   for (const auto& [id, t] : r.reports) {
@@ -86,14 +108,30 @@ nlohmann::json BuildSummary(const RunInfo& run) {
     e["start_seconds"] = Seconds(run.start, r.start);
     auto loss = run.losses.find(r.epoch);
     e["train_loss"] = loss == run.losses.end() ? 0.0 : loss->second.mean();
-    e["steps"] = r.plans.empty() ? 0 : r.plans.begin()->second.num_steps;
+    e["steps"] = r.num_steps;
+    e["revisions"] = r.revision;
+    e["dead_workers"] = std::vector<int>(r.dead.begin(), r.dead.end());
+    auto audit = run.audits.find(r.epoch);
+    if (audit != run.audits.end()) {
+      e["audit"] = {{"samples", audit->second.samples},
+                    {"used_once", audit->second.used_once},
+                    {"missing", audit->second.missing},
+                    {"duplicated", audit->second.duplicated},
+                    {"every_sample_once", audit->second.ok()}};
+    }
     e["test_accuracy"] = TestAccuracy(r);
     e["test_loss"] = TestLoss(r);
     const Spread s = ComputeSpread(r);
     e["compute_seconds_max_over_min"] = s.ratio();
     json ws = json::array();
     for (const auto& [id, plan] : r.plans) {
-      const EpochTiming& t = r.reports.at(id);
+      auto report = r.reports.find(id);
+      if (report == r.reports.end()) {
+        ws.push_back({{"id", id}, {"dead", true}, {"share", plan.share},
+                      {"batch_size", plan.batch_size}});
+        continue;
+      }
+      const EpochTiming& t = report->second;
       ws.push_back({{"id", id},
                     {"share", plan.share},
                     {"batch_size", plan.batch_size},
@@ -154,7 +192,12 @@ std::string HumanSummary(const RunInfo& run) {
     absl::StrAppendFormat(&out, "  last epoch compute time max/min across workers: %.2f\n",
                           ComputeSpread(*last).ratio());
     for (const auto& [id, plan] : last->plans) {
-      const EpochTiming& t = last->reports.at(id);
+      auto report = last->reports.find(id);
+      if (report == last->reports.end()) {
+        absl::StrAppendFormat(&out, "  worker %d: removed as dead during the epoch\n", id);
+        continue;
+      }
+      const EpochTiming& t = report->second;
       const std::string name =
           id < static_cast<int>(run.workers.size()) ? run.workers[id].name : "?";
       absl::StrAppendFormat(&out,

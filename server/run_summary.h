@@ -4,6 +4,8 @@
 #define DBS_SERVER_RUN_SUMMARY_H_
 
 #include <map>
+#include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,21 @@
 
 namespace dbs {
 
+// Proof that an epoch used every sample exactly once: the positions of the accepted pushes'
+// slices, counted over the epoch's permutation.
+struct SampleAudit {
+  int64_t samples = 0;     // size of the permutation
+  int64_t used_once = 0;
+  int64_t missing = 0;     // never trained on
+  int64_t duplicated = 0;  // trained on more than once
+  bool ok() const { return missing == 0 && duplicated == 0 && used_once == samples; }
+};
+
+// Counts, over [0, samples), how often the ranges that `accepted` (worker, step) pushes trained on
+// cover each position.
+SampleAudit AuditEpoch(const EpochRecord& record, const std::set<std::pair<int, int>>& accepted,
+                       int64_t samples);
+
 struct RunInfo {
   std::string policy;
   std::string optimizer;
@@ -23,6 +40,7 @@ struct RunInfo {
   std::vector<WorkerRegistration> workers;  // by id
   std::vector<EpochRecord> epochs;
   std::map<int, EpochLoss> losses;  // by epoch
+  std::map<int, SampleAudit> audits;  // by epoch
   absl::Time start;
   absl::Time end;
   std::string status = "ok";  // "ok" or the error that ended the job

@@ -1,5 +1,6 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -71,16 +72,34 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
   return result;
 }
 
+int64_t EpochRecord::SamplesOf(int worker_id) const {
+  auto it = layout.find(worker_id);
+  if (it == layout.end()) return 0;
+  int64_t n = 0;
+  for (const auto& step : it->second) n += CountSamples(step);
+  return n;
+}
+
+std::vector<int> Scheduler::ActiveLocked() const {
+  std::vector<int> ids;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (!left_[i]) ids.push_back(static_cast<int>(i));
+  }
+  return ids;
+}
+
 absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   const int epoch = static_cast<int>(records_.size());
-  const int n = static_cast<int>(workers_.size());
+  const std::vector<int> active = ActiveLocked();
+  const int n = static_cast<int>(active.size());
+  if (n == 0) return absl::FailedPreconditionError("no workers left");
   std::vector<double> shares;
   if (epoch == 0) {
     shares.assign(n, 1.0 / n);
   } else {
     const EpochRecord& prev = records_.back();
     std::vector<WorkerObservation> obs;
-    for (int id = 0; id < n; ++id) {
+    for (int id : active) {
       WorkerObservation o;
       o.previous_share = prev.plans.at(id).share;
       const EpochTiming& t = prev.reports.at(id);
@@ -102,9 +121,11 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   EpochRecord record;
   record.epoch = epoch;
   record.start = clock_->Now();
+  record.num_steps = alloc.num_steps;
   const uint64_t seed = EpochSeed(config_.seed, epoch);
-  for (int id = 0; id < n; ++id) {
-    const WorkerAllocation& a = alloc.workers[id];
+  for (int k = 0; k < n; ++k) {
+    const int id = active[k];
+    const WorkerAllocation& a = alloc.workers[k];
     WorkerPlan p;
     p.epoch = epoch;
     p.batch_size = a.batch_size;
@@ -116,6 +137,7 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
     p.test_range = a.test;
     p.share = a.share;
     p.total_epochs = config_.epochs;
+    record.layout[id] = ExpandSteps(p);
     record.plans[id] = p;
   }
   records_.push_back(record);
@@ -142,7 +164,13 @@ void Scheduler::AnswerWaitersLocked(Calls* calls) {
     if (!aborted_.ok()) {
       answer = aborted_;
     } else if (w.epoch < static_cast<int>(records_.size())) {
-      answer = records_[w.epoch].plans.at(w.worker_id);
+      auto plan = records_[w.epoch].plans.find(w.worker_id);
+      if (plan == records_[w.epoch].plans.end() || left_[w.worker_id]) {
+        answer = absl::NotFoundError(absl::StrCat("worker ", w.worker_id, " is not part of epoch ",
+                                                  w.epoch));
+      } else {
+        answer = plan->second;
+      }
     } else if (finished_) {
       answer = FinishedPlan(w.epoch);
     } else {
@@ -166,6 +194,9 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
           absl::StrCat("unknown worker ", worker_id, "; call RegisterWorker first"));
     } else if (epoch < 0) {
       answer = absl::InvalidArgumentError("negative epoch");
+    } else if (epoch < planned && records_[epoch].plans.count(worker_id) == 0) {
+      answer = absl::NotFoundError(
+          absl::StrCat("worker ", worker_id, " is not part of epoch ", epoch));
     } else if (epoch < planned) {
       answer = records_[epoch].plans.at(worker_id);  // a repeated request gets the same plan
     } else if (epoch > planned || (epoch > config_.epochs)) {
@@ -205,10 +236,14 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
                                                    " already reported epoch ", t.epoch));
     }
     const WorkerPlan& plan = rec.plans.at(t.worker_id);
-    if (t.samples != plan.TrainSamples()) {
+    if (rec.dead.count(t.worker_id) > 0) {
+      return absl::NotFoundError(absl::StrCat("worker ", t.worker_id, " was removed from epoch ",
+                                              t.epoch, " as dead"));
+    }
+    if (t.samples != rec.SamplesOf(t.worker_id)) {
       return absl::InvalidArgumentError(absl::StrCat("report says ", t.samples,
                                                      " samples; the plan gave ",
-                                                     plan.TrainSamples()));
+                                                     rec.SamplesOf(t.worker_id)));
     }
     if (!std::isfinite(t.compute_seconds) || t.compute_seconds < 0 ||
         !std::isfinite(t.wait_seconds) || t.wait_seconds < 0 || !std::isfinite(t.eval_seconds) ||
@@ -222,7 +257,7 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
           plan.test_range.size(), " test samples"));
     }
     rec.reports[t.worker_id] = t;
-    if (rec.reports.size() < rec.plans.size()) return absl::OkStatus();
+    if (rec.reports.size() + rec.dead.size() < rec.plans.size()) return absl::OkStatus();
 
     rec.end = clock_->Now();
     rec.complete = true;
@@ -242,6 +277,137 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
   }
   Run(calls);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Removal> Scheduler::RemoveWorkers(const std::set<int>& dead, int epoch,
+                                                 int step) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) return aborted_;
+  if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
+    return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is not running"));
+  }
+  EpochRecord& rec = records_[epoch];
+  std::vector<int> survivors;
+  std::vector<double> shares;
+  for (const auto& [id, plan] : rec.plans) {
+    if (rec.dead.count(id) == 0 && dead.count(id) == 0) {
+      survivors.push_back(id);
+      shares.push_back(plan.share > 0 ? plan.share : 1e-9);
+    }
+  }
+  if (survivors.empty()) {
+    return absl::FailedPreconditionError("every worker of the epoch is gone");
+  }
+  // The dead workers' part of the current step was never trained on: it becomes an extra step.
+  std::vector<SampleRange> orphaned;
+  for (int id : dead) {
+    auto it = rec.layout.find(id);
+    if (it != rec.layout.end() && step < static_cast<int>(it->second.size())) {
+      orphaned.insert(orphaned.end(), it->second[step].begin(), it->second[step].end());
+    }
+  }
+  Removal out = ResplitLocked(rec, survivors, shares, step + 1, std::move(orphaned));
+  for (int id : dead) {
+    auto it = rec.layout.find(id);
+    if (it != rec.layout.end()) {
+      for (size_t s = static_cast<size_t>(step); s < it->second.size(); ++s) it->second[s].clear();
+    }
+    rec.dead.insert(id);
+    if (id >= 0 && id < static_cast<int>(left_.size())) left_[id] = true;
+  }
+  return out;
+}
+
+absl::StatusOr<Removal> Scheduler::Rebalance(int epoch, int from_step,
+                                             const std::map<int, double>& speeds) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) return aborted_;
+  if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
+    return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is not running"));
+  }
+  EpochRecord& rec = records_[epoch];
+  if (from_step >= rec.num_steps) return absl::FailedPreconditionError("no step left to re-plan");
+  std::vector<int> workers;
+  std::vector<double> shares;
+  double total = 0.0;
+  for (const auto& [id, plan] : rec.plans) {
+    if (rec.dead.count(id) > 0) continue;
+    auto v = speeds.find(id);
+    if (v == speeds.end() || !(v->second > 0) || !std::isfinite(v->second)) {
+      return absl::InvalidArgumentError(absl::StrCat("no usable speed for worker ", id));
+    }
+    workers.push_back(id);
+    shares.push_back(v->second);
+    total += v->second;
+  }
+  for (size_t k = 0; k < workers.size(); ++k) rec.plans[workers[k]].share = shares[k] / total;
+  return ResplitLocked(rec, workers, shares, from_step, {});
+}
+
+Removal Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
+                                 const std::vector<double>& shares, int from_step,
+                                 std::vector<SampleRange> extra) {
+  // Each step's block: every worker's slices of it together, whoever computed them so far.
+  const int old_steps = rec.num_steps;
+  std::vector<std::vector<SampleRange>> blocks(old_steps);
+  for (const auto& [id, steps] : rec.layout) {
+    for (int s = from_step; s < old_steps && s < static_cast<int>(steps.size()); ++s) {
+      blocks[s].insert(blocks[s].end(), steps[s].begin(), steps[s].end());
+    }
+  }
+  for (auto& [id, steps] : rec.layout) {
+    for (int s = from_step; s < static_cast<int>(steps.size()); ++s) steps[s].clear();
+  }
+  const bool extra_step = CountSamples(extra) > 0;
+  rec.num_steps = old_steps + (extra_step ? 1 : 0);
+  for (int id : survivors) rec.layout[id].resize(rec.num_steps);
+  auto split = [&](std::vector<SampleRange> block, int s) {
+    std::sort(block.begin(), block.end(),
+              [](const SampleRange& a, const SampleRange& b) { return a.begin < b.begin; });
+    const std::vector<int64_t> counts = LargestRemainder(CountSamples(block), shares);
+    size_t r = 0;
+    int64_t used = 0;
+    for (size_t k = 0; k < survivors.size(); ++k) {
+      std::vector<SampleRange>& out = rec.layout[survivors[k]][s];
+      int64_t need = counts[k];
+      while (need > 0 && r < block.size()) {
+        const int64_t take = std::min(need, block[r].size() - used);
+        out.push_back({block[r].begin + used, block[r].begin + used + take});
+        used += take;
+        need -= take;
+        if (used == block[r].size()) {
+          ++r;
+          used = 0;
+        }
+      }
+    }
+  };
+  for (int s = from_step; s < old_steps; ++s) split(std::move(blocks[s]), s);
+  if (extra_step) split(std::move(extra), old_steps);
+
+  const std::vector<int64_t> test = LargestRemainder(workers_[0].test_samples, shares);
+  int64_t test_offset = 0;
+  Removal out;
+  ++rec.revision;
+  for (size_t k = 0; k < survivors.size(); ++k) {
+    const int id = survivors[k];
+    rec.plans[id].test_range = {test_offset, test_offset + test[k]};
+    test_offset += test[k];
+    PlanRevision rev;
+    rev.epoch = rec.epoch;
+    rev.revision = rec.revision;
+    rev.from_step = from_step;
+    rev.num_steps = rec.num_steps;
+    rev.steps.assign(rec.layout[id].begin() + from_step, rec.layout[id].end());
+    rev.test_range = rec.plans[id].test_range;
+    out.revisions[id] = std::move(rev);
+  }
+  for (int s = from_step; s < rec.num_steps; ++s) {
+    std::map<int, int> q;
+    for (int id : survivors) q[id] = static_cast<int>(CountSamples(rec.layout[id][s]));
+    out.later_quotas.push_back(std::move(q));
+  }
+  return out;
 }
 
 absl::Status Scheduler::Leave(int worker_id) {

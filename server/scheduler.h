@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,23 @@ struct EpochRecord {
   int epoch = 0;
   absl::Time start;
   absl::Time end;                     // when the last report arrived
-  std::map<int, WorkerPlan> plans;    // by worker id
+  std::map<int, WorkerPlan> plans;    // by worker id, as first planned
+  std::map<int, StepRanges> layout;   // by worker id: the positions of each step, as revised
   std::map<int, EpochTiming> reports; // by worker id
+  std::set<int> dead;                 // workers removed during the epoch
+  int num_steps = 0;                  // as revised
+  int revision = 0;
   bool complete = false;
+
+  // Samples a worker is (now) to train on in the epoch.
+  int64_t SamplesOf(int worker_id) const;
+};
+
+// The scheduler's answer to dead workers: the rest of the epoch, re-planned.
+struct Removal {
+  // Quotas (worker -> batch) for the steps after the current one, through the new last step.
+  std::vector<std::map<int, int>> later_quotas;
+  std::map<int, PlanRevision> revisions;  // by surviving worker
 };
 
 class SchedulerListener {
@@ -77,6 +92,17 @@ class Scheduler {
   // not part of this version): every waiting worker is told why.
   absl::Status Leave(int worker_id);
 
+  // Removes workers that died during step `step` of `epoch` (they did not push it): their part
+  // of that step goes into an extra step at the end of the epoch, and every later step's block is
+  // re-split among the survivors by their shares; the survivors' test slices are re-split too.
+  // The dead workers are no longer members. FAILED_PRECONDITION when nobody would survive.
+  absl::StatusOr<Removal> RemoveWorkers(const std::set<int>& dead, int epoch, int step);
+
+  // Mid-epoch re-plan: the blocks of steps from `from_step` on are re-split among the epoch's
+  // workers in proportion to `speeds` (samples per second, by worker id), and so are the test
+  // slices. FAILED_PRECONDITION when the epoch is not running or no step is left.
+  absl::StatusOr<Removal> Rebalance(int epoch, int from_step, const std::map<int, double>& speeds);
+
   // Records a worker's epoch report; an identical repeat is accepted once.
   absl::Status Report(const EpochTiming& timing);
 
@@ -101,11 +127,18 @@ class Scheduler {
   };
   using Calls = std::vector<std::function<void()>>;
 
+  // Members that have not left or died, by id.
+  std::vector<int> ActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const absl::Status& status, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerPlan FinishedPlan(int epoch) const;
+  // Splits each step's block from `from_step` on (and `extra`, as one more step, if not empty)
+  // among `survivors` by `shares`, re-splits the test set, and builds the revisions and quotas.
+  Removal ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
+                        const std::vector<double>& shares, int from_step,
+                        std::vector<SampleRange> extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Calls& calls);
 
   const SchedulerConfig config_;

@@ -10,11 +10,10 @@ namespace dbs {
 
 StepAggregator::StepAggregator(ParameterStore* store) : store_(store) {}
 
-void StepAggregator::BeginEpoch(int epoch, int num_steps, std::map<int, StepQuota> quotas) {
+void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   absl::MutexLock lock(&mu_);
   CHECK(pending_.empty()) << "epoch " << epoch << " begun while step " << step_ << " is pending";
   epoch_ = epoch;
-  num_steps_ = num_steps;
   step_ = 0;
   quotas_ = std::move(quotas);
   loss_sum_ = 0.0;
@@ -24,21 +23,27 @@ void StepAggregator::BeginEpoch(int epoch, int num_steps, std::map<int, StepQuot
 
 absl::Status StepAggregator::Validate(const GradientPush& push) const {
   if (!aborted_.ok()) return aborted_;
-  auto quota = quotas_.find(push.worker_id);
-  if (quota == quotas_.end()) {
+  const int num_steps = static_cast<int>(quotas_.size());
+  if (evicted_.count(push.worker_id) > 0) {
+    return absl::NotFoundError(absl::StrCat("worker ", push.worker_id,
+                                            " was declared dead after missing a step deadline; "
+                                            "its samples went to the other workers"));
+  }
+  const std::map<int, int>* step_quota =
+      step_ < num_steps ? &quotas_[step_] : (quotas_.empty() ? nullptr : &quotas_.back());
+  if (step_quota == nullptr || step_quota->count(push.worker_id) == 0) {
     return absl::NotFoundError(absl::StrCat("worker ", push.worker_id,
                                             " is not part of epoch ", epoch_,
                                             "; register with the scheduler first"));
   }
-  if (push.epoch != epoch_ || push.step != step_ || step_ >= num_steps_) {
+  if (push.epoch != epoch_ || push.step != step_ || step_ >= num_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push for epoch ", push.epoch, " step ", push.step, " does not match the current step (",
-        step_ >= num_steps_ ? absl::StrCat("epoch ", epoch_, " has ended")
-                            : absl::StrCat("epoch ", epoch_, " step ", step_),
+        step_ >= num_steps ? absl::StrCat("epoch ", epoch_, " has ended")
+                           : absl::StrCat("epoch ", epoch_, " step ", step_),
         ")"));
   }
-  const int want = step_ == num_steps_ - 1 ? quota->second.final_batch_size
-                                           : quota->second.batch_size;
+  const int want = step_quota->at(push.worker_id);
   if (push.num_samples != want) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", push.worker_id, " pushed ", push.num_samples,
@@ -55,6 +60,8 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
 void StepAggregator::Push(const GradientPush& push, Done done) {
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
+  StepStats stats;
+  bool completed = false;
   {
     absl::MutexLock lock(&mu_);
     // A retry of the step that just completed: answer with its result.
@@ -82,48 +89,110 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
         samples_ += push.num_samples;
         ++accepted_pushes_;
         pending_[push.worker_id].callbacks.push_back(std::move(done));
-        if (pending_.size() < quotas_.size()) return;
-
-        // Every worker of the step has pushed: apply the sample-weighted mean.
-        StepResult r;
-        r.epoch = epoch_;
-        r.step = step_;
-        r.global_samples = samples_;
-        r.global_loss = samples_ > 0 ? loss_sum_ / samples_ : 0.0;
-        absl::StatusOr<ParameterSnapshot> snap;
-        if (samples_ > 0) {
-          mean_.resize(sum_.size());
-          const float inv = 1.0f / static_cast<float>(samples_);
-          for (size_t i = 0; i < sum_.size(); ++i) mean_[i] = sum_[i] * inv;
-          snap = store_->ApplyGradient(mean_);
-        } else {
-          snap = store_->Snapshot();
-        }
-        if (snap.ok()) {
-          r.parameters = *snap;
-          result = r;
-          EpochLoss& el = epoch_loss_[epoch_];
-          el.loss_sum += loss_sum_;
-          el.samples += samples_;
-          el.steps_completed += 1;
-          last_ = r;
-          last_participants_.clear();
-          for (const auto& [id, unused] : quotas_) last_participants_[id] = 1;
-        } else {
-          result = snap.status();
-        }
-        for (auto& [id, p] : pending_) {
-          for (Done& d : p.callbacks) to_run.push_back(std::move(d));
-        }
-        pending_.clear();
-        std::fill(sum_.begin(), sum_.end(), 0.0f);
-        loss_sum_ = 0.0;
-        samples_ = 0;
-        ++step_;
+        accepted_[epoch_].insert({push.worker_id, step_});
+        stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
+        if (pending_.size() < quotas_[step_].size()) return;
+        stats.epoch = epoch_;
+        stats.step = step_;
+        stats.workers = std::move(stats_.workers);
+        stats_.workers.clear();
+        completed = step_ + 1 < static_cast<int>(quotas_.size());
+        CompleteStepLocked(&to_run, &result);
       }
     }
   }
+  // Nobody can push the next step before these answers go out, so a re-plan made here is in
+  // place for it.
+  if (completed && hook_ && result.ok()) {
+    std::optional<StepReplan> replan = hook_(stats);
+    if (replan.has_value()) {
+      auto revisions =
+          std::make_shared<const std::map<int, PlanRevision>>(std::move(replan->revisions));
+      absl::MutexLock lock(&mu_);
+      quotas_.resize(static_cast<size_t>(step_));
+      for (auto& q : replan->later_quotas) quotas_.push_back(std::move(q));
+      result->revisions = revisions;
+      if (last_.has_value()) last_->revisions = revisions;
+    }
+  }
   for (Done& d : to_run) d(result);
+}
+
+void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
+                                        absl::StatusOr<StepResult>* result) {
+  // Every worker of the step has pushed: apply the sample-weighted mean.
+  StepResult r;
+  r.epoch = epoch_;
+  r.step = step_;
+  r.global_samples = samples_;
+  r.global_loss = samples_ > 0 ? loss_sum_ / samples_ : 0.0;
+  r.revisions = std::move(revisions_);
+  revisions_.reset();
+  absl::StatusOr<ParameterSnapshot> snap;
+  if (samples_ > 0) {
+    mean_.resize(sum_.size());
+    const float inv = 1.0f / static_cast<float>(samples_);
+    for (size_t i = 0; i < sum_.size(); ++i) mean_[i] = sum_[i] * inv;
+    snap = store_->ApplyGradient(mean_);
+  } else {
+    snap = store_->Snapshot();
+  }
+  if (snap.ok()) {
+    r.parameters = *snap;
+    *result = r;
+    EpochLoss& el = epoch_loss_[epoch_];
+    el.loss_sum += loss_sum_;
+    el.samples += samples_;
+    el.steps_completed += 1;
+    last_ = r;
+    last_participants_.clear();
+    for (const auto& [id, unused] : pending_) last_participants_[id] = 1;
+  } else {
+    *result = snap.status();
+  }
+  for (auto& [id, p] : pending_) {
+    for (Done& d : p.callbacks) to_run->push_back(std::move(d));
+  }
+  pending_.clear();
+  std::fill(sum_.begin(), sum_.end(), 0.0f);
+  loss_sum_ = 0.0;
+  samples_ = 0;
+  ++step_;
+}
+
+bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok() || epoch != epoch_ || step != step_ ||
+      step_ >= static_cast<int>(quotas_.size()) || dead.empty()) {
+    return false;
+  }
+  for (int id : dead) {
+    if (pending_.count(id) > 0 || quotas_[step_].count(id) == 0) return false;
+  }
+  evicted_.insert(dead.begin(), dead.end());
+  return true;
+}
+
+void StepAggregator::CompleteEviction(StepQuotas later_quotas,
+                                      std::map<int, PlanRevision> revisions) {
+  std::vector<Done> to_run;
+  absl::StatusOr<StepResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int id : evicted_) quotas_[step_].erase(id);
+    quotas_.resize(static_cast<size_t>(step_) + 1);
+    for (auto& q : later_quotas) quotas_.push_back(std::move(q));
+    revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(revisions));
+    if (pending_.size() < quotas_[step_].size()) return;  // the survivors are still pushing
+    CompleteStepLocked(&to_run, &result);
+  }
+  for (Done& d : to_run) d(result);
+}
+
+std::set<std::pair<int, int>> StepAggregator::AcceptedPushes(int epoch) const {
+  absl::MutexLock lock(&mu_);
+  auto it = accepted_.find(epoch);
+  return it == accepted_.end() ? std::set<std::pair<int, int>>{} : it->second;
 }
 
 void StepAggregator::Abort(const absl::Status& status) {
@@ -144,10 +213,11 @@ StepProgress StepAggregator::Progress() const {
   StepProgress p;
   p.epoch = epoch_;
   p.step = step_;
-  p.num_steps = num_steps_;
+  p.num_steps = static_cast<int>(quotas_.size());
   p.accepted_pushes = accepted_pushes_;
-  if (step_ < num_steps_) {
-    for (const auto& [id, quota] : quotas_) {
+  p.pushed = static_cast<int>(pending_.size());
+  if (step_ < p.num_steps) {
+    for (const auto& [id, quota] : quotas_[step_]) {
       if (pending_.count(id) == 0) p.waiting_for.push_back(id);
     }
   }

@@ -17,12 +17,15 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/plan.h"
 #include "server/parameter_store.h"
 
 namespace dbs {
@@ -34,13 +37,12 @@ struct StepResult {
   double global_loss = 0.0;  // mean loss over the step's samples
   int64_t global_samples = 0;
   ParameterSnapshot parameters;
+  // Changes to the rest of the epoch decided at this step, by worker (usually none).
+  std::shared_ptr<const std::map<int, PlanRevision>> revisions;
 };
 
-// One worker's batch sizes in an epoch.
-struct StepQuota {
-  int batch_size = 0;
-  int final_batch_size = 0;
-};
+// Per step of an epoch: each participating worker's batch size (0 allowed: it still pushes).
+using StepQuotas = std::vector<std::map<int, int>>;
 
 // Loss totals of an epoch.
 struct EpochLoss {
@@ -57,6 +59,21 @@ struct StepProgress {
   int num_steps = 0;
   int64_t accepted_pushes = 0;  // pushes counted so far, over the whole job
   std::vector<int> waiting_for;  // workers of the current step that have not pushed yet
+  int pushed = 0;                // workers of the current step that have pushed
+};
+
+// What each worker reported with its push of a completed step.
+struct StepStats {
+  int epoch = 0;
+  int step = 0;
+  std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
+};
+
+// A re-plan of the rest of an epoch: quotas for the steps after the completed one, and each
+// worker's revision.
+struct StepReplan {
+  StepQuotas later_quotas;
+  std::map<int, PlanRevision> revisions;
 };
 
 struct GradientPush {
@@ -67,6 +84,7 @@ struct GradientPush {
   double loss_sum = 0.0;
   // The worker's mean gradient (model size); may be empty when num_samples is 0.
   absl::Span<const float> gradient;
+  double compute_seconds = 0.0;  // piggybacked timing of this step
 };
 
 class StepAggregator {
@@ -76,9 +94,26 @@ class StepAggregator {
   // `store` must outlive the aggregator.
   explicit StepAggregator(ParameterStore* store);
 
-  // Starts `epoch` with `num_steps` steps and the given participants. Called by the scheduler's
-  // listener before any worker sees the plan.
-  void BeginEpoch(int epoch, int num_steps, std::map<int, StepQuota> quotas);
+  // Starts `epoch` with one entry of `quotas` per step. Called by the scheduler's listener before
+  // any worker sees the plan.
+  void BeginEpoch(int epoch, StepQuotas quotas);
+
+  // First half of removing workers that stopped pushing: if (epoch, step) is still the current
+  // step and none of `dead` has pushed it, refuses their pushes from now on and returns true.
+  bool Evict(int epoch, int step, const std::set<int>& dead);
+  // Second half, after the scheduler re-planned: the current step completes with the gradients
+  // received (their mean over the samples actually pushed), steps from step + 1 on use
+  // `later_quotas` (quotas for steps step+1 ...), and every waiting worker gets `revisions`.
+  void CompleteEviction(StepQuotas later_quotas, std::map<int, PlanRevision> revisions);
+
+  // Called after every completed step that is not the last of its epoch, before the workers are
+  // answered; a re-plan it returns applies from the next step and travels with the answers.
+  // It must not call back into the aggregator. Set before training starts.
+  using StepHook = std::function<std::optional<StepReplan>(const StepStats&)>;
+  void SetStepHook(StepHook hook) { hook_ = std::move(hook); }
+
+  // The (worker, step) pushes counted in `epoch`, for the sample audit.
+  std::set<std::pair<int, int>> AcceptedPushes(int epoch) const;
 
   // Validates and records a push. On error `done` runs at once with the error and nothing changes;
   // otherwise it runs when the step completes (possibly at once, on this thread).
@@ -98,14 +133,21 @@ class StepAggregator {
   };
 
   absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the step once every participant has pushed; returns the callbacks to run.
+  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
+  StepHook hook_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;
-  int num_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, StepQuota> quotas_ ABSL_GUARDED_BY(mu_);
+  StepQuotas quotas_ ABSL_GUARDED_BY(mu_);
+  std::set<int> evicted_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::map<int, PlanRevision>> revisions_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::set<std::pair<int, int>>> accepted_ ABSL_GUARDED_BY(mu_);
+  StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
   std::vector<float> mean_ ABSL_GUARDED_BY(mu_);

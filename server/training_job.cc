@@ -1,5 +1,7 @@
 #include "server/training_job.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -19,6 +21,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get());
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
+  if (config.replan_window_steps > 0 && config.policy == "dbs") {
+    TrainingJob* raw = job.get();
+    job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
+  }
   return job;
 }
 
@@ -31,19 +37,74 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
 
 void TrainingJob::OnEpochPlanned(int epoch, int num_steps,
                                  const std::map<int, WorkerPlan>& plans) {
-  std::map<int, StepQuota> quotas;
+  StepQuotas quotas(static_cast<size_t>(num_steps));
   std::string shares;
   for (const auto& [id, p] : plans) {
-    quotas[id] = StepQuota{p.batch_size, p.final_batch_size};
+    for (int s = 0; s < num_steps; ++s) quotas[s][id] = p.BatchAt(s);
     shares += " " + std::to_string(id) + ":" + std::to_string(p.batch_size);
   }
-  aggregator_->BeginEpoch(epoch, num_steps, std::move(quotas));
+  aggregator_->BeginEpoch(epoch, std::move(quotas));
   LOG(INFO) << "epoch " << epoch + 1 << "/" << config_.scheduler.epochs << " planned ("
             << config_.policy << "): " << num_steps << " steps, batch per worker" << shares;
 }
 
 void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
+  const std::vector<WorkerRegistration> workers = scheduler_->Workers();
+  const SampleAudit audit = AuditEpoch(record, aggregator_->AcceptedPushes(record.epoch),
+                                       workers.empty() ? 0 : workers[0].train_samples);
+  {
+    absl::MutexLock lock(&mu_);
+    audits_[record.epoch] = audit;
+  }
   LOG(INFO) << EpochLine(Run(), record);
+  if (!audit.ok()) {
+    LOG(ERROR) << "sample audit of epoch " << record.epoch + 1 << " failed: " << audit.missing
+               << " missing, " << audit.duplicated << " duplicated";
+  } else if (!record.dead.empty()) {
+    LOG(INFO) << "sample audit of epoch " << record.epoch + 1 << ": all " << audit.samples
+              << " samples used exactly once despite " << record.dead.size()
+              << " dead worker(s)";
+  }
+}
+
+std::set<int> TrainingJob::CheckDeadWorkers() {
+  if (config_.worker_timeout <= absl::ZeroDuration() || finished_.HasBeenNotified()) return {};
+  const StepProgress p = aggregator_->Progress();
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock lock(&mu_);
+    const std::pair<int, int> at = {p.epoch, p.step};
+    if (p.pushed == 0 || p.waiting_for.empty()) {
+      watched_step_ = {-1, -1};
+      return {};
+    }
+    if (watched_step_ != at) {
+      watched_step_ = at;
+      watched_since_ = now;
+      return {};
+    }
+    if (now - watched_since_ < config_.worker_timeout) return {};
+  }
+  const std::set<int> dead(p.waiting_for.begin(), p.waiting_for.end());
+  if (!aggregator_->Evict(p.epoch, p.step, dead)) return {};  // it moved on meanwhile
+  absl::StatusOr<Removal> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
+  if (!removal.ok()) {
+    Abort(absl::UnavailableError(absl::StrCat("cannot continue without worker(s) ",
+                                              absl::StrJoin(dead, ", "), ": ",
+                                              removal.status().message())));
+    return dead;
+  }
+  LOG(WARNING) << "worker(s) " << absl::StrJoin(dead, ", ") << " missed step " << p.step + 1
+               << " of epoch " << p.epoch + 1 << " by "
+               << absl::FormatDuration(config_.worker_timeout)
+               << ": removed; the step completes with the other gradients and their samples "
+                  "go to the survivors";
+  aggregator_->CompleteEviction(std::move(removal->later_quotas), std::move(removal->revisions));
+  {
+    absl::MutexLock lock(&mu_);
+    window_.clear();
+  }
+  return dead;
 }
 
 void TrainingJob::OnJobFinished(const absl::Status& status) {
@@ -61,6 +122,55 @@ absl::Status TrainingJob::Wait() {
   finished_.WaitForNotification();
   absl::MutexLock lock(&mu_);
   return final_status_;
+}
+
+std::optional<StepReplan> TrainingJob::OnStep(const StepStats& stats) {
+  std::map<int, double> speeds;
+  double imbalance = 0.0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (window_epoch_ != stats.epoch) {
+      window_.clear();
+      window_epoch_ = stats.epoch;
+    }
+    for (const auto& [id, sample] : stats.workers) {
+      auto& w = window_[id];
+      w.push_back(sample);
+      while (static_cast<int>(w.size()) > config_.replan_window_steps) w.pop_front();
+    }
+    double total = 0.0, slowest = 0.0, known_speed = 0.0;
+    int known = 0;
+    for (const auto& [id, w] : window_) {
+      if (static_cast<int>(w.size()) < config_.replan_window_steps) return std::nullopt;
+      int64_t samples = 0;
+      double seconds = 0.0;
+      for (const auto& [n, t] : w) {
+        samples += n;
+        seconds += t;
+      }
+      total += seconds;
+      slowest = std::max(slowest, seconds);
+      if (samples > 0 && seconds > 0) {
+        speeds[id] = samples / seconds;
+        known_speed += speeds[id];
+        ++known;
+      }
+    }
+    if (window_.empty() || known == 0 || total <= 0) return std::nullopt;
+    imbalance = slowest / (total / window_.size());
+    if (imbalance < config_.replan_threshold) return std::nullopt;
+    // A worker with nothing to measure (batch 0) is given the mean speed, so it is tried again.
+    for (const auto& [id, w] : window_) {
+      if (speeds.count(id) == 0) speeds[id] = known_speed / known;
+    }
+    window_.clear();  // measure afresh under the new split
+  }
+  absl::StatusOr<Removal> replan = scheduler_->Rebalance(stats.epoch, stats.step + 1, speeds);
+  if (!replan.ok()) return std::nullopt;
+  LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
+            << ": slowest worker's compute over the last " << config_.replan_window_steps
+            << " steps was " << imbalance << "x the mean";
+  return StepReplan{std::move(replan->later_quotas), std::move(replan->revisions)};
 }
 
 bool TrainingJob::WaitFor(absl::Duration timeout) {
@@ -120,6 +230,7 @@ RunInfo TrainingJob::Run() const {
   for (const EpochRecord& r : run.epochs) run.losses[r.epoch] = aggregator_->LossOf(r.epoch);
   run.start = start_;
   absl::MutexLock lock(&mu_);
+  run.audits = audits_;
   run.end = finished_.HasBeenNotified() ? end_ : clock_->Now();
   if (finished_.HasBeenNotified() && !final_status_.ok()) run.status = final_status_.ToString();
   return run;

@@ -6,7 +6,10 @@
 #ifndef DBS_SERVER_TRAINING_JOB_H_
 #define DBS_SERVER_TRAINING_JOB_H_
 
+#include <deque>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,6 +32,14 @@ struct JobConfig {
   // Abort the job when no push, report or registration arrives for this long once training has
   // started (a worker that died without leaving). Zero disables the check.
   absl::Duration stall_timeout = absl::Minutes(5);
+  // A worker that has not pushed a step this long after the first worker of that step did is
+  // declared dead: the step completes without it and its samples go to the others. Zero: never.
+  absl::Duration worker_timeout = absl::Seconds(60);
+  // Mid-epoch re-planning (DBS only; 0 steps: off, the paper's epoch-boundary rule): when over
+  // the last `replan_window_steps` steps the slowest worker's compute time exceeds the mean by
+  // more than `replan_threshold` times, the rest of the epoch is re-split by the window's speeds.
+  int replan_window_steps = 0;
+  double replan_threshold = 1.5;
 };
 
 class TrainingJob : public SchedulerListener {
@@ -49,6 +60,10 @@ class TrainingJob : public SchedulerListener {
   // Aborts the job, naming the workers it waits for, when nothing has happened for the stall
   // timeout. Call periodically; returns true when it aborted.
   bool CheckStall();
+
+  // Removes the workers a step has waited on for longer than the worker timeout (see
+  // JobConfig::worker_timeout). Call periodically; returns the ids removed.
+  std::set<int> CheckDeadWorkers();
   // Ends the job early (a signal, a fatal error): releases every waiting worker.
   void Abort(const absl::Status& status);
 
@@ -74,6 +89,14 @@ class TrainingJob : public SchedulerListener {
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   int64_t last_activity_count_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
+  // The step the dead-worker check last saw with a first push, and since when.
+  std::pair<int, int> watched_step_ ABSL_GUARDED_BY(mu_) = {-1, -1};
+  absl::Time watched_since_ ABSL_GUARDED_BY(mu_);
+  std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
+  // Mid-epoch re-planning: the recent steps' (samples, compute seconds) per worker.
+  std::optional<StepReplan> OnStep(const StepStats& stats);
+  int window_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int, std::deque<std::pair<int64_t, double>>> window_ ABSL_GUARDED_BY(mu_);
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   absl::Notification finished_;
 };

@@ -182,34 +182,110 @@ class BadInputTest(ProcessTestCase):
 
 
 class WorkerDeathTest(ProcessTestCase):
-    def test_killed_worker_is_reported_instead_of_hanging(self):
-        port_file = os.path.join(self.tmp, "port")
-        summary = os.path.join(self.tmp, "summary.json")
+    def start_job(self, tag, workers, extra_ps):
+        port_file = os.path.join(self.tmp, f"{tag}.port")
+        summary = os.path.join(self.tmp, f"{tag}.json")
         ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
-                         "--workers=2", "--epochs=20", "--global_batch=32",
-                         "--stall_timeout_s=3", f"--summary_path={summary}"])
+                         f"--workers={workers}", "--global_batch=64",
+                         f"--summary_path={summary}"] + extra_ps)
         deadline = time.time() + 30
         while not os.path.exists(port_file) and time.time() < deadline:
             time.sleep(0.05)
         port = open(port_file).read().strip()
         common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
-                  "--train_limit=3000", "--test_limit=200", "--model=mlp", "--log_every_s=0.5"]
-        w0 = self.spawn(common + ["--name=survivor"])
-        w1 = self.spawn(common + ["--name=victim"])
-        # Wait until training is under way (a progress line), then kill -9 one worker.
-        line = w1.stdout.readline().decode()
+                  "--train_limit=6000", "--test_limit=1000", "--model=mlp", "--log_every_s=0.5"]
+        procs = [self.spawn(common + [f"--name={tag}-{i}"]) for i in range(workers)]
+        return ps, procs, summary
+
+    @staticmethod
+    def wait_for_training(proc):
+        line = proc.stdout.readline().decode()
         while "step" not in line and line:
-            line = w1.stdout.readline().decode()
-        self.assertIn("step", line)
-        w1.kill()
+            line = proc.stdout.readline().decode()
+        return line
+
+    def test_killed_worker_is_removed_and_every_sample_is_still_used_once(self):
+        # The same job twice: undisturbed, and with one of 4 workers killed -9 mid-epoch.
+        ps, procs, summary = self.start_job("clean", 4, ["--epochs=2"])
+        _, err = ps.communicate(timeout=120)
+        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        with open(summary) as f:
+            clean = json.load(f)
+
+        ps, procs, summary = self.start_job("kill", 4, ["--epochs=2", "--worker_timeout_s=2"])
+        victim = procs[1]
+        self.assertIn("step", self.wait_for_training(victim))
+        victim.kill()
+        _, err = ps.communicate(timeout=120)
+        log = err.decode()
+        self.assertEqual(ps.returncode, 0, log[-3000:])
+        self.assertIn("removed; the step completes with the other gradients", log)
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(s["epochs_completed"], 2)
+        self.assertEqual(len(s["epochs"][0]["dead_workers"]), 1)
+        self.assertGreaterEqual(s["epochs"][0]["steps"], 94)
+        self.assertEqual(len(s["epochs"][1]["workers"]), 3, "epoch 2 runs on the survivors")
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], e["audit"])
+            self.assertEqual(e["audit"]["used_once"], 6000)
+        for p in procs:
+            if p is not victim:
+                p.communicate(timeout=60)
+                self.assertEqual(p.returncode, 0)
+        print(f"accuracy with a worker killed: {s['final_test_accuracy']:.4f}, "
+              f"without: {clean['final_test_accuracy']:.4f}")
+        self.assertLess(abs(s["final_test_accuracy"] - clean["final_test_accuracy"]), 0.05)
+
+    def test_without_a_worker_timeout_a_stall_is_reported_instead_of_hanging(self):
+        ps, procs, summary = self.start_job(
+            "stall", 2, ["--epochs=20", "--worker_timeout_s=0", "--stall_timeout_s=3"])
+        self.assertIn("step", self.wait_for_training(procs[1]))
+        procs[1].kill()
         _, ps_err = ps.communicate(timeout=60)
         self.assertEqual(ps.returncode, 1)
         self.assertIn("no progress for 3s", ps_err.decode())
         with open(summary) as f:
             self.assertIn("DEADLINE_EXCEEDED", json.load(f)["status"])
         # The survivor is released with an error instead of waiting forever.
-        w0.communicate(timeout=30)
-        self.assertEqual(w0.returncode, 1)
+        procs[0].communicate(timeout=30)
+        self.assertEqual(procs[0].returncode, 1)
+
+
+class MidEpochReplanTest(ProcessTestCase):
+    def test_a_worker_slowed_mid_epoch_is_replanned_within_the_window(self):
+        window, slowed_from = 4, 30
+        port_file = os.path.join(self.tmp, "port")
+        summary = os.path.join(self.tmp, "summary.json")
+        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+                         "--workers=3", "--epochs=1", "--global_batch=64",
+                         f"--replan_window_steps={window}", f"--summary_path={summary}"])
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        port = open(port_file).read().strip()
+        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
+                  "--train_limit=6000", "--test_limit=500", "--model=cnn"]
+        procs = [self.spawn(common + [f"--name=w{i}"] +
+                            ([f"--slow_windows=s{slowed_from}:100000:3"] if i == 2 else []))
+                 for i in range(3)]
+        outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+        _, err = ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        # "[w2] epoch 1 re-planned at step N (revision R): ..." -- N is 1-based.
+        steps = [int(line.split("re-planned at step ")[1].split()[0])
+                 for line in outs[2].splitlines() if "re-planned at step" in line]
+        after = [n for n in steps if n > slowed_from]
+        self.assertTrue(after, f"no re-plan after step {slowed_from}: {steps}")
+        delay = after[0] - slowed_from
+        print(f"worker slowed 3x from step {slowed_from + 1}: re-planned after {delay} steps "
+              f"(window {window}); all re-plans at steps {steps}")
+        self.assertLessEqual(delay, window + 1)
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertTrue(s["epochs"][0]["audit"]["every_sample_once"])
+        self.assertGreaterEqual(s["epochs"][0]["revisions"], 1)
 
 
 class OtherModelTest(ProcessTestCase):

@@ -34,9 +34,9 @@ std::vector<float> AggregatedStep(torch::nn::Sequential& model, const torch::Ten
   ParameterStore store(std::move(optimizer));
   EXPECT_TRUE(store.Register(layout, init).ok());
   StepAggregator agg(&store);
-  std::map<int, StepQuota> quotas;
-  for (size_t w = 0; w < batches.size(); ++w) quotas[w] = {batches[w], batches[w]};
-  agg.BeginEpoch(0, 1, quotas);
+  StepQuotas quotas(1);
+  for (size_t w = 0; w < batches.size(); ++w) quotas[0][static_cast<int>(w)] = batches[w];
+  agg.BeginEpoch(0, quotas);
   std::vector<std::vector<float>> grads(batches.size(), std::vector<float>(n));
   int offset = 0;
   int completed = 0;

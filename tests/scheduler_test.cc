@@ -202,3 +202,68 @@ TEST_F(SchedulerTest, LeavingMidJobAbortsAndReleasesWaiters) {
 
 }  // namespace
 }  // namespace dbs
+
+#include "server/run_summary.h"
+
+namespace dbs {
+namespace {
+
+TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
+  // 3 workers, 1000 samples, B = 64: 16 steps (15 full + 40).
+  SchedulerConfig c;
+  c.expected_workers = 3;
+  c.epochs = 2;
+  c.global_batch = 64;
+  Scheduler s(c, *MakeSharePolicy("dbs"), &clock_, &listener_);
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s.Register({n, 1000, 100, "cpu"}).ok());
+  // Worker 1 dies during step 5 (it pushed steps 0-4).
+  auto removal = s.RemoveWorkers({1}, 0, 5);
+  ASSERT_TRUE(removal.ok()) << removal.status();
+  const EpochRecord rec = s.History()[0];
+  EXPECT_EQ(rec.num_steps, 17) << "one extra step for worker 1's part of step 5";
+  EXPECT_EQ(rec.dead, std::set<int>{1});
+  ASSERT_EQ(removal->revisions.size(), 2u);
+  EXPECT_EQ(removal->revisions.at(0).from_step, 6);
+  EXPECT_EQ(removal->revisions.at(0).num_steps, 17);
+  EXPECT_EQ(removal->later_quotas.size(), 11u);  // steps 6 ... 16
+  for (size_t k = 0; k + 1 < removal->later_quotas.size(); ++k) {
+    const auto& q = removal->later_quotas[k];
+    EXPECT_EQ(q.count(1), 0u);
+    EXPECT_EQ(q.at(0) + q.at(2), k + 6 == 15 ? 40 : 64) << "step " << k + 6;
+  }
+  EXPECT_EQ(removal->later_quotas.back().at(0) + removal->later_quotas.back().at(2), 21)
+      << "worker 1's 21 samples of step 5";
+  // The pushes that will have been accepted: worker 1 for steps 0-4, the others for all steps.
+  std::set<std::pair<int, int>> accepted;
+  for (int step = 0; step < 17; ++step) {
+    accepted.insert({0, step});
+    accepted.insert({2, step});
+    if (step < 5) accepted.insert({1, step});
+  }
+  const SampleAudit audit = AuditEpoch(rec, accepted, 1000);
+  EXPECT_TRUE(audit.ok()) << audit.missing << " missing, " << audit.duplicated << " duplicated";
+  // Without the extra step the audit would notice the hole.
+  accepted.erase({0, 16});
+  accepted.erase({2, 16});
+  EXPECT_EQ(AuditEpoch(rec, accepted, 1000).missing, 21);
+  // Test slices: the survivors now cover the whole test set.
+  EXPECT_EQ(removal->revisions.at(0).test_range.begin, 0);
+  EXPECT_EQ(removal->revisions.at(2).test_range.end, 100);
+  // The dead worker is no longer a member; the survivors' reports complete the epoch.
+  EXPECT_FALSE(s.IsRegistered(1));
+  for (int id : {0, 2}) {
+    EpochTiming t;
+    t.worker_id = id;
+    t.epoch = 0;
+    t.samples = rec.SamplesOf(id);
+    t.compute_seconds = 1.0;
+    t.test_samples = removal->revisions.at(id).test_range.size();
+    ASSERT_TRUE(s.Report(t).ok());
+  }
+  ASSERT_EQ(s.History().size(), 2u);
+  EXPECT_EQ(s.History()[1].plans.size(), 2u) << "epoch 1 is planned for the survivors only";
+  EXPECT_EQ(s.RemoveWorkers({0, 2}, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace dbs

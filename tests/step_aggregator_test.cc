@@ -30,7 +30,7 @@ class StepAggregatorTest : public ::testing::Test {
     ASSERT_TRUE(store_->Register({{"w", {2}}}, std::vector<float>{0.0f, 0.0f}).ok());
     agg_ = std::make_unique<StepAggregator>(store_.get());
     // Worker 0: batch 1 (final 1); worker 1: batch 3 (final 0); two steps.
-    agg_->BeginEpoch(0, 2, {{0, {1, 1}}, {1, {3, 0}}});
+    agg_->BeginEpoch(0, {{{0, 1}, {1, 3}}, {{0, 1}, {1, 0}}});
   }
 
   GradientPush Push(int worker, int step, int n, const std::vector<float>& g, double loss = 0) {
@@ -158,6 +158,54 @@ TEST_F(StepAggregatorTest, PushForAnOlderStepIsStale) {
   agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), stale.callback());
   EXPECT_EQ(stale.result->status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->Snapshot()->version, 2);
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheRevision) {
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  ASSERT_TRUE(store.Register({{"w", {1}}}, std::vector<float>{0.0f}).ok());
+  StepAggregator agg(&store);
+  // Three workers, two steps of 1 + 1 + 2 samples.
+  agg.BeginEpoch(0, {{{0, 1}, {1, 1}, {2, 2}}, {{0, 1}, {1, 1}, {2, 2}}});
+  std::vector<float> g0 = {2.0f}, g1 = {4.0f}, g2 = {100.0f};
+  std::optional<absl::StatusOr<StepResult>> r0, r1, late;
+  agg.Push({0, 0, 0, 1, 0.0, g0}, [&](const absl::StatusOr<StepResult>& r) { r0 = r; });
+  agg.Push({1, 0, 0, 1, 0.0, g1}, [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+  EXPECT_FALSE(agg.Evict(0, 0, {1})) << "worker 1 has pushed: it is not dead";
+  EXPECT_FALSE(agg.Evict(0, 1, {2})) << "not the current step";
+  ASSERT_TRUE(agg.Evict(0, 0, {2}));
+  agg.Push({2, 0, 0, 2, 0.0, g2}, [&](const absl::StatusOr<StepResult>& r) { late = r; });
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(r0.has_value());
+
+  PlanRevision rev;
+  rev.epoch = 0;
+  rev.from_step = 1;
+  rev.num_steps = 2;
+  agg.CompleteEviction({{{0, 2}, {1, 2}}}, {{0, rev}, {1, rev}});
+  ASSERT_TRUE(r0.has_value() && r0->ok() && r1.has_value() && r1->ok());
+  // The mean over the samples actually pushed: (2 + 4) / 2 = 3, not diluted by the dead worker.
+  EXPECT_FLOAT_EQ((*store.Snapshot()->values)[0], -3.0f);
+  EXPECT_EQ((*r0)->global_samples, 2);
+  ASSERT_NE((*r0)->revisions, nullptr);
+  EXPECT_EQ((*r0)->revisions->at(0).from_step, 1);
+  // The next step follows the new quotas: 2 samples each from the survivors.
+  std::optional<absl::StatusOr<StepResult>> a, b;
+  agg.Push({0, 0, 1, 1, 0.0, g0}, [&](const absl::StatusOr<StepResult>& r) { a = r; });
+  EXPECT_EQ(a->status().code(), absl::StatusCode::kInvalidArgument) << "old batch size";
+  a.reset();
+  agg.Push({0, 0, 1, 2, 0.0, g0}, [&](const absl::StatusOr<StepResult>& r) { a = r; });
+  agg.Push({1, 0, 1, 2, 0.0, g1}, [&](const absl::StatusOr<StepResult>& r) { b = r; });
+  ASSERT_TRUE(b.has_value() && b->ok());
+  EXPECT_EQ((*b)->global_samples, 4);
+  EXPECT_EQ(agg.AcceptedPushes(0),
+            (std::set<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));
 }
 
 }  // namespace

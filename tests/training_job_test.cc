@@ -70,3 +70,59 @@ TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 2;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 4;
+  config.replan_window_steps = 3;
+  config.replan_threshold = 1.5;
+  auto job = *TrainingJob::Create(config, &clock);
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(job->scheduler()->Register({name, 64, 8, "cpu"}).ok());
+  }
+  ASSERT_TRUE(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}).ok());
+  std::vector<float> g = {1.0f};
+  std::map<int, int> batch = {{0, 2}, {1, 2}};
+  int replanned_after = -1;
+  for (int step = 0; step < 16 && replanned_after < 0; ++step) {
+    std::optional<absl::StatusOr<StepResult>> r0, r1;
+    // Worker 1 is slowed 3x from step 2 on: 3 s per sample instead of 1.
+    const double slow = step >= 2 ? 3.0 : 1.0;
+    job->aggregator()->Push({0, 0, step, batch[0], 0.0, g, 1.0 * batch[0]},
+                            [&](const absl::StatusOr<StepResult>& r) { r0 = r; });
+    job->aggregator()->Push({1, 0, step, batch[1], 0.0, g, slow * batch[1]},
+                            [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+    ASSERT_TRUE(r0.has_value() && r0->ok()) << "step " << step;
+    if ((*r0)->revisions != nullptr) {
+      replanned_after = step;
+      const PlanRevision& rev0 = (*r0)->revisions->at(0);
+      const PlanRevision& rev1 = (*r1)->revisions->at(1);
+      EXPECT_EQ(rev0.from_step, step + 1);
+      batch[0] = static_cast<int>(CountSamples(rev0.steps[0]));
+      batch[1] = static_cast<int>(CountSamples(rev1.steps[0]));
+    }
+  }
+  // The window (3 steps) holds 2 slowed steps after step 3: 2 + 6 + 6 = 14 s against 6 s, a
+  // ratio of 1.4 to the mean; after step 4 it is 18 / 12 = 1.5: re-planned.
+  EXPECT_EQ(replanned_after, 4);
+  EXPECT_EQ(batch[0] + batch[1], 4);
+  EXPECT_EQ(batch[1], 1) << "a third of worker 0's speed: 1 of 4 samples";
+  // The next step runs on the new split.
+  std::optional<absl::StatusOr<StepResult>> a, b;
+  job->aggregator()->Push({0, 0, 5, batch[0], 0.0, g, 3.0},
+                          [&](const absl::StatusOr<StepResult>& r) { a = r; });
+  job->aggregator()->Push({1, 0, 5, batch[1], 0.0, g, 3.0},
+                          [&](const absl::StatusOr<StepResult>& r) { b = r; });
+  ASSERT_TRUE(b.has_value() && b->ok()) << b->status();
+  EXPECT_EQ((*b)->global_samples, 4);
+  job->Abort(absl::CancelledError("done"));
+}
+
+}  // namespace
+}  // namespace dbs

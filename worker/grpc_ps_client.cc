@@ -140,6 +140,10 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   out.global_loss = push_reply_.global_loss();
   out.global_samples = push_reply_.global_samples();
   out.version = push_reply_.parameters().version();
+  if (push_reply_.has_revision()) {
+    out.revised = true;
+    out.revision = FromProto(push_reply_.revision());
+  }
   return out;
 }
 

@@ -16,6 +16,8 @@ struct StepOutcome {
   double global_loss = 0.0;
   int64_t global_samples = 0;
   int64_t version = 0;
+  bool revised = false;  // the rest of the epoch was re-planned: follow `revision`
+  PlanRevision revision;
 };
 
 class PsClient {

@@ -104,17 +104,21 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     DBS_ASSIGN_OR_RETURN(WorkerPlan plan, client->GetEpochPlan(id, epoch));
     if (plan.finished) break;
     const std::vector<int64_t> perm = EpochPermutation(train.size, plan.permutation_seed);
-    std::vector<int64_t> mine;
-    mine.reserve(static_cast<size_t>(plan.TrainSamples()));
-    for (const SampleRange& r : plan.train_ranges) {
-      if (r.begin < 0 || r.end > train.size || r.begin > r.end) {
-        return absl::InvalidArgumentError("the plan's sample range is outside the data set");
+    StepRanges schedule = ExpandSteps(plan);
+    SampleRange test_range = plan.test_range;
+    int num_steps = plan.num_steps;
+    // The dataset indices of one step's positions, checked against the data set.
+    std::vector<int64_t> step_index;
+    auto indices_of = [&](const std::vector<SampleRange>& ranges) -> absl::Status {
+      step_index.clear();
+      for (const SampleRange& r : ranges) {
+        if (r.begin < 0 || r.end > train.size || r.begin > r.end) {
+          return absl::InvalidArgumentError("the plan's sample range is outside the data set");
+        }
+        step_index.insert(step_index.end(), perm.begin() + r.begin, perm.begin() + r.end);
       }
-      mine.insert(mine.end(), perm.begin() + r.begin, perm.begin() + r.end);
-    }
-    const torch::Tensor index =
-        torch::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, torch::kInt64)
-            .to(device);
+      return absl::OkStatus();
+    };
 
     EpochTiming timing;
     timing.worker_id = id;
@@ -122,23 +126,20 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     double loss_shown = 0.0;
     const absl::Time epoch_start = absl::Now();
     absl::Time next_log = epoch_start + config.log_every;
-    int64_t cursor = 0;
-    for (int step = 0; step < plan.num_steps; ++step) {
-      const int b = plan.BatchAt(step);
-      if (cursor + b > static_cast<int64_t>(mine.size())) {
-        return absl::InvalidArgumentError("the plan's batches exceed its sample ranges");
-      }
+    for (int step = 0; step < num_steps; ++step) {
+      DBS_RETURN_IF_ERROR(indices_of(schedule[step]));
+      const int b = static_cast<int>(step_index.size());
       absl::Time t0 = absl::Now();
       double loss_sum = 0.0;
       if (b > 0) {
         model->train();
-        const torch::Tensor idx = index.slice(0, cursor, cursor + b);
+        const torch::Tensor idx =
+            torch::from_blob(step_index.data(), {b}, torch::kInt64).to(device);
         loss_sum = ComputeGradient(model, train_x.index_select(0, idx),
                                    train_y.index_select(0, idx), absl::MakeSpan(grad));
         EmulateSlowdown(absl::Now() - t0, config.slowdown.FactorAt(epoch, global_step));
       }
       ++global_step;
-      cursor += b;
       const double compute = Since(t0);
       const absl::Time t1 = absl::Now();
       DBS_ASSIGN_OR_RETURN(StepOutcome outcome,
@@ -152,32 +153,43 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
       timing.wait_seconds += absl::ToDoubleSeconds(t2 - t1);
       timing.samples += b;
       loss_shown = outcome.global_loss;
-      if (absl::Now() >= next_log || step == plan.num_steps - 1) {
+      if (outcome.revised) {
+        const PlanRevision& rev = outcome.revision;
+        if (rev.epoch != epoch || rev.from_step != step + 1 ||
+            rev.num_steps != rev.from_step + static_cast<int>(rev.steps.size())) {
+          return absl::InvalidArgumentError("the server sent an inconsistent plan revision");
+        }
+        schedule.resize(rev.num_steps);
+        std::copy(rev.steps.begin(), rev.steps.end(), schedule.begin() + rev.from_step);
+        num_steps = rev.num_steps;
+        test_range = rev.test_range;
+        std::printf("[%s] epoch %d re-planned at step %d (revision %d): %d steps, my next batch "
+                    "%lld\n",
+                    config.name.c_str(), epoch + 1, step + 1, rev.revision, num_steps,
+                    static_cast<long long>(rev.steps.empty() ? 0 : CountSamples(rev.steps[0])));
+        std::fflush(stdout);
+      }
+      if (absl::Now() >= next_log || step == num_steps - 1) {
         next_log = absl::Now() + config.log_every;
         const double elapsed = Since(epoch_start);
         const double per_step = elapsed / (step + 1);
-        const double epoch_eta = per_step * (plan.num_steps - step - 1);
+        const double epoch_eta = per_step * (num_steps - step - 1);
         const double job_eta =
-            epoch_eta + per_step * plan.num_steps * (plan.total_epochs - epoch - 1);
+            epoch_eta + per_step * num_steps * (plan.total_epochs - epoch - 1);
         std::printf("[%s] epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
                     "| epoch ETA %s | job ETA %s\n",
-                    config.name.c_str(), epoch + 1, plan.total_epochs, step + 1, plan.num_steps, loss_shown, b,
-                    timing.samples / std::max(elapsed, 1e-9), Clock(epoch_eta).c_str(),
-                    Clock(job_eta).c_str());
+                    config.name.c_str(), epoch + 1, plan.total_epochs, step + 1, num_steps,
+                    loss_shown, b, timing.samples / std::max(elapsed, 1e-9),
+                    Clock(epoch_eta).c_str(), Clock(job_eta).c_str());
         std::fflush(stdout);
       }
     }
-    if (cursor != static_cast<int64_t>(mine.size())) {
-      return absl::InternalError("the plan's batches do not use every sample of its ranges");
-    }
     const absl::Time eval_start = absl::Now();
     model->eval();
-    if (plan.test_range.begin < 0 || plan.test_range.end > test.size ||
-        plan.test_range.begin > plan.test_range.end) {
+    if (test_range.begin < 0 || test_range.end > test.size || test_range.begin > test_range.end) {
       return absl::InvalidArgumentError("the plan's test range is outside the test set");
     }
-    const EvalResult eval = Evaluate(model, test_x, test_y, plan.test_range.begin,
-                                     plan.test_range.end);
+    const EvalResult eval = Evaluate(model, test_x, test_y, test_range.begin, test_range.end);
     timing.eval_seconds = Since(eval_start);
     timing.test_samples = eval.samples;
     timing.test_correct = eval.correct;
