@@ -116,6 +116,7 @@ struct WorkerRegistration {
 // What the scheduler answers.
 struct RegistrationResult {
   int worker_id = 0;
+  int start_epoch = 0;  // the first epoch with a plan for this worker (later when joining late)
   int expected_workers = 0;
   int epochs = 0;
   int global_batch = 0;

@@ -42,10 +42,8 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       if (workers_[i].name == reg.name && !left_[i]) id = static_cast<int>(i);
     }
     if (id < 0) {
-      if (static_cast<int>(workers_.size()) >= config_.expected_workers) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the job already has its ", config_.expected_workers,
-            " workers; joining a running job is not supported in this version"));
+      if (finished_) {
+        return absl::FailedPreconditionError("the job has finished; there is nothing to join");
       }
       if (!workers_.empty() && (reg.train_samples != workers_[0].train_samples ||
                                 reg.test_samples != workers_[0].test_samples)) {
@@ -63,6 +61,16 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       }
     }
     result.worker_id = id;
+    // A worker joining a running job starts with the next epoch to be planned.
+    int start = 0;
+    for (size_t e = 0; e < records_.size(); ++e) {
+      if (records_[e].plans.count(id) > 0) {
+        start = static_cast<int>(e);
+        break;
+      }
+      start = static_cast<int>(e) + 1;
+    }
+    result.start_epoch = start;
     result.expected_workers = config_.expected_workers;
     result.epochs = config_.epochs;
     result.global_batch = config_.global_batch;
@@ -101,8 +109,14 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
     std::vector<WorkerObservation> obs;
     for (int id : active) {
       WorkerObservation o;
-      o.previous_share = prev.plans.at(id).share;
-      const EpochTiming& t = prev.reports.at(id);
+      auto plan = prev.plans.find(id);
+      auto report = prev.reports.find(id);
+      if (plan == prev.plans.end() || report == prev.reports.end()) {
+        obs.push_back(o);  // joined since: no measurement yet, the policy probes it
+        continue;
+      }
+      o.previous_share = plan->second.share;
+      const EpochTiming& t = report->second;
       o.samples = t.samples;
       o.compute_seconds = t.compute_seconds;
       for (int e = epoch - 2; e >= 0 && e >= epoch - 8; --e) {
@@ -204,7 +218,8 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
           "plan for epoch ", epoch, " requested, but the job is at epoch ", planned - 1));
     } else if (finished_) {
       answer = FinishedPlan(epoch);
-    } else if (planned > 0 && records_.back().reports.count(worker_id) == 0) {
+    } else if (planned > 0 && records_.back().plans.count(worker_id) > 0 &&
+               records_.back().reports.count(worker_id) == 0) {
       answer = absl::FailedPreconditionError(absl::StrCat(
           "worker ", worker_id, " must report epoch ", planned - 1,
           " before asking for the next plan"));

@@ -84,8 +84,9 @@ class Scheduler {
   // INVALID_ARGUMENT for an unusable configuration.
   static absl::Status ValidateConfig(const SchedulerConfig& config);
 
-  // Joins the job. The same name gets the same id back. FAILED_PRECONDITION when the job has
-  // started without this worker or its data set size differs from the first worker's.
+  // Joins the job. The same name gets the same id back. A new worker joining a running job is
+  // planned from the next epoch (RegistrationResult::start_epoch). FAILED_PRECONDITION when the
+  // job has finished or the worker's data set size differs from the first worker's.
   absl::StatusOr<RegistrationResult> Register(const WorkerRegistration& registration);
 
   // A worker leaves. Leaving before the job has finished aborts the job (elastic membership is

@@ -16,6 +16,7 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
     reply->set_epochs(r->epochs);
     reply->set_global_batch(r->global_batch);
     reply->set_policy(r->policy);
+    reply->set_start_epoch(r->start_epoch);
   }
   return FinishUnary(ctx, r.status());
 }

@@ -288,6 +288,50 @@ class MidEpochReplanTest(ProcessTestCase):
         self.assertGreaterEqual(s["epochs"][0]["revisions"], 1)
 
 
+class ElasticJoinTest(ProcessTestCase):
+    def test_a_fifth_worker_started_mid_training_gets_a_share_and_its_pushes_count(self):
+        port_file = os.path.join(self.tmp, "port")
+        summary = os.path.join(self.tmp, "summary.json")
+        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+                         "--workers=4", "--epochs=4", "--global_batch=64",
+                         f"--summary_path={summary}"])
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        port = open(port_file).read().strip()
+        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
+                  "--train_limit=6000", "--test_limit=500", "--model=mlp"]
+        procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(4)]
+        # Start the fifth once the first epoch is done.
+        line = procs[0].stdout.readline().decode()
+        while line and "epoch 1/4 done" not in line:
+            line = procs[0].stdout.readline().decode()
+        self.assertIn("epoch 1/4 done", line)
+        late = self.spawn(common + ["--name=late"])
+        out, _ = late.communicate(timeout=120)
+        self.assertEqual(late.returncode, 0)
+        self.assertIn("joining a running job", out.decode())
+        for p in procs:
+            p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0)
+        _, err = ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        with open(summary) as f:
+            s = json.load(f)
+        late_id = [w["id"] for w in s["worker_info"] if w["name"] == "late"][0]
+        joined = [e for e in s["epochs"] if any(w["id"] == late_id for w in e["workers"])]
+        self.assertTrue(joined, "the late worker never got a plan")
+        self.assertGreaterEqual(joined[0]["epoch"], 1)
+        for e in joined:
+            mine = [w for w in e["workers"] if w["id"] == late_id][0]
+            self.assertGreater(mine["samples"], 0, "its pushes count")
+            self.assertEqual(len(e["workers"]), 5)
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"])
+        print(f"late worker joined at epoch {joined[0]['epoch'] + 1} with batch "
+              f"{[w for w in joined[-1]['workers'] if w['id'] == late_id][0]['batch_size']}")
+
+
 class OtherModelTest(ProcessTestCase):
     def test_mlp_with_adam_trains_on_one_worker(self):
         rc, out, err, out_dir = self.launch(

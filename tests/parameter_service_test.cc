@@ -188,11 +188,19 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::RegisterWorkerRequest late;
   late.set_name("w2");
   late.set_train_samples(8);
+  late.set_test_samples(2);
   v1::RegisterWorkerReply late_reply;
   {
     grpc::ClientContext ctx;
+    ASSERT_TRUE(sched_->RegisterWorker(&ctx, late, &late_reply).ok());
+    EXPECT_EQ(late_reply.start_epoch(), 1) << "a late worker joins from the next epoch";
+  }
+  late.set_name("w3");
+  late.set_train_samples(9);
+  {
+    grpc::ClientContext ctx;
     EXPECT_EQ(sched_->RegisterWorker(&ctx, late, &late_reply).error_code(),
-              grpc::StatusCode::FAILED_PRECONDITION);
+              grpc::StatusCode::FAILED_PRECONDITION) << "a different data set is refused";
   }
 }
 

@@ -81,7 +81,36 @@ TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
   EXPECT_EQ(s->Register(Reg("")).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s->Register(Reg("b"))->worker_id, 1);
   EXPECT_EQ(s->Register(Reg("c"))->worker_id, 2);
-  EXPECT_EQ(s->Register(Reg("d")).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A fourth worker joins the running job from the next epoch.
+  auto d = s->Register(Reg("d"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->worker_id, 3);
+  EXPECT_EQ(d->start_epoch, 1);
+  EXPECT_EQ(s->Register(Reg("b"))->start_epoch, 0);
+}
+
+TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
+  auto s = Make("dbs", 2, 3);
+  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  auto late = s->Register(Reg("late"));
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->start_epoch, 1);
+  PlanBox not_yet, plan;
+  s->AwaitPlan(2, 0, not_yet.callback());
+  EXPECT_EQ(not_yet.plan->status().code(), absl::StatusCode::kNotFound);
+  s->AwaitPlan(2, 1, plan.callback());
+  EXPECT_FALSE(plan.plan.has_value()) << "waits for epoch 1 like everyone else";
+  const auto h = s->History();
+  ASSERT_TRUE(s->Report(Report(h[0].plans.at(0), 0, 100)).ok());
+  ASSERT_TRUE(s->Report(Report(h[0].plans.at(1), 1, 300)).ok());
+  ASSERT_TRUE(plan.plan.has_value() && plan.plan->ok());
+  // Speeds 100 and 300, the newcomer unmeasured: it is given the mean (200): 100:300:200.
+  EXPECT_NEAR((*plan.plan)->share, 200.0 / 600, 1e-9);
+  EXPECT_EQ(s->History()[1].plans.size(), 3u);
+  int64_t total = 0;
+  for (int id = 0; id < 3; ++id) total += s->History()[1].SamplesOf(id);
+  EXPECT_EQ(total, 6400);
 }
 
 TEST_F(SchedulerTest, DbsRebalancesBySpeedAndFinishes) {

@@ -56,6 +56,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
       r.epochs = reply.epochs();
       r.global_batch = reply.global_batch();
       r.policy = reply.policy();
+      r.start_epoch = reply.start_epoch();
       return r;
     }
     const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||

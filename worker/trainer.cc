@@ -100,7 +100,12 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
   const absl::Time job_start = absl::Now();
   double last_accuracy = 0.0;
   int64_t global_step = 0;
-  for (int epoch = 0;; ++epoch) {
+  if (joined.start_epoch > 0) {
+    std::printf("[%s] joining a running job: training from epoch %d on, from the current "
+                "parameters\n", config.name.c_str(), joined.start_epoch + 1);
+    std::fflush(stdout);
+  }
+  for (int epoch = joined.start_epoch;; ++epoch) {
     DBS_ASSIGN_OR_RETURN(WorkerPlan plan, client->GetEpochPlan(id, epoch));
     if (plan.finished) break;
     const std::vector<int64_t> perm = EpochPermutation(train.size, plan.permutation_seed);
