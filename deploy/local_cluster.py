@@ -160,7 +160,7 @@ def main(argv=None):
     ap.add_argument("--stall_timeout_s", type=float, default=300.0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--global_batch", type=int, default=128)
-    ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed"])
+    ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed", "cost"])
     ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     ap.add_argument("--lr", type=float, default=0.05)

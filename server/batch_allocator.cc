@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -141,6 +142,161 @@ absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& 
   if (name == "fixed") return std::unique_ptr<SharePolicy>(new EqualSplitPolicy());
   return absl::InvalidArgumentError(
       absl::StrCat("unknown policy '", name, "'; use 'dbs' or 'fixed'"));
+}
+
+}  // namespace dbs
+
+namespace dbs {
+
+std::pair<double, double> CostModelPolicy::Fit(const WorkerObservation& w, int history) {
+  // Points (steps, samples, seconds): seconds = a * steps + samples / v.
+  struct Point {
+    double steps, samples, seconds;
+  };
+  std::vector<Point> pts;
+  auto add = [&](int64_t samples, double seconds, int steps) {
+    if (samples > 0 && seconds > 0 && std::isfinite(seconds) && steps > 0) {
+      pts.push_back({static_cast<double>(steps), static_cast<double>(samples), seconds});
+    }
+  };
+  add(w.samples, w.compute_seconds, w.steps);
+  for (size_t k = 0; k < w.earlier.size() && static_cast<int>(pts.size()) < history; ++k) {
+    add(w.earlier[k].samples, w.earlier[k].compute_seconds, w.earlier[k].steps);
+  }
+  if (pts.empty()) return {0.0, -1.0};
+  // Least squares on per-step quantities: t = seconds/steps = a + x / v with x = samples/steps.
+  double sx = 0, st = 0, sxx = 0, sxt = 0;
+  const double n = static_cast<double>(pts.size());
+  for (const Point& p : pts) {
+    const double x = p.samples / p.steps, t = p.seconds / p.steps;
+    sx += x;
+    st += t;
+    sxx += x * x;
+    sxt += x * t;
+  }
+  const double var = sxx - sx * sx / n;
+  if (pts.size() >= 2 && var > 1e-9 * std::max(1.0, sxx)) {
+    const double slope = (sxt - sx * st / n) / var;  // seconds per sample
+    const double a = (st - slope * sx) / n;
+    if (slope > 0 && a >= 0) return {a, 1.0 / slope};
+  }
+  // One batch size only (or a fit that makes no sense): no separable overhead.
+  return {0.0, sx > 0 ? sx / st : -1.0};
+}
+
+std::vector<double> CostModelPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  const size_t n = workers.size();
+  std::vector<double> a(n, 0.0), v(n, -1.0);
+  double known = 0.0;
+  int count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::tie(a[i], v[i]) = Fit(workers[i], history_);
+    if (v[i] > 0) {
+      known += v[i];
+      ++count;
+    }
+  }
+  if (count == 0) return EqualSplitPolicy().NextShares(workers);
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] <= 0) {
+      v[i] = known / count;  // unmeasured: the mean speed, no overhead
+      a[i] = 0.0;
+    }
+  }
+  // Water-filling within [lo, hi]: fix workers that hit a bound, balance the rest.
+  const double B = global_batch_;
+  const double lo = std::max(0, min_batch_);
+  const double hi = max_batch_ > 0 ? max_batch_ : B;
+  std::vector<double> b(n, 0.0);
+  std::vector<bool> fixed(n, false);
+  for (size_t round = 0; round <= n; ++round) {
+    double budget = B, sv = 0.0, sva = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) {
+        budget -= b[i];
+      } else {
+        sv += v[i];
+        sva += v[i] * a[i];
+      }
+    }
+    if (sv <= 0) break;
+    const double tau = (budget + sva) / sv;
+    bool changed = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) continue;
+      b[i] = v[i] * (tau - a[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (fixed[i]) continue;
+      if (b[i] < lo) {
+        b[i] = lo;
+        fixed[i] = changed = true;
+      } else if (b[i] > hi) {
+        b[i] = hi;
+        fixed[i] = changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  double total = 0.0;
+  for (double x : b) total += std::max(0.0, x);
+  std::vector<double> shares(n);
+  for (size_t i = 0; i < n; ++i) shares[i] = total > 0 ? std::max(0.0, b[i]) / total : 1.0 / n;
+  return shares;
+}
+
+std::vector<double> SmoothedPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  std::vector<double> next = inner_->NextShares(workers);
+  bool have_previous = true;
+  double moved = 0.0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const double prev = workers[i].previous_share;
+    if (!(prev > 0)) {
+      have_previous = false;
+      break;
+    }
+    moved = std::max(moved, std::abs(next[i] - prev) / prev);
+  }
+  if (!have_previous) return next;
+  std::vector<double> out(workers.size());
+  if (moved < deadband_) {
+    for (size_t i = 0; i < workers.size(); ++i) out[i] = workers[i].previous_share;
+  } else {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      out[i] = alpha_ * next[i] + (1.0 - alpha_) * workers[i].previous_share;
+    }
+  }
+  double total = 0.0;
+  for (double x : out) total += x;
+  for (double& x : out) x /= total;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& c) {
+  if (!(c.smoothing > 0.0 && c.smoothing <= 1.0)) {
+    return absl::InvalidArgumentError("smoothing (alpha) must be in (0, 1]");
+  }
+  if (c.deadband < 0.0 || c.deadband >= 1.0) {
+    return absl::InvalidArgumentError("deadband must be in [0, 1)");
+  }
+  std::unique_ptr<SharePolicy> inner;
+  if (c.name == "cost") {
+    if (c.min_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch) || c.history < 1) {
+      return absl::InvalidArgumentError("cost policy needs 0 <= min_batch <= max_batch, history >= 1");
+    }
+    inner = std::make_unique<CostModelPolicy>(c.global_batch, c.min_batch, c.max_batch, c.history);
+  } else {
+    absl::StatusOr<std::unique_ptr<SharePolicy>> p = MakeSharePolicy(c.name, c.speed_window);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown policy '", c.name, "'; use 'dbs', 'fixed' or 'cost'"));
+    }
+    inner = std::move(*p);
+  }
+  if (c.smoothing == 1.0 && c.deadband == 0.0) return inner;
+  return std::unique_ptr<SharePolicy>(new SmoothedPolicy(std::move(inner), c.smoothing, c.deadband));
 }
 
 }  // namespace dbs

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,7 @@ absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t tes
 struct SpeedSample {
   int64_t samples = 0;
   double compute_seconds = 0.0;
+  int steps = 0;  // steps of that epoch (for the cost model's per-step term)
 };
 
 // What the scheduler knows about a worker when it re-plans.
@@ -63,6 +65,7 @@ struct WorkerObservation {
   double previous_share = 0.0;
   int64_t samples = 0;           // samples processed in the last epoch
   double compute_seconds = 0.0;  // compute-only time of the last epoch
+  int steps = 0;                 // steps of the last epoch
   // Earlier epochs, most recent first (the last epoch is the fields above).
   std::vector<SpeedSample> earlier;
 };
@@ -100,6 +103,61 @@ class ProportionalPolicy : public SharePolicy {
  private:
   int speed_window_;
 };
+
+// Beyond the paper: a cost model per worker, step time = a_i + b_i / v_i, with a fixed per-step
+// overhead a_i (parameter copies, launch, anything not proportional to the batch) and a per-sample
+// time 1 / v_i, fitted by least squares over the worker's recent epochs (compute_i = S a_i +
+// n_i / v_i). The balanced allocation gives every worker the same step time tau:
+// b_i = v_i (tau - a_i) with tau = (B + sum v_i a_i) / sum v_i, so a worker with a larger overhead
+// gets less than its speed alone would give it (proportional batches are optimal only when the
+// a_i are equal). Batches are kept within [min_batch, max_batch] by water-filling: a worker that
+// hits a bound is fixed there and the rest is re-balanced among the others. A worker with fewer
+// than two distinct batch sizes in its history has no separable overhead: a_i = 0, its speed is
+// samples / compute, i.e. the proportional rule. Shares are b_i / B.
+class CostModelPolicy : public SharePolicy {
+ public:
+  CostModelPolicy(int global_batch, int min_batch, int max_batch, int history)
+      : global_batch_(global_batch), min_batch_(min_batch), max_batch_(max_batch),
+        history_(history) {}
+  std::string name() const override { return "cost"; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+  // The fitted (overhead seconds per step, samples per second) of one worker; speed <= 0 when
+  // nothing usable was measured.
+  static std::pair<double, double> Fit(const WorkerObservation& w, int history);
+
+ private:
+  int global_batch_, min_batch_, max_batch_, history_;
+};
+
+// Smooths another policy: shares = alpha * new + (1 - alpha) * previous, and keeps the previous
+// shares when no worker's share would move by more than `deadband` (relative), so measurement
+// noise does not reshuffle shards every epoch. alpha = 1 and deadband = 0 change nothing.
+class SmoothedPolicy : public SharePolicy {
+ public:
+  SmoothedPolicy(std::unique_ptr<SharePolicy> inner, double alpha, double deadband)
+      : inner_(std::move(inner)), alpha_(alpha), deadband_(deadband) {}
+  std::string name() const override { return inner_->name(); }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+ private:
+  std::unique_ptr<SharePolicy> inner_;
+  double alpha_, deadband_;
+};
+
+struct PolicyConfig {
+  std::string name = "dbs";  // "dbs", "fixed" or "cost"
+  int speed_window = 1;      // dbs: lowest speed over this many epochs
+  int global_batch = 128;    // cost: B
+  int min_batch = 0;         // cost: per-worker bounds
+  int max_batch = 0;         // cost: 0 = no upper bound
+  int history = 3;           // cost: epochs used for the fit
+  double smoothing = 1.0;    // alpha of SmoothedPolicy (1: none)
+  double deadband = 0.0;     // relative share change below which nothing moves
+};
+
+// INVALID_ARGUMENT for an unknown name or out-of-range settings.
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& config);
 
 // "dbs" or "fixed"; INVALID_ARGUMENT otherwise (or for speed_window < 1).
 absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const std::string& name,

@@ -30,8 +30,16 @@ ABSL_FLAG(int, workers, 1, "Number of workers the job waits for before epoch 0."
 ABSL_FLAG(int, epochs, 5, "Number of epochs to train.");
 ABSL_FLAG(int, global_batch, 128, "Global batch size B (sum of all workers' batches per step).");
 ABSL_FLAG(std::string, policy, "dbs",
-          "Batch allocation: 'dbs' (proportional to measured speed) or 'fixed' (equal split, "
-          "plain S-SGD).");
+          "Batch allocation: 'dbs' (proportional to measured speed), 'fixed' (equal split, plain "
+          "S-SGD) or 'cost' (per-worker cost model with a per-step overhead, balanced step "
+          "times, --min_batch/--max_batch).");
+ABSL_FLAG(int, min_batch, 0, "Policy 'cost': smallest batch a worker is given.");
+ABSL_FLAG(int, max_batch, 0, "Policy 'cost': largest batch a worker is given (0: no limit).");
+ABSL_FLAG(double, smoothing, 1.0,
+          "EMA weight of the newest shares (1: none); older shares keep 1 - this.");
+ABSL_FLAG(double, deadband, 0.0,
+          "Keep the previous split unless some worker's share would move by more than this "
+          "fraction (0: always move).");
 ABSL_FLAG(int, speed_window, 1,
           "DBS takes each worker's lowest speed over this many recent epochs (1: the paper's "
           "last-epoch rule; larger values damp workers whose measured speed depends on load).");
@@ -96,6 +104,10 @@ int main(int argc, char** argv) {
   config.scheduler.seed = absl::GetFlag(FLAGS_seed);
   config.policy = absl::GetFlag(FLAGS_policy);
   config.speed_window = absl::GetFlag(FLAGS_speed_window);
+  config.min_batch = absl::GetFlag(FLAGS_min_batch);
+  config.max_batch = absl::GetFlag(FLAGS_max_batch);
+  config.smoothing = absl::GetFlag(FLAGS_smoothing);
+  config.deadband = absl::GetFlag(FLAGS_deadband);
   config.optimizer.name = absl::GetFlag(FLAGS_optimizer);
   config.optimizer.sgd.lr = config.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
   config.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);

@@ -119,10 +119,12 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
       const EpochTiming& t = report->second;
       o.samples = t.samples;
       o.compute_seconds = t.compute_seconds;
+      o.steps = prev.num_steps;
       for (int e = epoch - 2; e >= 0 && e >= epoch - 8; --e) {
         auto r = records_[e].reports.find(id);
         if (r != records_[e].reports.end()) {
-          o.earlier.push_back({r->second.samples, r->second.compute_seconds});
+          o.earlier.push_back({r->second.samples, r->second.compute_seconds,
+                               records_[e].num_steps});
         }
       }
       obs.push_back(o);

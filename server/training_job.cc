@@ -12,8 +12,20 @@ namespace dbs {
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig& config,
                                                                  const Clock* clock) {
   DBS_RETURN_IF_ERROR(Scheduler::ValidateConfig(config.scheduler));
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(config.policy,
-                                                                      config.speed_window));
+  if (config.min_batch < 0 ||
+      static_cast<int64_t>(config.min_batch) * config.scheduler.expected_workers >
+          config.scheduler.global_batch) {
+    return absl::InvalidArgumentError("--min_batch times --workers exceeds --global_batch");
+  }
+  PolicyConfig pc;
+  pc.name = config.policy;
+  pc.speed_window = config.speed_window;
+  pc.global_batch = config.scheduler.global_batch;
+  pc.min_batch = config.min_batch;
+  pc.max_batch = config.max_batch;
+  pc.smoothing = config.smoothing;
+  pc.deadband = config.deadband;
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(pc));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, MakeOptimizer(config.optimizer));
   const std::string description = optimizer->Describe();
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
@@ -21,7 +33,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get());
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
-  if (config.replan_window_steps > 0 && config.policy == "dbs") {
+  if (config.replan_window_steps > 0 && config.policy != "fixed") {
     TrainingJob* raw = job.get();
     job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
   }

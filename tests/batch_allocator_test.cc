@@ -217,3 +217,91 @@ TEST(MakeSharePolicyTest, KnowsBothNames) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+// A worker whose step takes `overhead` s plus batch / speed s, observed at two batch sizes.
+WorkerObservation Measured(double overhead, double speed, int b_last, int b_before) {
+  WorkerObservation o;
+  o.steps = 100;
+  o.samples = 100 * b_last;
+  o.compute_seconds = 100 * (overhead + b_last / speed);
+  o.previous_share = 0.5;
+  o.earlier = {{100 * b_before, 100 * (overhead + b_before / speed), 100}};
+  return o;
+}
+
+TEST(CostModelPolicyTest, FitsOverheadAndSpeed) {
+  const auto [a, v] = CostModelPolicy::Fit(Measured(0.01, 1000, 32, 16), 3);
+  EXPECT_NEAR(a, 0.01, 1e-9);
+  EXPECT_NEAR(v, 1000, 1e-6);
+  // One batch size only: no separable overhead, speed = samples / compute (proportional rule).
+  WorkerObservation once = Measured(0.01, 1000, 32, 32);
+  const auto [a1, v1] = CostModelPolicy::Fit(once, 3);
+  EXPECT_EQ(a1, 0.0);
+  EXPECT_NEAR(v1, 3200 / (100 * (0.01 + 0.032)), 1e-6);
+}
+
+TEST(CostModelPolicyTest, BalancesStepTimesWhenOverheadsDiffer) {
+  // Equal speeds, worker 1 pays 16 ms more per step: tau = (64 + 1000 * 0.016) / 2000 = 40 ms,
+  // b0 = 40, b1 = 24 (proportional batches would give 32 each and worker 1 would be the laggard).
+  CostModelPolicy p(64, 0, 0, 3);
+  const std::vector<double> s = p.NextShares({Measured(0.0, 1000, 32, 16),
+                                              Measured(0.016, 1000, 32, 16)});
+  EXPECT_NEAR(s[0], 40.0 / 64, 1e-6);
+  EXPECT_NEAR(s[1], 24.0 / 64, 1e-6);
+  const double t0 = 0.0 + s[0] * 64 / 1000, t1 = 0.016 + s[1] * 64 / 1000;
+  EXPECT_NEAR(t0, t1, 1e-9) << "equal step times";
+  // With equal overheads it is the proportional rule.
+  const std::vector<double> q = p.NextShares({Measured(0.01, 1000, 32, 16),
+                                              Measured(0.01, 3000, 32, 16)});
+  EXPECT_NEAR(q[0], 0.25, 1e-6);
+}
+
+TEST(CostModelPolicyTest, BoundsAreRespectedByWaterFilling) {
+  CostModelPolicy capped(64, 0, 35, 3);
+  const std::vector<double> s = capped.NextShares({Measured(0.0, 1000, 32, 16),
+                                                   Measured(0.016, 1000, 32, 16)});
+  EXPECT_NEAR(s[0] * 64, 35, 1e-6);
+  EXPECT_NEAR(s[1] * 64, 29, 1e-6);
+  // A minimum keeps a very slow worker in the job.
+  CostModelPolicy floor(64, 8, 0, 3);
+  const std::vector<double> f = floor.NextShares({Measured(0.0, 10000, 32, 16),
+                                                  Measured(0.0, 100, 32, 16)});
+  EXPECT_NEAR(f[1] * 64, 8, 1e-6);
+  EXPECT_NEAR(f[0] * 64, 56, 1e-6);
+}
+
+TEST(SmoothedPolicyTest, EmaAndDeadband) {
+  // The inner DBS rule would move to 0.75 / 0.25 (speeds 300 and 100).
+  WorkerObservation fast = Obs(300, 1), slow = Obs(100, 1);
+  fast.previous_share = slow.previous_share = 0.5;
+  SmoothedPolicy ema(std::make_unique<ProportionalPolicy>(), 0.5, 0.0);
+  EXPECT_THAT(ema.NextShares({fast, slow}),
+              ElementsAre(::testing::DoubleNear(0.625, 1e-12), ::testing::DoubleNear(0.375, 1e-12)));
+  // The largest relative move is 0.5 (0.25 against 0.5): inside a 0.6 dead-band nothing moves.
+  SmoothedPolicy band(std::make_unique<ProportionalPolicy>(), 1.0, 0.6);
+  EXPECT_THAT(band.NextShares({fast, slow}), ElementsAre(0.5, 0.5));
+  SmoothedPolicy narrow(std::make_unique<ProportionalPolicy>(), 1.0, 0.4);
+  EXPECT_THAT(narrow.NextShares({fast, slow}),
+              ElementsAre(::testing::DoubleNear(0.75, 1e-12), ::testing::DoubleNear(0.25, 1e-12)));
+}
+
+TEST(MakeSharePolicyTest, ConfigValidation) {
+  PolicyConfig c;
+  c.name = "cost";
+  EXPECT_EQ((*MakeSharePolicy(c))->name(), "cost");
+  c.smoothing = 0.0;
+  EXPECT_FALSE(MakeSharePolicy(c).ok());
+  c.smoothing = 0.5;
+  c.min_batch = 10;
+  c.max_batch = 5;
+  EXPECT_FALSE(MakeSharePolicy(c).ok());
+  c.max_batch = 0;
+  c.name = "greedy";
+  EXPECT_EQ(MakeSharePolicy(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dbs

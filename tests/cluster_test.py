@@ -365,6 +365,22 @@ class CpuQuotaTest(ProcessTestCase):
         self.assertEqual(left, [])
 
 
+class CostPolicyTest(ProcessTestCase):
+    def test_cost_model_policy_trains_and_rebalances(self):
+        rc, out, err, out_dir = self.launch(
+            "cost", "--workers=2", "--slowdown=1,3", "--epochs=3", "--policy=cost",
+            "--global_batch=32", "--train_limit=1600", "--test_limit=400", "--model=mlp")
+        self.assertEqual(rc, 0, out + err)
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["policy"], "cost")
+        slow_id = [w["id"] for w in s["worker_info"] if w["name"] == "worker-1"][0]
+        last = {w["id"]: w["batch_size"] for w in s["epochs"][-1]["workers"]}
+        self.assertLess(last[slow_id], 16, "the 3x slower worker gets less than half of B")
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"])
+
+
 class LauncherTest(ProcessTestCase):
     def test_a_failing_worker_stops_the_whole_cluster(self):
         rc, _, err, out_dir = self.launch("fail", "--workers=2", "--data_dir=/nonexistent",
