@@ -59,6 +59,44 @@ std::string AdamOptimizer::Describe() const {
                       "), eps=", config_.eps, ", weight_decay=", config_.weight_decay, ")");
 }
 
+OptimizerState SgdOptimizer::SaveState() const {
+  OptimizerState s;
+  s.kind = "sgd";
+  s.steps = has_momentum_ ? 1 : 0;
+  if (has_momentum_) s.buffers = {momentum_};
+  return s;
+}
+
+absl::Status SgdOptimizer::LoadState(const OptimizerState& s, size_t model_size) {
+  if (s.kind != "sgd") return absl::InvalidArgumentError("the checkpoint is not of an SGD run");
+  if (s.steps > 0 && (s.buffers.size() != 1 || s.buffers[0].size() != model_size)) {
+    return absl::InvalidArgumentError("SGD momentum does not match the model");
+  }
+  has_momentum_ = s.steps > 0;
+  momentum_ = has_momentum_ ? s.buffers[0] : std::vector<float>{};
+  return absl::OkStatus();
+}
+
+OptimizerState AdamOptimizer::SaveState() const {
+  OptimizerState s;
+  s.kind = "adam";
+  s.steps = t_;
+  if (t_ > 0) s.buffers = {m_, v_};
+  return s;
+}
+
+absl::Status AdamOptimizer::LoadState(const OptimizerState& s, size_t model_size) {
+  if (s.kind != "adam") return absl::InvalidArgumentError("the checkpoint is not of an Adam run");
+  if (s.steps > 0 && (s.buffers.size() != 2 || s.buffers[0].size() != model_size ||
+                      s.buffers[1].size() != model_size)) {
+    return absl::InvalidArgumentError("Adam moments do not match the model");
+  }
+  t_ = s.steps;
+  m_ = t_ > 0 ? s.buffers[0] : std::vector<float>{};
+  v_ = t_ > 0 ? s.buffers[1] : std::vector<float>{};
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config) {
   if (config.name == "sgd") {
     const SgdConfig& c = config.sgd;

@@ -17,12 +17,22 @@
 
 namespace dbs {
 
+// An optimizer's internal state, for checkpoints.
+struct OptimizerState {
+  std::string kind;                         // "sgd" or "adam"
+  int64_t steps = 0;                        // updates applied (Adam's t; SGD: momentum started)
+  std::vector<std::vector<float>> buffers;  // SGD: momentum; Adam: m, v
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // params -= update(grad). Both spans have the model's size.
   virtual void Step(absl::Span<float> params, absl::Span<const float> grad) = 0;
   virtual std::string Describe() const = 0;
+  virtual OptimizerState SaveState() const = 0;
+  // INVALID_ARGUMENT when the state belongs to another optimizer or another model size.
+  virtual absl::Status LoadState(const OptimizerState& state, size_t model_size) = 0;
 };
 
 struct SgdConfig {
@@ -37,6 +47,8 @@ class SgdOptimizer : public Optimizer {
   explicit SgdOptimizer(SgdConfig config) : config_(config) {}
   void Step(absl::Span<float> params, absl::Span<const float> grad) override;
   std::string Describe() const override;
+  OptimizerState SaveState() const override;
+  absl::Status LoadState(const OptimizerState& state, size_t model_size) override;
 
  private:
   SgdConfig config_;
@@ -57,6 +69,8 @@ class AdamOptimizer : public Optimizer {
   explicit AdamOptimizer(AdamConfig config) : config_(config) {}
   void Step(absl::Span<float> params, absl::Span<const float> grad) override;
   std::string Describe() const override;
+  OptimizerState SaveState() const override;
+  absl::Status LoadState(const OptimizerState& state, size_t model_size) override;
 
  private:
   AdamConfig config_;

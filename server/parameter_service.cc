@@ -11,7 +11,6 @@
 namespace dbs {
 namespace {
 
-
 void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap,
                     v1::Parameters* out) {
   out->set_version(snap.version);
@@ -96,6 +95,25 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
     reactor->Finish(ToGrpcStatus(r.status()));
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerContext* ctx,
+                                                       const v1::ResumeRequest* req,
+                                                       v1::ResumeReply* reply) {
+  if (!resume_) return FinishUnary(ctx, absl::UnimplementedError("resume is not wired"));
+  absl::StatusOr<ResumePoint> rp = resume_(req->worker_id());
+  if (rp.ok()) {
+    reply->set_finished(rp->finished);
+    reply->set_epoch(rp->epoch);
+    reply->set_step(rp->step);
+    reply->set_plan_ready(rp->has_plan);
+    if (rp->has_plan) {
+      ToProto(rp->plan, reply->mutable_plan());
+      ToProto(rp->schedule, reply->mutable_schedule());
+    }
+    FillParameters(store_->layout(), rp->parameters, reply->mutable_parameters());
+  }
+  return FinishUnary(ctx, rp.status());
 }
 
 }  // namespace dbs

@@ -8,6 +8,7 @@
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
+#include "server/training_job.h"
 
 namespace dbs {
 
@@ -15,10 +16,16 @@ class ParameterServiceImpl final : public v1::ParameterService::CallbackService 
  public:
   // Tells whether a worker id belongs to a registered worker (the scheduler's membership).
   using IsMember = std::function<bool(int worker_id)>;
+  // Where a worker should continue after a reconnect (TrainingJob::Resume).
+  using ResumeFn = std::function<absl::StatusOr<ResumePoint>(int worker_id)>;
 
   // `store` and `aggregator` must outlive the service.
-  ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, IsMember is_member)
-      : store_(store), aggregator_(aggregator), is_member_(std::move(is_member)) {}
+  ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, IsMember is_member,
+                       ResumeFn resume = nullptr)
+      : store_(store),
+        aggregator_(aggregator),
+        is_member_(std::move(is_member)),
+        resume_(std::move(resume)) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const v1::RegisterModelRequest* req,
@@ -29,11 +36,14 @@ class ParameterServiceImpl final : public v1::ParameterService::CallbackService 
   grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
                                            const v1::PullParametersRequest* req,
                                            v1::Parameters* reply) override;
+  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest* req,
+                                   v1::ResumeReply* reply) override;
 
  private:
   ParameterStore* const store_;
   StepAggregator* const aggregator_;
   const IsMember is_member_;
+  const ResumeFn resume_;
 };
 
 }  // namespace dbs

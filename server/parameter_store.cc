@@ -58,6 +58,30 @@ ParameterSnapshot ParameterStore::SnapshotLocked() const {
   return ParameterSnapshot{version_, cached_};
 }
 
+StoreState ParameterStore::SaveState() const {
+  absl::MutexLock lock(&mu_);
+  StoreState s;
+  s.layout = layout_;
+  s.values = values_;
+  s.version = version_;
+  s.optimizer = optimizer_->SaveState();
+  return s;
+}
+
+absl::Status ParameterStore::LoadState(const StoreState& s) {
+  DBS_RETURN_IF_ERROR(ValidateLayout(s.layout));
+  if (s.values.size() != static_cast<size_t>(TotalElements(s.layout))) {
+    return absl::InvalidArgumentError("checkpoint values do not match its layout");
+  }
+  absl::MutexLock lock(&mu_);
+  DBS_RETURN_IF_ERROR(optimizer_->LoadState(s.optimizer, s.values.size()));
+  layout_ = s.layout;
+  values_ = s.values;
+  version_ = s.version;
+  cached_.reset();
+  return absl::OkStatus();
+}
+
 bool ParameterStore::registered() const {
   absl::MutexLock lock(&mu_);
   return !layout_.empty();

@@ -24,6 +24,14 @@ struct ParameterSnapshot {
   std::shared_ptr<const std::vector<float>> values;
 };
 
+// Everything the store holds, for checkpoints.
+struct StoreState {
+  ModelLayout layout;
+  std::vector<float> values;
+  int64_t version = 0;
+  OptimizerState optimizer;
+};
+
 class ParameterStore {
  public:
   explicit ParameterStore(std::unique_ptr<Optimizer> optimizer);
@@ -38,6 +46,11 @@ class ParameterStore {
 
   // Applies one optimizer step with `grad` (the model's size) and returns the new parameters.
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<const float> grad);
+
+  // A consistent copy of the parameters, their version and the optimizer's state.
+  StoreState SaveState() const;
+  // Replaces everything with `state` (a restored checkpoint).
+  absl::Status LoadState(const StoreState& state);
 
   bool registered() const;
   // The layout; empty before Register.

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include "server/checkpoint.h"
 #include "server/parameter_service.h"
 #include "server/run_summary.h"
 #include "server/scheduler_service.h"
@@ -66,6 +67,12 @@ ABSL_FLAG(int, replan_window_steps, 0,
           "(the paper's rule).");
 ABSL_FLAG(double, replan_threshold, 1.5,
           "Re-plan when the slowest worker's recent compute time is this many times the mean.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
+ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
+ABSL_FLAG(bool, restore, false,
+          "Continue from the newest valid checkpoint in --checkpoint_dir (corrupt ones are "
+          "refused and the previous one is used).");
 ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave before shutting down.");
 
@@ -119,6 +126,12 @@ int main(int argc, char** argv) {
   config.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
   config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   config.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  if (config.checkpoint_every_steps < 1) return Fail("--checkpoint_every_steps must be >= 1");
+  if (absl::GetFlag(FLAGS_restore) && config.checkpoint_dir.empty()) {
+    return Fail("--restore needs --checkpoint_dir");
+  }
   config.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
   config.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
   if (config.replan_window_steps < 0 || !(config.replan_threshold > 1.0)) {
@@ -135,11 +148,27 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<dbs::TrainingJob>> job = dbs::TrainingJob::Create(config, &clock);
   if (!job.ok()) return Fail(absl::StrCat("bad configuration: ", job.status().message()));
 
+  if (absl::GetFlag(FLAGS_restore)) {
+    std::vector<std::string> refused;
+    std::string path;
+    absl::StatusOr<dbs::JobState> state =
+        dbs::LoadNewestCheckpoint(config.checkpoint_dir, &refused, &path);
+    for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
+    if (!state.ok()) return Fail(std::string(state.status().message()));
+    absl::Status restored = (*job)->Restore(*state);
+    if (!restored.ok()) return Fail(std::string(restored.message()));
+    LOG(INFO) << "restored " << path << ": epoch " << state->aggregator.epoch + 1 << ", step "
+              << state->aggregator.step + 1 << ", parameter version "
+              << state->aggregator.store.version;
+  }
+
   dbs::SchedulerServiceImpl scheduler_service((*job)->scheduler());
   dbs::Scheduler* scheduler = (*job)->scheduler();
+  dbs::TrainingJob* job_ptr = job->get();
   dbs::ParameterServiceImpl parameter_service(
       (*job)->store(), (*job)->aggregator(),
-      [scheduler](int id) { return scheduler->IsRegistered(id); });
+      [scheduler](int id) { return scheduler->IsRegistered(id); },
+      [job_ptr](int id) { return job_ptr->Resume(id); });
 
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   int bound_port = 0;

@@ -471,6 +471,19 @@ void Scheduler::Abort(const absl::Status& status) {
   Run(calls);
 }
 
+Scheduler::State Scheduler::SaveState() const {
+  absl::MutexLock lock(&mu_);
+  return State{workers_, left_, records_, finished_};
+}
+
+void Scheduler::LoadState(State state) {
+  absl::MutexLock lock(&mu_);
+  workers_ = std::move(state.workers);
+  left_ = std::move(state.left);
+  records_ = std::move(state.records);
+  finished_ = state.finished;
+}
+
 bool Scheduler::IsRegistered(int worker_id) const {
   absl::MutexLock lock(&mu_);
   return worker_id >= 0 && worker_id < static_cast<int>(workers_.size()) && !left_[worker_id];

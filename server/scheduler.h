@@ -113,6 +113,17 @@ class Scheduler {
   // Aborts the job: fails every waiting and future plan request with `status`.
   void Abort(const absl::Status& status);
 
+  // Everything the scheduler knows, for checkpoints.
+  struct State {
+    std::vector<WorkerRegistration> workers;
+    std::vector<bool> left;
+    std::vector<EpochRecord> records;
+    bool finished = false;
+  };
+  State SaveState() const;
+  // Replaces membership and history with a restored checkpoint's (before any worker connects).
+  void LoadState(State state);
+
   bool IsRegistered(int worker_id) const;
   std::vector<EpochRecord> History() const;
   std::vector<WorkerRegistration> Workers() const;  // by id

@@ -224,6 +224,34 @@ StepProgress StepAggregator::Progress() const {
   return p;
 }
 
+StepAggregator::State StepAggregator::SaveState() const {
+  absl::MutexLock lock(&mu_);
+  State s;
+  s.epoch = epoch_;
+  s.step = step_;
+  s.losses = epoch_loss_;
+  auto it = accepted_.find(epoch_);
+  if (it != accepted_.end()) s.accepted = it->second;
+  s.store = store_->SaveState();  // under our lock: no step can complete meanwhile
+  return s;
+}
+
+void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
+  absl::MutexLock lock(&mu_);
+  epoch_ = s.epoch;
+  step_ = s.step;
+  quotas_ = std::move(quotas);
+  epoch_loss_ = s.losses;
+  accepted_.clear();
+  accepted_[s.epoch] = s.accepted;
+  pending_.clear();
+  sum_.clear();
+  loss_sum_ = 0.0;
+  samples_ = 0;
+  last_.reset();
+  evicted_.clear();
+}
+
 EpochLoss StepAggregator::LossOf(int epoch) const {
   absl::MutexLock lock(&mu_);
   auto it = epoch_loss_.find(epoch);

@@ -127,6 +127,20 @@ class StepAggregator {
 
   StepProgress Progress() const;
 
+  // Where the barrier stands, for checkpoints: taken together with the parameters so that the
+  // position and the values always agree.
+  struct State {
+    int epoch = -1;
+    int step = 0;
+    std::map<int, EpochLoss> losses;
+    std::set<std::pair<int, int>> accepted;  // of `epoch`
+    StoreState store;
+  };
+  State SaveState() const;
+  // Resumes at `state.epoch`, step `state.step`, with `quotas` for that epoch's steps; the
+  // store is restored by the caller.
+  void LoadState(const State& state, StepQuotas quotas);
+
  private:
   struct Pending {
     std::vector<Done> callbacks;

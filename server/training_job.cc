@@ -33,7 +33,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get());
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
-  if (config.replan_window_steps > 0 && config.policy != "fixed") {
+  if ((config.replan_window_steps > 0 && config.policy != "fixed") ||
+      !config.checkpoint_dir.empty()) {
     TrainingJob* raw = job.get();
     job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
   }
@@ -69,6 +70,10 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
     audits_[record.epoch] = audit;
   }
   LOG(INFO) << EpochLine(Run(), record);
+  if (!config_.checkpoint_dir.empty()) {
+    const absl::Status saved = SaveCheckpoint();
+    if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
+  }
   if (!audit.ok()) {
     LOG(ERROR) << "sample audit of epoch " << record.epoch + 1 << " failed: " << audit.missing
                << " missing, " << audit.duplicated << " duplicated";
@@ -137,6 +142,19 @@ absl::Status TrainingJob::Wait() {
 }
 
 std::optional<StepReplan> TrainingJob::OnStep(const StepStats& stats) {
+  if (!config_.checkpoint_dir.empty()) {
+    bool due = false;
+    {
+      absl::MutexLock lock(&mu_);
+      due = ++steps_since_checkpoint_ >= config_.checkpoint_every_steps;
+      if (due) steps_since_checkpoint_ = 0;
+    }
+    if (due) {
+      const absl::Status saved = SaveCheckpoint();
+      if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
+    }
+  }
+  if (config_.replan_window_steps <= 0 || config_.policy == "fixed") return std::nullopt;
   std::map<int, double> speeds;
   double imbalance = 0.0;
   {
@@ -230,6 +248,102 @@ void TrainingJob::Abort(const absl::Status& status) {
   scheduler_->Abort(status);   // notifies OnJobFinished unless the job already ended
   aggregator_->Abort(status);  // releases pushes even when the job had ended
   OnJobFinished(status);
+}
+
+absl::Status TrainingJob::SaveCheckpoint() {
+  if (config_.checkpoint_dir.empty()) return absl::OkStatus();
+  absl::MutexLock writer(&checkpoint_mu_);
+  JobState st;
+  st.config = config_.scheduler;
+  st.policy = config_.policy;
+  // The barrier and the parameters first, in one piece; the scheduler's history is at least as
+  // new, which a restart tolerates (its extra plans are simply used).
+  st.aggregator = aggregator_->SaveState();
+  st.scheduler = scheduler_->SaveState();
+  {
+    absl::MutexLock lock(&mu_);
+    st.audits = audits_;
+  }
+  if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> path = WriteCheckpoint(config_.checkpoint_dir, st);
+  if (!path.ok()) return path.status();
+  VLOG(1) << "checkpoint " << *path;
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::Restore(const JobState& st) {
+  const SchedulerConfig& c = config_.scheduler;
+  if (st.config.expected_workers != c.expected_workers || st.config.epochs != c.epochs ||
+      st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
+      st.policy != config_.policy) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint is of a job with --workers=", st.config.expected_workers, " --epochs=",
+        st.config.epochs, " --global_batch=", st.config.global_batch, " --seed=",
+        st.config.seed, " --policy=", st.policy, "; restart dbs_ps with the same flags"));
+  }
+  DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
+  scheduler_->LoadState(st.scheduler);
+  StepQuotas quotas;
+  if (st.aggregator.epoch >= 0 &&
+      st.aggregator.epoch < static_cast<int>(st.scheduler.records.size())) {
+    const EpochRecord& rec = st.scheduler.records[st.aggregator.epoch];
+    quotas.resize(static_cast<size_t>(rec.num_steps));
+    for (const auto& [id, steps] : rec.layout) {
+      if (rec.dead.count(id) > 0) continue;
+      for (int s = 0; s < rec.num_steps && s < static_cast<int>(steps.size()); ++s) {
+        quotas[s][id] = static_cast<int>(CountSamples(steps[s]));
+      }
+    }
+  }
+  aggregator_->LoadState(st.aggregator, std::move(quotas));
+  absl::MutexLock lock(&mu_);
+  audits_ = st.audits;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id) const {
+  if (!scheduler_->IsRegistered(worker_id)) {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  }
+  ResumePoint rp;
+  DBS_ASSIGN_OR_RETURN(rp.parameters, store_->Snapshot());
+  const StepProgress p = aggregator_->Progress();
+  const std::vector<EpochRecord> history = scheduler_->History();
+  if (finished_.HasBeenNotified() || history.empty()) {
+    rp.finished = finished_.HasBeenNotified();
+    return rp;
+  }
+  rp.epoch = std::max(p.epoch, 0);
+  rp.step = p.step;
+  if (rp.epoch >= static_cast<int>(history.size())) return rp;
+  const EpochRecord& rec = history[rp.epoch];
+  if (rec.plans.count(worker_id) == 0 || rec.dead.count(worker_id) > 0) {
+    rp.epoch += 1;  // joined later: start with the next epoch's plan
+    rp.step = 0;
+    return rp;
+  }
+  auto describe = [&](const EpochRecord& r) {
+    rp.has_plan = true;
+    rp.plan = r.plans.at(worker_id);
+    rp.schedule.epoch = r.epoch;
+    rp.schedule.revision = r.revision;
+    rp.schedule.from_step = 0;
+    rp.schedule.num_steps = r.num_steps;
+    rp.schedule.steps = r.layout.at(worker_id);
+    rp.schedule.steps.resize(static_cast<size_t>(r.num_steps));
+    rp.schedule.test_range = rp.plan.test_range;
+  };
+  if (rec.reports.count(worker_id) > 0) {  // done with this epoch: go on with the next plan
+    rp.epoch += 1;
+    rp.step = 0;
+    if (rp.epoch < static_cast<int>(history.size()) &&
+        history[rp.epoch].plans.count(worker_id) > 0) {
+      describe(history[rp.epoch]);
+    }
+    return rp;
+  }
+  describe(rec);
+  return rp;
 }
 
 RunInfo TrainingJob::Run() const {

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "server/optimizer.h"
 #include "server/parameter_store.h"
+#include "server/checkpoint.h"
 #include "server/run_summary.h"
 #include "server/scheduler.h"
 #include "server/step_aggregator.h"
@@ -44,6 +45,21 @@ struct JobConfig {
   // more than `replan_threshold` times, the rest of the epoch is re-split by the window's speeds.
   int replan_window_steps = 0;
   double replan_threshold = 1.5;
+  // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
+  // and at the end of every epoch ('' : never).
+  std::string checkpoint_dir;
+  int checkpoint_every_steps = 50;
+};
+
+// Where a worker should continue (see ParameterService.Resume).
+struct ResumePoint {
+  bool finished = false;
+  int epoch = 0;
+  int step = 0;
+  bool has_plan = false;
+  WorkerPlan plan;
+  PlanRevision schedule;  // from_step 0: every step of the epoch
+  ParameterSnapshot parameters;
 };
 
 class TrainingJob : public SchedulerListener {
@@ -74,6 +90,14 @@ class TrainingJob : public SchedulerListener {
   // The run record so far.
   RunInfo Run() const;
 
+  // Continues from a checkpoint (before any worker connects). FAILED_PRECONDITION when the
+  // checkpoint is of a job with another configuration.
+  absl::Status Restore(const JobState& state);
+  // Writes a checkpoint now (no-op without a checkpoint directory).
+  absl::Status SaveCheckpoint();
+  // Where `worker_id` should continue.
+  absl::StatusOr<ResumePoint> Resume(int worker_id) const;
+
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
   void OnEpochCompleted(const EpochRecord& record) override;
   void OnJobFinished(const absl::Status& status) override;
@@ -101,6 +125,8 @@ class TrainingJob : public SchedulerListener {
   std::optional<StepReplan> OnStep(const StepStats& stats);
   int window_epoch_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int, std::deque<std::pair<int64_t, double>>> window_ ABSL_GUARDED_BY(mu_);
+  int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex checkpoint_mu_;  // one writer at a time
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   absl::Notification finished_;
 };

@@ -332,6 +332,55 @@ class ElasticJoinTest(ProcessTestCase):
               f"{[w for w in joined[-1]['workers'] if w['id'] == late_id][0]['batch_size']}")
 
 
+class ServerRestartTest(ProcessTestCase):
+    def test_killed_server_restores_from_the_newest_valid_checkpoint_and_workers_continue(self):
+        port_file = os.path.join(self.tmp, "port")
+        ckpt = os.path.join(self.tmp, "ckpt")
+        summary = os.path.join(self.tmp, "summary.json")
+        flags = ["--host=127.0.0.1", "--workers=3", "--epochs=3", "--global_batch=64",
+                 f"--checkpoint_dir={ckpt}", "--checkpoint_every_steps=10",
+                 f"--summary_path={summary}"]
+        ps = self.spawn([PS, "--port=0", f"--port_file={port_file}"] + flags)
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        port = open(port_file).read().strip()
+        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
+                  "--train_limit=6000", "--test_limit=500", "--model=mlp", "--log_every_s=0.2"]
+        procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(3)]
+        # Kill -9 the server in the middle of epoch 2.
+        line = procs[0].stdout.readline().decode()
+        while line and not ("epoch 2/3 step" in line and "step 1/" not in line):
+            line = procs[0].stdout.readline().decode()
+        self.assertIn("epoch 2/3 step", line)
+        ps.kill()
+        ps.wait()
+        files = sorted(os.listdir(ckpt), key=lambda n: int(n[5:-4]))
+        self.assertGreaterEqual(len(files), 2)
+        # Damage the newest checkpoint: it must be refused and the one before used.
+        newest = os.path.join(ckpt, files[-1])
+        data = open(newest, "rb").read()
+        with open(newest, "wb") as f:
+            f.write(data[: len(data) // 2])
+        restarted = self.spawn([PS, f"--port={port}", "--restore"] + flags)
+        _, err = restarted.communicate(timeout=120)
+        log = err.decode()
+        self.assertEqual(restarted.returncode, 0, log[-3000:])
+        self.assertIn(f"refusing checkpoint {newest}: corrupt checkpoint", log)
+        self.assertIn(f"restored {os.path.join(ckpt, files[-2])}: epoch 2", log)
+        outs = [p.communicate(timeout=60)[0].decode() for p in procs]
+        for p in procs:
+            self.assertEqual(p.returncode, 0, "workers continue without a restart")
+        self.assertTrue(any("resuming at epoch 2" in o for o in outs), outs[0][-2000:])
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(s["epochs_completed"], 3)
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
+        self.assertGreaterEqual(s["final_test_accuracy"], 0.7)
+
+
 class OtherModelTest(ProcessTestCase):
     def test_mlp_with_adam_trains_on_one_worker(self):
         rc, out, err, out_dir = self.launch(

@@ -1,5 +1,6 @@
 #include "worker/grpc_ps_client.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -96,13 +97,61 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   return absl::OkStatus();
 }
 
+template <typename Rpc>
+grpc::Status GrpcPsClient::WithRetry(Rpc rpc) {
+  Backoff backoff(config_.backoff);
+  const absl::Time deadline = absl::Now() + config_.connect_timeout;
+  while (true) {
+    grpc::ClientContext ctx;
+    const grpc::Status s = rpc(&ctx);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
+    const absl::Duration delay = backoff.Next();
+    if (absl::Now() + delay >= deadline) return s;
+    if (!reconnected_) {
+      std::fprintf(stderr, "dbs_ps at %s is unavailable (%s); retrying for up to %s\n",
+                   config_.address.c_str(), s.error_message().c_str(),
+                   absl::FormatDuration(config_.connect_timeout).c_str());
+    }
+    reconnected_ = true;
+    absl::SleepFor(delay);
+  }
+}
+
+bool GrpcPsClient::TakeReconnected() {
+  const bool r = reconnected_;
+  reconnected_ = false;
+  return r;
+}
+
+absl::StatusOr<ResumeInfo> GrpcPsClient::Resume(int worker_id, absl::Span<float> params) {
+  v1::ResumeRequest req;
+  req.set_worker_id(worker_id);
+  v1::ResumeReply reply;
+  DBS_RETURN_IF_ERROR(Annotate(
+      WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
+      "Resume"));
+  ResumeInfo info;
+  info.finished = reply.finished();
+  info.epoch = reply.epoch();
+  info.step = reply.step();
+  info.has_plan = reply.plan_ready();
+  if (info.has_plan) {
+    info.plan = FromProto(reply.plan());
+    info.schedule = FromProto(reply.schedule());
+  }
+  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters().parameters(), layout_, false, params));
+  return info;
+}
+
 absl::StatusOr<WorkerPlan> GrpcPsClient::GetEpochPlan(int worker_id, int epoch) {
   v1::GetEpochPlanRequest req;
   req.set_worker_id(worker_id);
   req.set_epoch(epoch);
   v1::EpochPlan reply;
-  grpc::ClientContext ctx;
-  DBS_RETURN_IF_ERROR(Annotate(scheduler_->GetEpochPlan(&ctx, req, &reply), "GetEpochPlan"));
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
+                                 return scheduler_->GetEpochPlan(ctx, req, &reply);
+                               }),
+                               "GetEpochPlan"));
   return FromProto(reply);
 }
 
@@ -133,9 +182,10 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
       offset += data->size() / sizeof(float);
     }
   }
-  grpc::ClientContext ctx;
-  DBS_RETURN_IF_ERROR(Annotate(
-      parameters_->PushGradient(&ctx, req, &push_reply_), "PushGradient"));
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
+                                 return parameters_->PushGradient(ctx, req, &push_reply_);
+                               }),
+                               "PushGradient"));
   DBS_RETURN_IF_ERROR(DecodeTensors(push_reply_.parameters().parameters(), layout_, false, params));
   StepOutcome out;
   out.global_loss = push_reply_.global_loss();
@@ -152,8 +202,10 @@ absl::Status GrpcPsClient::ReportEpoch(const EpochTiming& timing) {
   v1::EpochReport req;
   ToProto(timing, &req);
   v1::EpochReportReply reply;
-  grpc::ClientContext ctx;
-  return Annotate(scheduler_->ReportEpoch(&ctx, req, &reply), "ReportEpoch");
+  return Annotate(WithRetry([&](grpc::ClientContext* ctx) {
+                    return scheduler_->ReportEpoch(ctx, req, &reply);
+                  }),
+                  "ReportEpoch");
 }
 
 absl::Status GrpcPsClient::Leave(int worker_id) {

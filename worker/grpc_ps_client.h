@@ -38,8 +38,15 @@ class GrpcPsClient : public PsClient {
                                            absl::Span<float> params) override;
   absl::Status ReportEpoch(const EpochTiming& timing) override;
   absl::Status Leave(int worker_id) override;
+  absl::StatusOr<ResumeInfo> Resume(int worker_id, absl::Span<float> params) override;
+  bool TakeReconnected() override;
 
  private:
+  // Runs `rpc` (a call on a fresh context), retrying with backoff while the server is
+  // unavailable, for at most `connect_timeout`; every call here is idempotent.
+  template <typename Rpc>
+  grpc::Status WithRetry(Rpc rpc);
+
   // Adds the server's address to an error so the user knows which peer failed.
   absl::Status Annotate(const grpc::Status& s, const char* what) const;
 
@@ -50,6 +57,7 @@ class GrpcPsClient : public PsClient {
   ModelLayout layout_;
   v1::PushGradientRequest push_;
   v1::PushGradientReply push_reply_;
+  bool reconnected_ = false;
 };
 
 }  // namespace dbs

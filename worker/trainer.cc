@@ -105,13 +105,52 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
                 "parameters\n", config.name.c_str(), joined.start_epoch + 1);
     std::fflush(stdout);
   }
-  for (int epoch = joined.start_epoch;; ++epoch) {
-    DBS_ASSIGN_OR_RETURN(WorkerPlan plan, client->GetEpochPlan(id, epoch));
-    if (plan.finished) break;
+  // Loop state; a resume (after the server restarted from a checkpoint) may set any of it.
+  int epoch = joined.start_epoch;
+  bool need_plan = true;
+  bool finished = false;
+  int first_step = 0;
+  WorkerPlan plan;
+  StepRanges schedule;
+  SampleRange test_range;
+  int num_steps = 0;
+  // Continues where the server says the job stands; false when the server cannot tell.
+  auto resync = [&](const absl::Status& why) -> bool {
+    absl::StatusOr<ResumeInfo> r = client->Resume(id, absl::MakeSpan(params));
+    if (!r.ok()) return false;
+    client->TakeReconnected();  // this resume accounts for the outage
+    LoadParameters(model, params);
+    finished = r->finished;
+    epoch = r->epoch;
+    need_plan = !r->has_plan;
+    if (r->has_plan) {
+      plan = r->plan;
+      schedule = r->schedule.steps;
+      num_steps = r->schedule.num_steps;
+      test_range = r->schedule.test_range;
+      first_step = r->step;
+    }
+    std::printf("[%s] resuming at epoch %d step %d from the server's state (%s)\n",
+                config.name.c_str(), epoch + 1, r->step + 1, std::string(why.message()).c_str());
+    std::fflush(stdout);
+    return true;
+  };
+  while (!finished) {
+    if (need_plan) {
+      absl::StatusOr<WorkerPlan> next = client->GetEpochPlan(id, epoch);
+      if (!next.ok()) {
+        if (absl::IsFailedPrecondition(next.status()) && resync(next.status())) continue;
+        return next.status();
+      }
+      plan = *next;
+      if (plan.finished) break;
+      schedule = ExpandSteps(plan);
+      num_steps = plan.num_steps;
+      test_range = plan.test_range;
+      first_step = 0;
+    }
+    need_plan = true;
     const std::vector<int64_t> perm = EpochPermutation(train.size, plan.permutation_seed);
-    StepRanges schedule = ExpandSteps(plan);
-    SampleRange test_range = plan.test_range;
-    int num_steps = plan.num_steps;
     // The dataset indices of one step's positions, checked against the data set.
     std::vector<int64_t> step_index;
     auto indices_of = [&](const std::vector<SampleRange>& ranges) -> absl::Status {
@@ -128,10 +167,16 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     EpochTiming timing;
     timing.worker_id = id;
     timing.epoch = epoch;
+    // Steps done before a resume were counted by the server already.
+    int64_t resumed_samples = 0;
+    for (int s = 0; s < first_step && s < static_cast<int>(schedule.size()); ++s) {
+      resumed_samples += CountSamples(schedule[s]);
+    }
     double loss_shown = 0.0;
     const absl::Time epoch_start = absl::Now();
     absl::Time next_log = epoch_start + config.log_every;
-    for (int step = 0; step < num_steps; ++step) {
+    bool resumed = false;
+    for (int step = first_step; step < num_steps; ++step) {
       DBS_RETURN_IF_ERROR(indices_of(schedule[step]));
       const int b = static_cast<int>(step_index.size());
       absl::Time t0 = absl::Now();
@@ -147,11 +192,19 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
       ++global_step;
       const double compute = Since(t0);
       const absl::Time t1 = absl::Now();
-      DBS_ASSIGN_OR_RETURN(StepOutcome outcome,
-                           client->PushGradient(id, epoch, step, b, loss_sum, compute,
-                                                b > 0 ? absl::Span<const float>(grad)
-                                                      : absl::Span<const float>(),
-                                                absl::MakeSpan(params)));
+      absl::StatusOr<StepOutcome> pushed =
+          client->PushGradient(id, epoch, step, b, loss_sum, compute,
+                               b > 0 ? absl::Span<const float>(grad) : absl::Span<const float>(),
+                               absl::MakeSpan(params));
+      if (!pushed.ok()) {
+        // A restarted server may be behind this worker: ask where to continue.
+        if (absl::IsFailedPrecondition(pushed.status()) && resync(pushed.status())) {
+          resumed = true;
+          break;
+        }
+        return pushed.status();
+      }
+      const StepOutcome& outcome = *pushed;
       const absl::Time t2 = absl::Now();
       LoadParameters(model, params);
       timing.compute_seconds += compute + Since(t2);
@@ -177,7 +230,7 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
       if (absl::Now() >= next_log || step == num_steps - 1) {
         next_log = absl::Now() + config.log_every;
         const double elapsed = Since(epoch_start);
-        const double per_step = elapsed / (step + 1);
+        const double per_step = elapsed / (step - first_step + 1);
         const double epoch_eta = per_step * (num_steps - step - 1);
         const double job_eta =
             epoch_eta + per_step * num_steps * (plan.total_epochs - epoch - 1);
@@ -189,6 +242,17 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
         std::fflush(stdout);
       }
     }
+    if (resumed) continue;
+    // Before reporting: if the server went away meanwhile it may have restarted behind us.
+    if (client->TakeReconnected()) {
+      if (resync(absl::UnavailableError("the server restarted during the epoch"))) continue;
+    }
+    if (resumed_samples > 0 && timing.samples > 0) {
+      // Only part of the epoch was timed here: scale to the whole for the speed estimate.
+      timing.compute_seconds *= static_cast<double>(timing.samples + resumed_samples) /
+                                static_cast<double>(timing.samples);
+    }
+    timing.samples += resumed_samples;
     const absl::Time eval_start = absl::Now();
     model->eval();
     if (test_range.begin < 0 || test_range.end > test.size || test_range.begin > test_range.end) {
@@ -199,7 +263,14 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
     timing.test_samples = eval.samples;
     timing.test_correct = eval.correct;
     timing.test_loss_sum = eval.loss_sum;
-    DBS_RETURN_IF_ERROR(client->ReportEpoch(timing));
+    const absl::Status reported = client->ReportEpoch(timing);
+    if (!reported.ok()) {
+      if ((absl::IsFailedPrecondition(reported) || absl::IsInvalidArgument(reported)) &&
+          client->TakeReconnected() && resync(reported)) {
+        continue;
+      }
+      return reported;
+    }
     last_accuracy = eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
     std::printf("[%s] epoch %d/%d done: %lld samples, batch %d (share %.3f), compute "
                 "%.2f s, wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%\n",
@@ -217,6 +288,7 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
                       {"eval_seconds", timing.eval_seconds},
                       {"test_samples", timing.test_samples},
                       {"test_correct", timing.test_correct}});
+      ++epoch;
   }
   const absl::Status left = client->Leave(id);
   if (!left.ok()) {

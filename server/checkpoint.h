@@ -1,0 +1,50 @@
+// Checkpoints of a training job: everything dbs_ps needs to continue after a restart.
+//
+// A checkpoint holds the parameters and their version, the optimizer's state, the scheduler's
+// membership and epoch history (plans, per-step layouts, reports, dead workers), where the step
+// barrier stands (epoch, step, losses, the pushes counted this epoch) and the sample audits. Data
+// permutations need no RNG state: they are a function of the job seed and the epoch.
+//
+// File format: "DBSCKPT1", u64 length and a JSON document, u64 count and that many float32 values,
+// then the CRC-32 of everything before it. A file that is truncated, altered or of another
+// version is refused with DATA_LOSS and a reason; writes go through a temporary file and a rename,
+// so a crash never leaves half a checkpoint under the final name. Pure functions plus file I/O.
+#ifndef DBS_SERVER_CHECKPOINT_H_
+#define DBS_SERVER_CHECKPOINT_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/run_summary.h"
+#include "server/scheduler.h"
+#include "server/step_aggregator.h"
+
+namespace dbs {
+
+struct JobState {
+  SchedulerConfig config;
+  std::string policy;
+  Scheduler::State scheduler;
+  StepAggregator::State aggregator;
+  std::map<int, SampleAudit> audits;
+};
+
+std::string EncodeCheckpoint(const JobState& state);
+// DATA_LOSS for a truncated, altered or unknown file.
+absl::StatusOr<JobState> DecodeCheckpoint(const std::string& bytes);
+
+// Writes `state` into `dir` as ckpt-<seq>.dbs (seq increasing), keeping the newest `keep`.
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobState& state,
+                                            int keep = 3);
+
+// The newest checkpoint in `dir` that decodes; each refused file is listed in `refused` as
+// "path: reason". NOT_FOUND when there is none.
+absl::StatusOr<JobState> LoadNewestCheckpoint(const std::string& dir,
+                                              std::vector<std::string>* refused,
+                                              std::string* path = nullptr);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_CHECKPOINT_H_
