@@ -111,6 +111,7 @@ struct WorkerRegistration {
   int64_t train_samples = 0;
   int64_t test_samples = 0;
   std::string device;
+  int max_batch = 0;  // the largest batch the worker can hold (memory); 0: no limit
 };
 
 // What the scheduler answers.

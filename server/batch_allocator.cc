@@ -207,7 +207,10 @@ std::vector<double> CostModelPolicy::NextShares(
   // Water-filling within [lo, hi]: fix workers that hit a bound, balance the rest.
   const double B = global_batch_;
   const double lo = std::max(0, min_batch_);
-  const double hi = max_batch_ > 0 ? max_batch_ : B;
+  std::vector<double> hi(n, max_batch_ > 0 ? max_batch_ : B);
+  for (size_t i = 0; i < n; ++i) {
+    if (workers[i].max_batch > 0) hi[i] = std::min<double>(hi[i], workers[i].max_batch);
+  }
   std::vector<double> b(n, 0.0);
   std::vector<bool> fixed(n, false);
   for (size_t round = 0; round <= n; ++round) {
@@ -232,8 +235,8 @@ std::vector<double> CostModelPolicy::NextShares(
       if (b[i] < lo) {
         b[i] = lo;
         fixed[i] = changed = true;
-      } else if (b[i] > hi) {
-        b[i] = hi;
+      } else if (b[i] > hi[i]) {
+        b[i] = hi[i];
         fixed[i] = changed = true;
       }
     }

@@ -66,6 +66,7 @@ struct WorkerObservation {
   int64_t samples = 0;           // samples processed in the last epoch
   double compute_seconds = 0.0;  // compute-only time of the last epoch
   int steps = 0;                 // steps of the last epoch
+  int max_batch = 0;             // the worker's own cap (memory); 0: none
   // Earlier epochs, most recent first (the last epoch is the fields above).
   std::vector<SpeedSample> earlier;
 };

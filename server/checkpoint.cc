@@ -102,7 +102,8 @@ std::string EncodeCheckpoint(const JobState& st) {
   for (size_t i = 0; i < st.scheduler.workers.size(); ++i) {
     const WorkerRegistration& w = st.scheduler.workers[i];
     workers.push_back(json::array({w.name, w.train_samples, w.test_samples, w.device,
-                                   i < st.scheduler.left.size() && st.scheduler.left[i]}));
+                                   i < st.scheduler.left.size() && st.scheduler.left[i],
+                                   w.max_batch}));
   }
   meta["workers"] = workers;
   meta["finished"] = st.scheduler.finished;
@@ -198,7 +199,7 @@ absl::StatusOr<JobState> DecodeCheckpoint(const std::string& in) {
     st.policy = c.at("policy");
     stage = "workers";
     for (const json& w : meta.at("workers")) {
-      st.scheduler.workers.push_back({w.at(0), w.at(1), w.at(2), w.at(3)});
+      st.scheduler.workers.push_back({w.at(0), w.at(1), w.at(2), w.at(3), w.at(5).get<int>()});
       st.scheduler.left.push_back(w.at(4).get<bool>());
     }
     st.scheduler.finished = meta.at("finished");

@@ -32,6 +32,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     return absl::InvalidArgumentError("worker reports an empty training set");
   }
   if (reg.test_samples < 0) return absl::InvalidArgumentError("negative test set size");
+  if (reg.max_batch < 0) return absl::InvalidArgumentError("negative max batch");
   Calls calls;
   RegistrationResult result;
   {
@@ -109,6 +110,7 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
     std::vector<WorkerObservation> obs;
     for (int id : active) {
       WorkerObservation o;
+      o.max_batch = workers_[id].max_batch;
       auto plan = prev.plans.find(id);
       auto report = prev.reports.find(id);
       if (plan == prev.plans.end() || report == prev.reports.end()) {

@@ -8,7 +8,8 @@ namespace dbs {
 grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
     v1::RegisterWorkerReply* reply) {
-  WorkerRegistration reg{req->name(), req->train_samples(), req->test_samples(), req->device()};
+  WorkerRegistration reg{req->name(), req->train_samples(), req->test_samples(), req->device(),
+                         req->max_batch()};
   absl::StatusOr<RegistrationResult> r = scheduler_->Register(reg);
   if (r.ok()) {
     reply->set_worker_id(r->worker_id);

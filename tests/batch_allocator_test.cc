@@ -305,3 +305,18 @@ TEST(MakeSharePolicyTest, ConfigValidation) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+TEST(CostModelPolicyTest, AWorkersOwnMemoryCapIsHonoured) {
+  CostModelPolicy p(64, 0, 0, 3);
+  WorkerObservation big = Measured(0.0, 3000, 32, 16), small = Measured(0.0, 1000, 32, 16);
+  big.max_batch = 40;  // would get 48 of 64 by speed
+  const std::vector<double> s = p.NextShares({big, small});
+  EXPECT_NEAR(s[0] * 64, 40, 1e-6);
+  EXPECT_NEAR(s[1] * 64, 24, 1e-6);
+}
+
+}  // namespace
+}  // namespace dbs

@@ -296,3 +296,26 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+TEST_F(SchedulerTest, CostPolicyHonoursAWorkersRegisteredMemoryCap) {
+  SchedulerConfig c;
+  c.expected_workers = 2;
+  c.epochs = 2;
+  c.global_batch = 64;
+  Scheduler s(c, std::make_unique<CostModelPolicy>(64, 0, 0, 3), &clock_, &listener_);
+  WorkerRegistration fast = Reg("fast");
+  fast.max_batch = 20;
+  ASSERT_TRUE(s.Register(fast).ok());
+  ASSERT_TRUE(s.Register(Reg("slow")).ok());
+  const auto h = s.History();
+  ASSERT_TRUE(s.Report(Report(h[0].plans.at(0), 0, 1000)).ok());  // 10x faster...
+  ASSERT_TRUE(s.Report(Report(h[0].plans.at(1), 1, 100)).ok());
+  EXPECT_EQ(s.History()[1].plans.at(0).batch_size, 20) << "...but capped at its 20";
+  EXPECT_EQ(s.History()[1].plans.at(1).batch_size, 44);
+}
+
+}  // namespace
+}  // namespace dbs

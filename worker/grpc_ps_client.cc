@@ -39,6 +39,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
   req.set_train_samples(reg.train_samples);
   req.set_test_samples(reg.test_samples);
   req.set_device(reg.device);
+  req.set_max_batch(reg.max_batch);
   Backoff backoff(config_.backoff, std::hash<std::string>()(reg.name));
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + config_.connect_timeout;

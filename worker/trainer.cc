@@ -82,7 +82,7 @@ absl::Status RunWorker(const TrainerConfig& config, PsClient* client) {
   const torch::Tensor test_x = ImagesTensor(test).to(device);
   const torch::Tensor test_y = LabelsTensor(test).to(device);
 
-  WorkerRegistration reg{config.name, train.size, test.size, device.str()};
+  WorkerRegistration reg{config.name, train.size, test.size, device.str(), config.max_batch};
   DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client->RegisterWorker(reg));
   const int id = joined.worker_id;
   std::printf("[%s] joined as worker %d on %s: %lld train / %lld test samples, model %s "

@@ -29,6 +29,7 @@ struct TrainerConfig {
   SlowdownSchedule slowdown;        // emulated slowness: compute takes this many times longer
   std::string init_params_path;     // optional raw float32 initial parameters (layout order)
   int threads = 1;                  // intra-op threads of libtorch on CPU
+  int max_batch = 0;                // the largest batch this worker can hold (0: no limit)
   uint64_t seed = 1;                // seed of the initial parameters
   absl::Duration log_every = absl::Seconds(5);
   std::string record_path;          // optional JSON record of this worker's epochs

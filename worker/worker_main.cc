@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, slow_windows, "",
           "Extra slowdown while training, like a background job: 'e<begin>:<end>:<factor>' "
           "(epochs) or 's<begin>:<end>:<factor>' (global steps), ';'-separated, e.g. e2:4:3.");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
+ABSL_FLAG(int, max_batch, 0,
+          "The largest batch this worker can hold (its memory cap), honoured by the server's "
+          "'cost' policy; 0: no limit.");
 ABSL_FLAG(std::string, init_params, "",
           "Optional file of raw float32 initial parameters in the model's order (for comparing "
           "against another framework from the same start).");
@@ -67,6 +70,11 @@ int main(int argc, char** argv) {
   config.slowdown = *slowdown;
   config.init_params_path = absl::GetFlag(FLAGS_init_params);
   config.threads = absl::GetFlag(FLAGS_threads);
+  config.max_batch = absl::GetFlag(FLAGS_max_batch);
+  if (config.max_batch < 0) {
+    std::cerr << "dbs_worker: --max_batch must be >= 0" << std::endl;
+    return 1;
+  }
   config.seed = absl::GetFlag(FLAGS_seed);
   config.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
   config.record_path = absl::GetFlag(FLAGS_record_path);
