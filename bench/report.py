@@ -123,6 +123,21 @@ def compute(results, runs):
         f["dbs_time_to_ddp_accuracy"] = reached[0] if reached else None
         f["dbs_time_to_ddp_accuracy_ratio"] = (reached[0] / f["ddp_wall_seconds"]
                                                if reached else None)
+    if "dbs_replan" in runs:
+        mid = results["midepoch_disturbance"]
+        log_path = os.path.join(results["_out_dir"], os.path.dirname(
+            results["runs"]["dbs_replan"]["summary"]), "ps.log")
+        replans = []  # global steps after which the rest of an epoch was re-planned
+        with open(log_path) as fh:
+            for line in fh:
+                if " re-planned after step " in line:
+                    e = int(line.split("epoch ")[1].split()[0]) - 1
+                    s = int(line.split("re-planned after step ")[1].split(":")[0])
+                    replans.append(e * mid["steps_per_epoch"] + s)
+        after = [g for g in replans if g > mid["from_global_step"]]
+        f["midepoch_replans"] = replans
+        f["midepoch_window"] = mid["window"]
+        f["midepoch_replan_delay_steps"] = (after[0] - mid["from_global_step"]) if after else None
     if "sgd_disturbed" in runs:
         f["disturbance"] = results.get("disturbance", "")
         add_sgd = end_times(runs["sgd_disturbed"])[-1] - end_times(sgd)[-1]
@@ -302,6 +317,12 @@ def markdown(f, results, runs, written):
                          f"| {fmt(r['sgd_epoch_seconds'])} | {fmt(r['dbs_epoch_seconds'])} | "
                          f"{fmt(r['dbs_over_sgd'])} | {fmt(1000 * r['step_comm_seconds'])} |")
         f["simulation"] = sim
+    if "midepoch_replan_delay_steps" in f:
+        lines += ["", "## Mid-epoch re-planning", "",
+                  f"Worker {results['midepoch_disturbance']['worker']} slowed 3x from global step "
+                  f"{results['midepoch_disturbance']['from_global_step'] + 1} (the middle of an "
+                  f"epoch), DBS with a {f['midepoch_window']}-step re-planning window: re-planned "
+                  f"after {fmt(f['midepoch_replan_delay_steps'])} slowed steps."]
     lines += ["", "## Why the misses (measured)", "",
               f"- Per-step communication: the worker that arrives last at a step only "
               f"communicates, and spent {fmt(1000 * f['step_comm_seconds'])} ms per step in server "

@@ -113,7 +113,7 @@ class Bench:
             log(f"worker {i}: standalone {speeds[-1]:.0f} samples/s")
         self.results["standalone_speeds"] = speeds
 
-    def run_dbs(self, name, policy, windows=None):
+    def run_dbs(self, name, policy, windows=None, extra=()):
         a = self.args
         out_dir = os.path.join(self.out, "runs", name)
         argv = [sys.executable, os.path.join(ROOT, "deploy", "local_cluster.py"), "--quiet",
@@ -128,6 +128,7 @@ class Bench:
             argv.append("--slowdown=" + ",".join(f"{s:.6g}" for s in self.slowdowns))
         if windows:
             argv.append("--disturb=" + windows)
+        argv.extend(extra)
         log(f"run {name}: dbs --policy={policy}" + (f" --disturb={windows}" if windows else ""))
         t0 = time.time()
         r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -233,6 +234,8 @@ def main(argv=None):
     ap.add_argument("--random_disturb", type=float, default=0.0,
                     help="instead of the fixed window: each epoch slow a random worker with this "
                          "probability for 1-2 epochs")
+    ap.add_argument("--replan_window", type=int, default=4,
+                    help="mid-epoch scenario: DBS re-planning window in steps")
     ap.add_argument("--skip_ddp", action="store_true")
     ap.add_argument("--skip_disturbance", action="store_true")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "results", "latest"))
@@ -272,6 +275,17 @@ def main(argv=None):
         if windows:
             bench.run_dbs("sgd_disturbed", "fixed", windows)
             bench.run_dbs("dbs_disturbed", "dbs", windows)
+        # Mid-epoch: the same worker slowed 3x from the middle of an epoch, DBS re-planning
+        # within epochs (a window of --replan_window steps).
+        steps = -(-(args.train_limit or 60000) // args.global_batch)
+        start = steps * args.disturb_from + steps // 2
+        mid = f"{args.disturb_worker}:s{start}:{start + 100000}:{args.disturb_factor:g}"
+        bench.results["midepoch_disturbance"] = {"worker": args.disturb_worker,
+                                                 "from_global_step": start,
+                                                 "steps_per_epoch": steps,
+                                                 "window": args.replan_window}
+        bench.run_dbs("dbs_replan", "dbs", mid,
+                      extra=[f"--replan_window_steps={args.replan_window}"])
     if os.access(bench.simulator, os.X_OK):
         bench.simulate()
     else:

@@ -98,14 +98,17 @@ def random_disturbances(workers, epochs, probability, factor, max_len, seed):
 
 
 def parse_disturbance(text, workers):
-    """'k:e1:e2:f[,k:e1:e2:f...]' -> per-worker slow-window strings."""
+    """'k:e1:e2:f[,...]' (epochs e1..e2-1) or 'k:s<b>:<e>:f' (global steps) -> per-worker
+    slow-window strings."""
     windows = [[] for _ in range(workers)]
     for part in filter(None, (p.strip() for p in text.split(","))):
         fields = part.split(":")
         if len(fields) != 4:
             raise ValueError(f"bad disturbance '{part}': expected worker:e1:e2:factor")
-        k, e1, e2, f = int(fields[0]), int(fields[1]), int(fields[2]), float(fields[3])
+        unit = "s" if fields[1].startswith("s") else "e"
+        k, e1, e2, f = (int(fields[0]), int(fields[1].lstrip("s")), int(fields[2]),
+                        float(fields[3]))
         if not 0 <= k < workers or e2 <= e1 or e1 < 0 or f < 1:
             raise ValueError(f"bad disturbance '{part}'")
-        windows[k].append(f"e{e1}:{e2}:{f:g}")
+        windows[k].append(f"{unit}{e1}:{e2}:{f:g}")
     return [";".join(w) for w in windows]

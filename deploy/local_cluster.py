@@ -155,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--disturb_factor", type=float, default=3.0)
     ap.add_argument("--disturb_max_epochs", type=int, default=2)
     ap.add_argument("--init_params", default="", help="raw float32 initial parameters")
+    ap.add_argument("--replan_window_steps", type=int, default=0,
+                    help="DBS mid-epoch re-planning window (0: epoch boundaries only)")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="DBS: lowest speed over this many recent epochs (1: the paper's rule)")
     ap.add_argument("--stall_timeout_s", type=float, default=300.0)
@@ -235,7 +237,8 @@ def main(argv=None):
             f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
             f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
             f"--summary_path={summary}", f"--stall_timeout_s={args.stall_timeout_s}",
-            f"--speed_window={args.speed_window}"])
+            f"--speed_window={args.speed_window}",
+            f"--replan_window_steps={args.replan_window_steps}"])
         port = wait_for_port(port_file, ps, timeout=30)
         described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
         if any(cgroups):

@@ -47,6 +47,9 @@ class BenchSmallTest(unittest.TestCase):
         # The simulator's table for 4 ... 256 workers is in the report.
         self.assertEqual([r["workers"] for r in rep["simulation"]], [4, 8, 16, 64, 256])
         self.assertIn("## Beyond one machine (simulation)", md)
+        # The mid-epoch scenario: DBS re-planned within its window after the slowdown began.
+        self.assertIsNotNone(rep["midepoch_replan_delay_steps"])
+        self.assertLessEqual(rep["midepoch_replan_delay_steps"], rep["midepoch_window"] + 1)
 
     def test_consistency_check_passes_and_catches_a_broken_record(self):
         self.assertEqual(self.returncode, 0, self.output)
