@@ -62,6 +62,20 @@ class ProcessTestCase(unittest.TestCase):
         self.procs.append(p)
         return p
 
+    def start_ps(self, flags, tag="ps"):
+        """Starts dbs_ps on a free loopback port it picks itself; returns (process, port)."""
+        port_file = os.path.join(self.tmp, f"{tag}.port")
+        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}"] + flags)
+        deadline = time.time() + 30
+        while not os.path.exists(port_file) and time.time() < deadline and ps.poll() is None:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(port_file), "dbs_ps did not start listening")
+        return ps, open(port_file).read().strip()
+
+    @staticmethod
+    def worker_argv(port, *flags):
+        return [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}", *flags]
+
     def run_cmd(self, argv, timeout):
         p = self.spawn(argv)
         out, err = p.communicate(timeout=timeout)
@@ -183,17 +197,11 @@ class BadInputTest(ProcessTestCase):
 
 class WorkerDeathTest(ProcessTestCase):
     def start_job(self, tag, workers, extra_ps):
-        port_file = os.path.join(self.tmp, f"{tag}.port")
         summary = os.path.join(self.tmp, f"{tag}.json")
-        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
-                         f"--workers={workers}", "--global_batch=64",
-                         f"--summary_path={summary}"] + extra_ps)
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) and time.time() < deadline:
-            time.sleep(0.05)
-        port = open(port_file).read().strip()
-        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
-                  "--train_limit=6000", "--test_limit=1000", "--model=mlp", "--log_every_s=0.5"]
+        ps, port = self.start_ps([f"--workers={workers}", "--global_batch=64",
+                                  f"--summary_path={summary}"] + extra_ps, tag)
+        common = self.worker_argv(port, "--train_limit=6000", "--test_limit=1000", "--model=mlp",
+                                  "--log_every_s=0.5")
         procs = [self.spawn(common + [f"--name={tag}-{i}"]) for i in range(workers)]
         return ps, procs, summary
 
@@ -256,17 +264,10 @@ class WorkerDeathTest(ProcessTestCase):
 class MidEpochReplanTest(ProcessTestCase):
     def test_a_worker_slowed_mid_epoch_is_replanned_within_the_window(self):
         window, slowed_from = 4, 30
-        port_file = os.path.join(self.tmp, "port")
         summary = os.path.join(self.tmp, "summary.json")
-        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
-                         "--workers=3", "--epochs=1", "--global_batch=64",
-                         f"--replan_window_steps={window}", f"--summary_path={summary}"])
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) and time.time() < deadline:
-            time.sleep(0.05)
-        port = open(port_file).read().strip()
-        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
-                  "--train_limit=6000", "--test_limit=500", "--model=cnn"]
+        ps, port = self.start_ps(["--workers=3", "--epochs=1", "--global_batch=64",
+                                  f"--replan_window_steps={window}", f"--summary_path={summary}"])
+        common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=cnn")
         procs = [self.spawn(common + [f"--name=w{i}"] +
                             ([f"--slow_windows=s{slowed_from}:100000:3"] if i == 2 else []))
                  for i in range(3)]
@@ -290,17 +291,10 @@ class MidEpochReplanTest(ProcessTestCase):
 
 class ElasticJoinTest(ProcessTestCase):
     def test_a_fifth_worker_started_mid_training_gets_a_share_and_its_pushes_count(self):
-        port_file = os.path.join(self.tmp, "port")
         summary = os.path.join(self.tmp, "summary.json")
-        ps = self.spawn([PS, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
-                         "--workers=4", "--epochs=4", "--global_batch=64",
-                         f"--summary_path={summary}"])
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) and time.time() < deadline:
-            time.sleep(0.05)
-        port = open(port_file).read().strip()
-        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
-                  "--train_limit=6000", "--test_limit=500", "--model=mlp"]
+        ps, port = self.start_ps(["--workers=4", "--epochs=4", "--global_batch=64",
+                                  f"--summary_path={summary}"])
+        common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=mlp")
         procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(4)]
         # Start the fifth once the first epoch is done.
         line = procs[0].stdout.readline().decode()
@@ -334,19 +328,13 @@ class ElasticJoinTest(ProcessTestCase):
 
 class ServerRestartTest(ProcessTestCase):
     def test_killed_server_restores_from_the_newest_valid_checkpoint_and_workers_continue(self):
-        port_file = os.path.join(self.tmp, "port")
         ckpt = os.path.join(self.tmp, "ckpt")
         summary = os.path.join(self.tmp, "summary.json")
-        flags = ["--host=127.0.0.1", "--workers=3", "--epochs=3", "--global_batch=64",
-                 f"--checkpoint_dir={ckpt}", "--checkpoint_every_steps=10",
-                 f"--summary_path={summary}"]
-        ps = self.spawn([PS, "--port=0", f"--port_file={port_file}"] + flags)
-        deadline = time.time() + 30
-        while not os.path.exists(port_file) and time.time() < deadline:
-            time.sleep(0.05)
-        port = open(port_file).read().strip()
-        common = [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}",
-                  "--train_limit=6000", "--test_limit=500", "--model=mlp", "--log_every_s=0.2"]
+        flags = ["--workers=3", "--epochs=3", "--global_batch=64", f"--checkpoint_dir={ckpt}",
+                 "--checkpoint_every_steps=10", f"--summary_path={summary}"]
+        ps, port = self.start_ps(flags)
+        common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=mlp",
+                                  "--log_every_s=0.2")
         procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(3)]
         # Kill -9 the server in the middle of epoch 2.
         line = procs[0].stdout.readline().decode()
@@ -362,7 +350,7 @@ class ServerRestartTest(ProcessTestCase):
         data = open(newest, "rb").read()
         with open(newest, "wb") as f:
             f.write(data[: len(data) // 2])
-        restarted = self.spawn([PS, f"--port={port}", "--restore"] + flags)
+        restarted = self.spawn([PS, "--host=127.0.0.1", f"--port={port}", "--restore"] + flags)
         _, err = restarted.communicate(timeout=120)
         log = err.decode()
         self.assertEqual(restarted.returncode, 0, log[-3000:])
