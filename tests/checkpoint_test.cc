@@ -12,14 +12,19 @@
 namespace dbs {
 namespace {
 
-// A job two steps into its first epoch, with momentum state.
-std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
+// Two workers, two epochs of 4 steps of 2 + 2 samples, SGD with momentum.
+JobConfig Config() {
   JobConfig config;
   config.scheduler.expected_workers = 2;
   config.scheduler.epochs = 2;
   config.scheduler.global_batch = 4;
   config.optimizer.sgd = SgdConfig{0.1, 0.9, 0.0, false};
-  auto job = *TrainingJob::Create(config, clock);
+  return config;
+}
+
+// A job two steps into its first epoch, with momentum state.
+std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
+  auto job = *TrainingJob::Create(Config(), clock);
   EXPECT_TRUE(job->scheduler()->Register({"a", 16, 4, "cpu"}).ok());
   EXPECT_TRUE(job->scheduler()->Register({"b", 16, 4, "cpu"}).ok());
   EXPECT_TRUE(job->store()->Register({{"w", {2}}}, std::vector<float>{1.0f, -1.0f}).ok());
@@ -44,11 +49,7 @@ JobState StateOf(TrainingJob* job, const JobConfig& config) {
 TEST(CheckpointTest, RoundTripRestoresEverything) {
   FakeClock clock;
   auto job = JobAtStep2(&clock);
-  JobConfig config;
-  config.scheduler.expected_workers = 2;
-  config.scheduler.epochs = 2;
-  config.scheduler.global_batch = 4;
-  config.optimizer.sgd = SgdConfig{0.1, 0.9, 0.0, false};
+  const JobConfig config = Config();
   const JobState st = StateOf(job.get(), config);
   const std::string bytes = EncodeCheckpoint(st);
   absl::StatusOr<JobState> back = DecodeCheckpoint(bytes);
@@ -84,10 +85,7 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
 TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
   FakeClock clock;
   auto job = JobAtStep2(&clock);
-  JobConfig config;
-  config.scheduler.expected_workers = 2;
-  config.scheduler.epochs = 2;
-  config.scheduler.global_batch = 4;
+  const JobConfig config = Config();
   const std::string dir = ::testing::TempDir() + "/ckpts";
   JobState first = StateOf(job.get(), config);
   auto p1 = WriteCheckpoint(dir, first);
