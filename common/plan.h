@@ -45,25 +45,38 @@ struct WorkerPlan {
 // (empty when its batch at that step is 0).
 using StepRanges = std::vector<std::vector<SampleRange>>;
 
+// Hands out consecutive positions from a list of ranges, in order. `ranges` must outlive it.
+class RangeCursor {
+ public:
+  explicit RangeCursor(const std::vector<SampleRange>& ranges) : ranges_(ranges) {}
+  // The next `n` positions (fewer when the ranges run out), as ranges.
+  std::vector<SampleRange> Take(int64_t n) {
+    std::vector<SampleRange> out;
+    while (n > 0 && r_ < ranges_.size()) {
+      const SampleRange& range = ranges_[r_];
+      const int64_t take = std::min<int64_t>(n, range.size() - used_);
+      out.push_back({range.begin + used_, range.begin + used_ + take});
+      used_ += take;
+      n -= take;
+      if (used_ == range.size()) {
+        ++r_;
+        used_ = 0;
+      }
+    }
+    return out;
+  }
+
+ private:
+  const std::vector<SampleRange>& ranges_;
+  size_t r_ = 0;
+  int64_t used_ = 0;  // positions of ranges_[r_] already handed out
+};
+
 // Expands a plan's regular form (batch sizes and ranges consumed in order) into per-step ranges.
 inline StepRanges ExpandSteps(const WorkerPlan& plan) {
   StepRanges steps(plan.num_steps > 0 ? plan.num_steps : 0);
-  size_t r = 0;
-  int64_t used = 0;  // positions of train_ranges[r] already taken
-  for (int s = 0; s < plan.num_steps; ++s) {
-    int64_t need = plan.BatchAt(s);
-    while (need > 0 && r < plan.train_ranges.size()) {
-      const SampleRange& range = plan.train_ranges[r];
-      const int64_t take = std::min<int64_t>(need, range.size() - used);
-      steps[s].push_back({range.begin + used, range.begin + used + take});
-      used += take;
-      need -= take;
-      if (used == range.size()) {
-        ++r;
-        used = 0;
-      }
-    }
-  }
+  RangeCursor cursor(plan.train_ranges);
+  for (int s = 0; s < plan.num_steps; ++s) steps[s] = cursor.Take(plan.BatchAt(s));
   return steps;
 }
 

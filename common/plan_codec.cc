@@ -1,6 +1,28 @@
 #include "common/plan_codec.h"
 
 namespace dbs {
+namespace {
+
+using RangeList = google::protobuf::RepeatedPtrField<v1::SampleRange>;
+
+void SetRange(const SampleRange& r, v1::SampleRange* m) {
+  m->set_begin(r.begin);
+  m->set_end(r.end);
+}
+
+SampleRange RangeOf(const v1::SampleRange& m) { return {m.begin(), m.end()}; }
+
+void AddRanges(const std::vector<SampleRange>& ranges, RangeList* out) {
+  for (const SampleRange& r : ranges) SetRange(r, out->Add());
+}
+
+std::vector<SampleRange> RangesOf(const RangeList& list) {
+  std::vector<SampleRange> out;
+  for (const v1::SampleRange& m : list) out.push_back(RangeOf(m));
+  return out;
+}
+
+}  // namespace
 
 void ToProto(const WorkerPlan& p, v1::EpochPlan* out) {
   out->set_epoch(p.epoch);
@@ -10,13 +32,8 @@ void ToProto(const WorkerPlan& p, v1::EpochPlan* out) {
   out->set_num_steps(p.num_steps);
   out->set_global_batch(p.global_batch);
   out->set_permutation_seed(p.permutation_seed);
-  for (const SampleRange& r : p.train_ranges) {
-    v1::SampleRange* m = out->add_train_ranges();
-    m->set_begin(r.begin);
-    m->set_end(r.end);
-  }
-  out->mutable_test_range()->set_begin(p.test_range.begin);
-  out->mutable_test_range()->set_end(p.test_range.end);
+  AddRanges(p.train_ranges, out->mutable_train_ranges());
+  SetRange(p.test_range, out->mutable_test_range());
   out->set_share(p.share);
   out->set_total_epochs(p.total_epochs);
 }
@@ -30,8 +47,8 @@ WorkerPlan FromProto(const v1::EpochPlan& m) {
   p.num_steps = m.num_steps();
   p.global_batch = m.global_batch();
   p.permutation_seed = m.permutation_seed();
-  for (const v1::SampleRange& r : m.train_ranges()) p.train_ranges.push_back({r.begin(), r.end()});
-  p.test_range = {m.test_range().begin(), m.test_range().end()};
+  p.train_ranges = RangesOf(m.train_ranges());
+  p.test_range = RangeOf(m.test_range());
   p.share = m.share();
   p.total_epochs = m.total_epochs();
   return p;
@@ -43,15 +60,9 @@ void ToProto(const PlanRevision& r, v1::PlanRevision* out) {
   out->set_from_step(r.from_step);
   out->set_num_steps(r.num_steps);
   for (const std::vector<SampleRange>& step : r.steps) {
-    v1::StepAssignment* a = out->add_steps();
-    for (const SampleRange& range : step) {
-      v1::SampleRange* m = a->add_ranges();
-      m->set_begin(range.begin);
-      m->set_end(range.end);
-    }
+    AddRanges(step, out->add_steps()->mutable_ranges());
   }
-  out->mutable_test_range()->set_begin(r.test_range.begin);
-  out->mutable_test_range()->set_end(r.test_range.end);
+  SetRange(r.test_range, out->mutable_test_range());
 }
 
 PlanRevision FromProto(const v1::PlanRevision& m) {
@@ -60,12 +71,8 @@ PlanRevision FromProto(const v1::PlanRevision& m) {
   r.revision = m.revision();
   r.from_step = m.from_step();
   r.num_steps = m.num_steps();
-  for (const v1::StepAssignment& a : m.steps()) {
-    std::vector<SampleRange> step;
-    for (const v1::SampleRange& range : a.ranges()) step.push_back({range.begin(), range.end()});
-    r.steps.push_back(std::move(step));
-  }
-  r.test_range = {m.test_range().begin(), m.test_range().end()};
+  for (const v1::StepAssignment& a : m.steps()) r.steps.push_back(RangesOf(a.ranges()));
+  r.test_range = RangeOf(m.test_range());
   return r;
 }
 

@@ -384,21 +384,9 @@ Removal Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survi
     std::sort(block.begin(), block.end(),
               [](const SampleRange& a, const SampleRange& b) { return a.begin < b.begin; });
     const std::vector<int64_t> counts = LargestRemainder(CountSamples(block), shares);
-    size_t r = 0;
-    int64_t used = 0;
+    RangeCursor cursor(block);
     for (size_t k = 0; k < survivors.size(); ++k) {
-      std::vector<SampleRange>& out = rec.layout[survivors[k]][s];
-      int64_t need = counts[k];
-      while (need > 0 && r < block.size()) {
-        const int64_t take = std::min(need, block[r].size() - used);
-        out.push_back({block[r].begin + used, block[r].begin + used + take});
-        used += take;
-        need -= take;
-        if (used == block[r].size()) {
-          ++r;
-          used = 0;
-        }
-      }
+      rec.layout[survivors[k]][s] = cursor.Take(counts[k]);
     }
   };
   for (int s = from_step; s < old_steps; ++s) split(std::move(blocks[s]), s);
