@@ -155,14 +155,23 @@ def main(argv=None):
     ap.add_argument("--disturb_factor", type=float, default=3.0)
     ap.add_argument("--disturb_max_epochs", type=int, default=2)
     ap.add_argument("--init_params", default="", help="raw float32 initial parameters")
-    ap.add_argument("--replan_window_steps", type=int, default=0,
-                    help="DBS mid-epoch re-planning window (0: epoch boundaries only)")
+    ap.add_argument("--replan_window_steps", type=int, default=-1,
+                    help="mid-epoch re-planning window in steps (-1: the policy's default, 8 for "
+                         "dbs; 0: epoch boundaries only)")
+    ap.add_argument("--replan_threshold", type=float, default=1.15,
+                    help="re-plan mid-epoch when the slowest worker's recent compute time is this "
+                         "many times the fastest's")
     ap.add_argument("--speed_window", type=int, default=1,
-                    help="DBS: lowest speed over this many recent epochs (1: the paper's rule)")
+                    help="proportional: lowest speed over this many recent epochs")
+    ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
+    ap.add_argument("--max_batch", type=int, default=0,
+                    help="dbs: largest batch per worker (0: no limit)")
     ap.add_argument("--stall_timeout_s", type=float, default=300.0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--global_batch", type=int, default=128)
-    ap.add_argument("--policy", default="dbs", choices=["dbs", "fixed", "cost"])
+    ap.add_argument("--policy", default="dbs", choices=["dbs", "proportional", "fixed"],
+                    help="dbs: the converging controller (default); proportional: the paper's "
+                         "rule; fixed: the equal split (plain S-SGD)")
     ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     ap.add_argument("--lr", type=float, default=0.05)
@@ -237,8 +246,10 @@ def main(argv=None):
             f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
             f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
             f"--summary_path={summary}", f"--stall_timeout_s={args.stall_timeout_s}",
-            f"--speed_window={args.speed_window}",
-            f"--replan_window_steps={args.replan_window_steps}"])
+            f"--speed_window={args.speed_window}", f"--min_batch={args.min_batch}",
+            f"--max_batch={args.max_batch}",
+            f"--replan_window_steps={args.replan_window_steps}",
+            f"--replan_threshold={args.replan_threshold}"])
         port = wait_for_port(port_file, ps, timeout=30)
         described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
         if any(cgroups):

@@ -125,9 +125,16 @@ std::string EncodeCheckpoint(const JobState& st) {
       layout[std::to_string(id)] = a;
     }
     for (const auto& [id, t] : r.reports) reports[std::to_string(id)] = TimingJson(t);
+    json step_times = json::object();
+    for (const auto& [id, by_batch] : r.step_times) {
+      json a = json::array();
+      for (const auto& [batch, t] : by_batch) a.push_back(json::array({batch, t.steps, t.seconds}));
+      step_times[std::to_string(id)] = a;
+    }
     rec["plans"] = plans;
     rec["layout"] = layout;
     rec["reports"] = reports;
+    rec["step_times"] = step_times;
     records.push_back(rec);
   }
   meta["records"] = records;
@@ -220,6 +227,14 @@ absl::StatusOr<JobState> DecodeCheckpoint(const std::string& in) {
         r.layout[std::stoi(k)] = std::move(steps);
       }
       for (const auto& [k, v] : rec.at("reports").items()) r.reports[std::stoi(k)] = TimingFrom(v);
+      if (rec.contains("step_times")) {  // absent in checkpoints of earlier versions
+        for (const auto& [k, v] : rec.at("step_times").items()) {
+          for (const json& t : v) {
+            r.step_times[std::stoi(k)][t.at(0).get<int>()] = {t.at(1).get<int>(),
+                                                             t.at(2).get<double>()};
+          }
+        }
+      }
       st.scheduler.records.push_back(std::move(r));
     }
     stage = "barrier";

@@ -31,19 +31,20 @@ ABSL_FLAG(int, workers, 1, "Number of workers the job waits for before epoch 0."
 ABSL_FLAG(int, epochs, 5, "Number of epochs to train.");
 ABSL_FLAG(int, global_batch, 128, "Global batch size B (sum of all workers' batches per step).");
 ABSL_FLAG(std::string, policy, "dbs",
-          "Batch allocation: 'dbs' (proportional to measured speed), 'fixed' (equal split, plain "
-          "S-SGD) or 'cost' (per-worker cost model with a per-step overhead, balanced step "
-          "times, --min_batch/--max_batch).");
-ABSL_FLAG(int, min_batch, 0, "Policy 'cost': smallest batch a worker is given.");
-ABSL_FLAG(int, max_batch, 0, "Policy 'cost': largest batch a worker is given (0: no limit).");
+          "Batch allocation: 'dbs' (each worker's measured step time as a function of its batch, "
+          "balanced by a damped controller that converges; see docs/controller.md), "
+          "'proportional' (the paper's rule: batch proportional to last epoch's speed) or "
+          "'fixed' (equal split, plain S-SGD).");
+ABSL_FLAG(int, min_batch, 0, "Policy 'dbs': smallest batch a worker is given.");
+ABSL_FLAG(int, max_batch, 0, "Policy 'dbs': largest batch a worker is given (0: no limit).");
 ABSL_FLAG(double, smoothing, 1.0,
           "EMA weight of the newest shares (1: none); older shares keep 1 - this.");
 ABSL_FLAG(double, deadband, 0.0,
           "Keep the previous split unless some worker's share would move by more than this "
           "fraction (0: always move).");
 ABSL_FLAG(int, speed_window, 1,
-          "DBS takes each worker's lowest speed over this many recent epochs (1: the paper's "
-          "last-epoch rule; larger values damp workers whose measured speed depends on load).");
+          "Policy 'proportional': take each worker's lowest speed over this many recent epochs "
+          "(1: the paper's last-epoch rule).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the epochs' data permutations.");
 ABSL_FLAG(std::string, optimizer, "sgd", "'sgd' (momentum, weight decay) or 'adam'.");
 ABSL_FLAG(double, lr, 0.05, "Learning rate.");
@@ -61,12 +62,14 @@ ABSL_FLAG(double, stall_timeout_s, 300.0,
 ABSL_FLAG(double, worker_timeout_s, 60.0,
           "A worker that has not pushed a step this long after the first push of that step is "
           "removed as dead and the job goes on without it; 0: never.");
-ABSL_FLAG(int, replan_window_steps, 0,
-          "DBS mid-epoch re-planning: judge balance over this many recent steps and re-split the "
-          "rest of the epoch when it is off by --replan_threshold; 0: only at epoch boundaries "
-          "(the paper's rule).");
-ABSL_FLAG(double, replan_threshold, 1.5,
-          "Re-plan when the slowest worker's recent compute time is this many times the mean.");
+ABSL_FLAG(int, replan_window_steps, -1,
+          "Mid-epoch re-planning: judge the balance over this many recent steps and re-plan the "
+          "rest of the epoch when it is off by --replan_threshold; -1: the policy's default (8 "
+          "steps for dbs, off for proportional and fixed); 0: only at epoch boundaries (the "
+          "paper's rule).");
+ABSL_FLAG(double, replan_threshold, 1.15,
+          "Re-plan mid-epoch when the slowest worker's recent compute time is this many times "
+          "the fastest's (and the gap is clear of the noise).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -109,7 +112,9 @@ int main(int argc, char** argv) {
   config.scheduler.epochs = absl::GetFlag(FLAGS_epochs);
   config.scheduler.global_batch = absl::GetFlag(FLAGS_global_batch);
   config.scheduler.seed = absl::GetFlag(FLAGS_seed);
-  config.policy = absl::GetFlag(FLAGS_policy);
+  absl::StatusOr<dbs::PolicyKind> policy = dbs::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) return Fail(absl::StrCat("--policy: ", policy.status().message()));
+  config.policy = *policy;
   config.speed_window = absl::GetFlag(FLAGS_speed_window);
   config.min_batch = absl::GetFlag(FLAGS_min_batch);
   config.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -134,8 +139,8 @@ int main(int argc, char** argv) {
   }
   config.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
   config.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
-  if (config.replan_window_steps < 0 || !(config.replan_threshold > 1.0)) {
-    return Fail("--replan_window_steps must be >= 0 and --replan_threshold > 1");
+  if (config.replan_window_steps < -1 || !(config.replan_threshold > 1.0)) {
+    return Fail("--replan_window_steps must be >= -1 and --replan_threshold > 1");
   }
   const int port = absl::GetFlag(FLAGS_port);
   const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
@@ -190,7 +195,7 @@ int main(int argc, char** argv) {
   LOG(INFO) << "dbs_ps listening on " << absl::GetFlag(FLAGS_host) << ":" << bound_port
             << ", waiting for " << config.scheduler.expected_workers << " workers; "
             << config.scheduler.epochs << " epochs, global batch "
-            << config.scheduler.global_batch << ", policy " << config.policy;
+            << config.scheduler.global_batch << ", policy " << dbs::PolicyName(config.policy);
 
   std::thread signal_thread([&signals, job = job->get()]() {
     int sig = 0;

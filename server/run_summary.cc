@@ -18,10 +18,13 @@ struct Spread {
   double ratio() const { return min > 0 ? max / min : 0.0; }
 };
 
+// Over the workers that trained on samples: one given batch 0 (its overhead alone would make it
+// the slowest) computes nothing and is not an imbalance.
 Spread ComputeSpread(const EpochRecord& r) {
   Spread s;
   bool first = true;
   for (const auto& [id, t] : r.reports) {
+    if (t.samples <= 0) continue;
     if (first) {
       s.min = s.max = t.compute_seconds;
       first = false;

@@ -89,6 +89,55 @@ int64_t EpochRecord::SamplesOf(int worker_id) const {
   return n;
 }
 
+namespace {
+
+// The batch a worker ran most often in `steps`.
+int MostFrequentBatch(const StepRanges& steps) {
+  std::map<int64_t, int> count;
+  for (const auto& ranges : steps) ++count[CountSamples(ranges)];
+  int64_t best = 0;
+  int best_count = 0;
+  for (const auto& [batch, c] : count) {
+    if (c > best_count) {
+      best = batch;
+      best_count = c;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+}  // namespace
+
+WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
+  WorkerObservation o;
+  o.max_batch = workers_[id].max_batch;
+  for (int e = std::max(0, upto - kHistoryEpochs); e < upto; ++e) {
+    const EpochRecord& r = records_[e];
+    auto report = r.reports.find(id);
+    if (report == r.reports.end()) continue;
+    Measurement m;
+    m.samples = report->second.samples;
+    m.compute_seconds = report->second.compute_seconds;
+    auto layout = r.layout.find(id);
+    if (layout != r.layout.end()) {
+      for (const auto& ranges : layout->second) m.steps += CountSamples(ranges) > 0 ? 1 : 0;
+    }
+    auto times = r.step_times.find(id);
+    if (times != r.step_times.end()) m.by_batch = times->second;
+    o.history.push_back(std::move(m));
+  }
+  if (upto > 0) {
+    const EpochRecord& last = records_[upto - 1];
+    auto plan = last.plans.find(id);
+    auto layout = last.layout.find(id);
+    if (plan != last.plans.end() && layout != last.layout.end() && last.dead.count(id) == 0) {
+      o.previous_share = plan->second.share;
+      o.current_batch = MostFrequentBatch(layout->second);
+    }
+  }
+  return o;
+}
+
 std::vector<int> Scheduler::ActiveLocked() const {
   std::vector<int> ids;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -106,31 +155,8 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   if (epoch == 0) {
     shares.assign(n, 1.0 / n);
   } else {
-    const EpochRecord& prev = records_.back();
     std::vector<WorkerObservation> obs;
-    for (int id : active) {
-      WorkerObservation o;
-      o.max_batch = workers_[id].max_batch;
-      auto plan = prev.plans.find(id);
-      auto report = prev.reports.find(id);
-      if (plan == prev.plans.end() || report == prev.reports.end()) {
-        obs.push_back(o);  // joined since: no measurement yet, the policy probes it
-        continue;
-      }
-      o.previous_share = plan->second.share;
-      const EpochTiming& t = report->second;
-      o.samples = t.samples;
-      o.compute_seconds = t.compute_seconds;
-      o.steps = prev.num_steps;
-      for (int e = epoch - 2; e >= 0 && e >= epoch - 8; --e) {
-        auto r = records_[e].reports.find(id);
-        if (r != records_[e].reports.end()) {
-          o.earlier.push_back({r->second.samples, r->second.compute_seconds,
-                               records_[e].num_steps});
-        }
-      }
-      obs.push_back(o);
-    }
+    for (int id : active) obs.push_back(ObserveLocked(id, epoch));
     shares = policy_->NextShares(obs);
   }
   DBS_ASSIGN_OR_RETURN(EpochAllocation alloc,
@@ -338,29 +364,58 @@ absl::StatusOr<Removal> Scheduler::RemoveWorkers(const std::set<int>& dead, int 
 }
 
 absl::StatusOr<Removal> Scheduler::Rebalance(int epoch, int from_step,
-                                             const std::map<int, double>& speeds) {
+                                             const std::map<int, Measurement>& window) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
   if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
     return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is not running"));
   }
   EpochRecord& rec = records_[epoch];
-  if (from_step >= rec.num_steps) return absl::FailedPreconditionError("no step left to re-plan");
+  if (from_step < 1 || from_step >= rec.num_steps) {
+    return absl::FailedPreconditionError("no step left to re-plan");
+  }
   std::vector<int> workers;
-  std::vector<double> shares;
-  double total = 0.0;
+  std::vector<WorkerObservation> obs;
+  std::vector<int> current;
   for (const auto& [id, plan] : rec.plans) {
     if (rec.dead.count(id) > 0) continue;
-    auto v = speeds.find(id);
-    if (v == speeds.end() || !(v->second > 0) || !std::isfinite(v->second)) {
-      return absl::InvalidArgumentError(absl::StrCat("no usable speed for worker ", id));
+    auto w = window.find(id);
+    if (w == window.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no measurement of worker ", id));
     }
+    WorkerObservation o = ObserveLocked(id, epoch);
+    o.previous_share = plan.share;
+    const StepRanges& steps = rec.layout.at(id);
+    o.current_batch = from_step - 1 < static_cast<int>(steps.size())
+                          ? static_cast<int>(CountSamples(steps[from_step - 1]))
+                          : 0;
+    o.history.push_back(w->second);
     workers.push_back(id);
-    shares.push_back(v->second);
-    total += v->second;
+    current.push_back(o.current_batch);
+    obs.push_back(std::move(o));
   }
-  for (size_t k = 0; k < workers.size(); ++k) rec.plans[workers[k]].share = shares[k] / total;
+  const std::vector<double> shares = policy_->NextShares(obs);
+  if (LargestRemainder(config_.global_batch, shares) ==
+      std::vector<int64_t>(current.begin(), current.end())) {
+    return absl::FailedPreconditionError("the policy keeps the current split");
+  }
+  for (size_t k = 0; k < workers.size(); ++k) rec.plans[workers[k]].share = shares[k];
   return ResplitLocked(rec, workers, shares, from_step, {});
+}
+
+void Scheduler::RecordStep(int epoch, const std::map<int, std::pair<int64_t, double>>& times) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) return;
+  EpochRecord& rec = records_[epoch];
+  for (const auto& [id, t] : times) {
+    if (rec.plans.count(id) == 0 || rec.dead.count(id) > 0 || t.first <= 0 ||
+        !std::isfinite(t.second) || t.second < 0) {
+      continue;
+    }
+    BatchTime& bt = rec.step_times[id][static_cast<int>(t.first)];
+    bt.steps += 1;
+    bt.seconds += t.second;
+  }
 }
 
 Removal Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,

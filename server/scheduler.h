@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "common/plan.h"
 #include "server/batch_allocator.h"
+#include "server/share_policy.h"
 
 namespace dbs {
 
@@ -47,6 +48,8 @@ struct EpochRecord {
   std::map<int, StepRanges> layout;   // by worker id: the positions of each step, as revised
   std::map<int, EpochTiming> reports; // by worker id
   std::set<int> dead;                 // workers removed during the epoch
+  // Per worker, the compute time of its steps by batch size (from the times sent with pushes).
+  std::map<int, std::map<int, BatchTime>> step_times;
   int num_steps = 0;                  // as revised
   int revision = 0;
   bool complete = false;
@@ -99,10 +102,16 @@ class Scheduler {
   // The dead workers are no longer members. FAILED_PRECONDITION when nobody would survive.
   absl::StatusOr<Removal> RemoveWorkers(const std::set<int>& dead, int epoch, int step);
 
-  // Mid-epoch re-plan: the blocks of steps from `from_step` on are re-split among the epoch's
-  // workers in proportion to `speeds` (samples per second, by worker id), and so are the test
-  // slices. FAILED_PRECONDITION when the epoch is not running or no step is left.
-  absl::StatusOr<Removal> Rebalance(int epoch, int from_step, const std::map<int, double>& speeds);
+  // Mid-epoch re-plan: the share policy plans the rest of the epoch from each worker's history
+  // and `window` (its newest steps, by worker id), and the blocks of steps from `from_step` on
+  // are re-split by the result, and so are the test slices. FAILED_PRECONDITION when the epoch
+  // is not running, no step is left, or the policy keeps the current split.
+  absl::StatusOr<Removal> Rebalance(int epoch, int from_step,
+                                    const std::map<int, Measurement>& window);
+
+  // Records the compute times of one completed step: worker id -> (samples, seconds). Ignored
+  // for an epoch that is not running or a worker that is not part of it.
+  void RecordStep(int epoch, const std::map<int, std::pair<int64_t, double>>& times);
 
   // Records a worker's epoch report; an identical repeat is accepted once.
   absl::Status Report(const EpochTiming& timing);
@@ -130,6 +139,10 @@ class Scheduler {
   int active_workers() const;  // registered and not left
   const SchedulerConfig& config() const { return config_; }
   std::string policy_name() const { return policy_->name(); }
+  PolicyKind policy_kind() const { return policy_->kind(); }
+
+  // Epochs of history each observation carries.
+  static constexpr int kHistoryEpochs = 16;
 
  private:
   struct Waiter {
@@ -141,6 +154,9 @@ class Scheduler {
 
   // Members that have not left or died, by id.
   std::vector<int> ActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the policy is told about worker `id`: its measurements in the complete epochs before
+  // `upto`, oldest first, and its share and batch in epoch `upto - 1`.
+  WorkerObservation ObserveLocked(int id, int upto) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

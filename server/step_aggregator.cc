@@ -96,7 +96,8 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
         stats.step = step_;
         stats.workers = std::move(stats_.workers);
         stats_.workers.clear();
-        completed = step_ + 1 < static_cast<int>(quotas_.size());
+        stats.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
+        completed = true;
         CompleteStepLocked(&to_run, &result);
       }
     }
@@ -105,7 +106,7 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
   // place for it.
   if (completed && hook_ && result.ok()) {
     std::optional<StepReplan> replan = hook_(stats);
-    if (replan.has_value()) {
+    if (replan.has_value() && !stats.last_of_epoch) {
       auto revisions =
           std::make_shared<const std::map<int, PlanRevision>>(std::move(replan->revisions));
       absl::MutexLock lock(&mu_);

@@ -66,6 +66,7 @@ struct StepProgress {
 struct StepStats {
   int epoch = 0;
   int step = 0;
+  bool last_of_epoch = false;  // nothing is left to re-plan
   std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
 };
 
@@ -106,8 +107,9 @@ class StepAggregator {
   // `later_quotas` (quotas for steps step+1 ...), and every waiting worker gets `revisions`.
   void CompleteEviction(StepQuotas later_quotas, std::map<int, PlanRevision> revisions);
 
-  // Called after every completed step that is not the last of its epoch, before the workers are
-  // answered; a re-plan it returns applies from the next step and travels with the answers.
+  // Called after every completed step, before the workers are answered; a re-plan it returns
+  // (ignored after the last step of an epoch) applies from the next step and travels with the
+  // answers.
   // It must not call back into the aggregator. Set before training starts.
   using StepHook = std::function<std::optional<StepReplan>(const StepStats&)>;
   void SetStepHook(StepHook hook) { hook_ = std::move(hook); }

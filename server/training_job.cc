@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
     return absl::InvalidArgumentError("--min_batch times --workers exceeds --global_batch");
   }
   PolicyConfig pc;
-  pc.name = config.policy;
+  pc.kind = config.policy;
   pc.speed_window = config.speed_window;
   pc.global_batch = config.scheduler.global_batch;
   pc.min_batch = config.min_batch;
@@ -33,11 +33,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get());
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
-  if ((config.replan_window_steps > 0 && config.policy != "fixed") ||
-      !config.checkpoint_dir.empty()) {
-    TrainingJob* raw = job.get();
-    job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
-  }
+  TrainingJob* raw = job.get();
+  job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
   return job;
 }
 
@@ -46,7 +43,11 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
     : config_(config),
       clock_(clock),
       optimizer_description_(std::move(optimizer_description)),
-      start_(clock->Now()) {}
+      start_(clock->Now()),
+      replan_(config.policy == PolicyKind::kFixed
+                  ? 0
+                  : ReplanWindowSteps(config.policy, config.replan_window_steps),
+              config.replan_threshold) {}
 
 void TrainingJob::OnEpochPlanned(int epoch, int num_steps,
                                  const std::map<int, WorkerPlan>& plans) {
@@ -58,7 +59,7 @@ void TrainingJob::OnEpochPlanned(int epoch, int num_steps,
   }
   aggregator_->BeginEpoch(epoch, std::move(quotas));
   LOG(INFO) << "epoch " << epoch + 1 << "/" << config_.scheduler.epochs << " planned ("
-            << config_.policy << "): " << num_steps << " steps, batch per worker" << shares;
+            << PolicyName(config_.policy) << "): " << num_steps << " steps, batch per worker" << shares;
 }
 
 void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
@@ -119,7 +120,7 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
   aggregator_->CompleteEviction(std::move(removal->later_quotas), std::move(removal->revisions));
   {
     absl::MutexLock lock(&mu_);
-    window_.clear();
+    replan_.Reset();
   }
   return dead;
 }
@@ -154,52 +155,21 @@ std::optional<StepReplan> TrainingJob::OnStep(const StepStats& stats) {
       if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
     }
   }
-  if (config_.replan_window_steps <= 0 || config_.policy == "fixed") return std::nullopt;
-  std::map<int, double> speeds;
-  double imbalance = 0.0;
+  scheduler_->RecordStep(stats.epoch, stats.workers);
+  if (stats.last_of_epoch) return std::nullopt;
+  std::optional<ReplanTrigger> trigger;
   {
     absl::MutexLock lock(&mu_);
-    if (window_epoch_ != stats.epoch) {
-      window_.clear();
-      window_epoch_ = stats.epoch;
-    }
-    for (const auto& [id, sample] : stats.workers) {
-      auto& w = window_[id];
-      w.push_back(sample);
-      while (static_cast<int>(w.size()) > config_.replan_window_steps) w.pop_front();
-    }
-    double total = 0.0, slowest = 0.0, known_speed = 0.0;
-    int known = 0;
-    for (const auto& [id, w] : window_) {
-      if (static_cast<int>(w.size()) < config_.replan_window_steps) return std::nullopt;
-      int64_t samples = 0;
-      double seconds = 0.0;
-      for (const auto& [n, t] : w) {
-        samples += n;
-        seconds += t;
-      }
-      total += seconds;
-      slowest = std::max(slowest, seconds);
-      if (samples > 0 && seconds > 0) {
-        speeds[id] = samples / seconds;
-        known_speed += speeds[id];
-        ++known;
-      }
-    }
-    if (window_.empty() || known == 0 || total <= 0) return std::nullopt;
-    imbalance = slowest / (total / window_.size());
-    if (imbalance < config_.replan_threshold) return std::nullopt;
-    // A worker with nothing to measure (batch 0) is given the mean speed, so it is tried again.
-    for (const auto& [id, w] : window_) {
-      if (speeds.count(id) == 0) speeds[id] = known_speed / known;
-    }
-    window_.clear();  // measure afresh under the new split
+    trigger = replan_.Add(stats.epoch, stats.workers);
   }
-  absl::StatusOr<Removal> replan = scheduler_->Rebalance(stats.epoch, stats.step + 1, speeds);
+  if (!trigger.has_value()) return std::nullopt;
+  absl::StatusOr<Removal> replan =
+      scheduler_->Rebalance(stats.epoch, stats.step + 1, trigger->window);
   if (!replan.ok()) return std::nullopt;
   LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
-            << ": slowest worker's compute over the last " << config_.replan_window_steps
-            << " steps was " << imbalance << "x the mean";
+            << ": slowest worker's compute over the last "
+            << ReplanWindowSteps(config_.policy, config_.replan_window_steps) << " steps was "
+            << trigger->imbalance << "x the fastest's";
   return StepReplan{std::move(replan->later_quotas), std::move(replan->revisions)};
 }
 
@@ -255,7 +225,7 @@ absl::Status TrainingJob::SaveCheckpoint() {
   absl::MutexLock writer(&checkpoint_mu_);
   JobState st;
   st.config = config_.scheduler;
-  st.policy = config_.policy;
+  st.policy = PolicyName(config_.policy);
   // The barrier and the parameters first, in one piece; the scheduler's history is at least as
   // new, which a restart tolerates (its extra plans are simply used).
   st.aggregator = aggregator_->SaveState();
@@ -275,7 +245,7 @@ absl::Status TrainingJob::Restore(const JobState& st) {
   const SchedulerConfig& c = config_.scheduler;
   if (st.config.expected_workers != c.expected_workers || st.config.epochs != c.epochs ||
       st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
-      st.policy != config_.policy) {
+      st.policy != PolicyName(config_.policy)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint is of a job with --workers=", st.config.expected_workers, " --epochs=",
         st.config.epochs, " --global_batch=", st.config.global_batch, " --seed=",
@@ -348,7 +318,7 @@ absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id) const {
 
 RunInfo TrainingJob::Run() const {
   RunInfo run;
-  run.policy = config_.policy;
+  run.policy = PolicyName(config_.policy);
   run.optimizer = optimizer_description_;
   run.scheduler = config_.scheduler;
   run.workers = scheduler_->Workers();

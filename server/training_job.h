@@ -6,7 +6,6 @@
 #ifndef DBS_SERVER_TRAINING_JOB_H_
 #define DBS_SERVER_TRAINING_JOB_H_
 
-#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
@@ -19,7 +18,9 @@
 #include "server/optimizer.h"
 #include "server/parameter_store.h"
 #include "server/checkpoint.h"
+#include "server/replan_window.h"
 #include "server/run_summary.h"
+#include "server/share_policy.h"
 #include "server/scheduler.h"
 #include "server/step_aggregator.h"
 
@@ -27,9 +28,9 @@ namespace dbs {
 
 struct JobConfig {
   SchedulerConfig scheduler;
-  std::string policy = "dbs";  // "dbs", "fixed" or "cost"
-  int speed_window = 1;        // epochs over which DBS takes a worker's lowest speed
-  int min_batch = 0;           // cost policy: per-worker batch bounds (0: none above)
+  PolicyKind policy = PolicyKind::kDbs;
+  int speed_window = 1;        // proportional: epochs over which to take a worker's lowest speed
+  int min_batch = 0;           // dbs: per-worker batch bounds (0: none above)
   int max_batch = 0;
   double smoothing = 1.0;      // EMA alpha on shares (1: none)
   double deadband = 0.0;       // relative share change below which the split is kept
@@ -40,11 +41,13 @@ struct JobConfig {
   // A worker that has not pushed a step this long after the first worker of that step did is
   // declared dead: the step completes without it and its samples go to the others. Zero: never.
   absl::Duration worker_timeout = absl::Seconds(60);
-  // Mid-epoch re-planning (DBS only; 0 steps: off, the paper's epoch-boundary rule): when over
-  // the last `replan_window_steps` steps the slowest worker's compute time exceeds the mean by
-  // more than `replan_threshold` times, the rest of the epoch is re-split by the window's speeds.
-  int replan_window_steps = 0;
-  double replan_threshold = 1.5;
+  // Mid-epoch re-planning (never with the fixed split): when over the last
+  // `replan_window_steps` steps the slowest worker's compute time is `replan_threshold` times the
+  // fastest's or more (and clear of the noise), the policy re-plans the rest of the epoch with
+  // the window as the newest measurement (see ReplanWindow). -1: the policy's default
+  // (ReplanWindowSteps); 0: off, the paper's epoch-boundary rule.
+  int replan_window_steps = -1;
+  double replan_threshold = kDefaultReplanThreshold;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;
@@ -121,10 +124,10 @@ class TrainingJob : public SchedulerListener {
   std::pair<int, int> watched_step_ ABSL_GUARDED_BY(mu_) = {-1, -1};
   absl::Time watched_since_ ABSL_GUARDED_BY(mu_);
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
-  // Mid-epoch re-planning: the recent steps' (samples, compute seconds) per worker.
+  // After every step: record its times, checkpoint when due, re-plan the rest of the epoch when
+  // the window says so.
   std::optional<StepReplan> OnStep(const StepStats& stats);
-  int window_epoch_ ABSL_GUARDED_BY(mu_) = -1;
-  std::map<int, std::deque<std::pair<int64_t, double>>> window_ ABSL_GUARDED_BY(mu_);
+  ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Mutex checkpoint_mu_;  // one writer at a time
   absl::Time end_ ABSL_GUARDED_BY(mu_);

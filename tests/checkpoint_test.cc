@@ -40,7 +40,7 @@ std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
 JobState StateOf(TrainingJob* job, const JobConfig& config) {
   JobState st;
   st.config = config.scheduler;
-  st.policy = config.policy;
+  st.policy = PolicyName(config.policy);
   st.aggregator = job->aggregator()->SaveState();
   st.scheduler = job->scheduler()->SaveState();
   return st;
@@ -62,6 +62,9 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   EXPECT_EQ(back->scheduler.records.size(), 1u);
   EXPECT_EQ(back->scheduler.records[0].layout.at(1), st.scheduler.records[0].layout.at(1));
   EXPECT_EQ(back->aggregator.accepted.size(), 4u);
+  // The per-step times the controller models speeds from (two steps of 2 samples per worker).
+  ASSERT_EQ(st.scheduler.records[0].step_times.at(1).at(2).steps, 2);
+  EXPECT_EQ(back->scheduler.records[0].step_times, st.scheduler.records[0].step_times);
 
   // A fresh job restored from it continues exactly like the original one.
   auto restored = *TrainingJob::Create(config, &clock);

@@ -24,7 +24,7 @@ class ServiceTest : public ::testing::Test {
     config.scheduler.expected_workers = 2;
     config.scheduler.epochs = 1;
     config.scheduler.global_batch = 4;
-    config.policy = "dbs";
+    config.policy = PolicyKind::kDbs;
     config.optimizer.name = "sgd";
     config.optimizer.sgd = SgdConfig{0.5, 0.0, 0.0, false};
     job_ = *TrainingJob::Create(config, &clock_);

@@ -38,7 +38,13 @@ class SchedulerTest : public ::testing::Test {
     c.epochs = epochs;
     c.global_batch = 64;
     c.seed = 7;
-    return std::make_unique<Scheduler>(c, *MakeSharePolicy(policy), &clock_, &listener_);
+    return std::make_unique<Scheduler>(c, Policy(policy), &clock_, &listener_);
+  }
+  static std::unique_ptr<SharePolicy> Policy(const std::string& name, int global_batch = 64) {
+    PolicyConfig pc;
+    pc.kind = *ParsePolicy(name);
+    pc.global_batch = global_batch;
+    return *MakeSharePolicy(pc);
   }
   static WorkerRegistration Reg(const std::string& name, int64_t train = 6400) {
     return WorkerRegistration{name, train, 1000, "cpu"};
@@ -105,16 +111,17 @@ TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
   ASSERT_TRUE(s->Report(Report(h[0].plans.at(0), 0, 100)).ok());
   ASSERT_TRUE(s->Report(Report(h[0].plans.at(1), 1, 300)).ok());
   ASSERT_TRUE(plan.plan.has_value() && plan.plan->ok());
-  // Speeds 100 and 300, the newcomer unmeasured: it is given the mean (200): 100:300:200.
-  EXPECT_NEAR((*plan.plan)->share, 200.0 / 600, 1e-9);
+  // Speeds 100 and 300, the newcomer unmeasured: it is given the mean (200): 100:300:200,
+  // in whole samples of 64.
+  EXPECT_NEAR((*plan.plan)->share, 200.0 / 600, 1.0 / 64);
   EXPECT_EQ(s->History()[1].plans.size(), 3u);
   int64_t total = 0;
   for (int id = 0; id < 3; ++id) total += s->History()[1].SamplesOf(id);
   EXPECT_EQ(total, 6400);
 }
 
-TEST_F(SchedulerTest, DbsRebalancesBySpeedAndFinishes) {
-  auto s = Make("dbs");
+TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
+  auto s = Make("proportional");
   for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s->Register(Reg(n)).ok());
   std::vector<WorkerPlan> e0;
   for (int id = 0; id < 3; ++id) {
@@ -243,7 +250,7 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
   c.expected_workers = 3;
   c.epochs = 2;
   c.global_batch = 64;
-  Scheduler s(c, *MakeSharePolicy("dbs"), &clock_, &listener_);
+  Scheduler s(c, Policy("dbs"), &clock_, &listener_);
   for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s.Register({n, 1000, 100, "cpu"}).ok());
   // Worker 1 dies during step 5 (it pushed steps 0-4).
   auto removal = s.RemoveWorkers({1}, 0, 5);
@@ -300,12 +307,12 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
 namespace dbs {
 namespace {
 
-TEST_F(SchedulerTest, CostPolicyHonoursAWorkersRegisteredMemoryCap) {
+TEST_F(SchedulerTest, DbsHonoursAWorkersRegisteredMemoryCap) {
   SchedulerConfig c;
   c.expected_workers = 2;
   c.epochs = 2;
   c.global_batch = 64;
-  Scheduler s(c, std::make_unique<CostModelPolicy>(64, 0, 0, 3), &clock_, &listener_);
+  Scheduler s(c, Policy("dbs"), &clock_, &listener_);
   WorkerRegistration fast = Reg("fast");
   fast.max_batch = 20;
   ASSERT_TRUE(s.Register(fast).ok());
@@ -315,6 +322,78 @@ TEST_F(SchedulerTest, CostPolicyHonoursAWorkersRegisteredMemoryCap) {
   ASSERT_TRUE(s.Report(Report(h[0].plans.at(1), 1, 100)).ok());
   EXPECT_EQ(s.History()[1].plans.at(0).batch_size, 20) << "...but capped at its 20";
   EXPECT_EQ(s.History()[1].plans.at(1).batch_size, 44);
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+// Records what the scheduler tells the policy, and answers with fixed shares.
+class RecordingPolicy : public SharePolicy {
+ public:
+  PolicyKind kind() const override { return PolicyKind::kDbs; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override {
+    seen->assign(workers.begin(), workers.end());
+    return *shares;
+  }
+  std::shared_ptr<std::vector<WorkerObservation>> seen =
+      std::make_shared<std::vector<WorkerObservation>>();
+  std::shared_ptr<std::vector<double>> shares =
+      std::make_shared<std::vector<double>>(std::vector<double>{0.75, 0.25});
+};
+
+TEST_F(SchedulerTest, ThePolicySeesEachWorkersStepTimesByBatch) {
+  SchedulerConfig c;
+  c.expected_workers = 2;
+  c.epochs = 3;
+  c.global_batch = 64;
+  auto policy = std::make_unique<RecordingPolicy>();
+  auto seen = policy->seen;
+  auto shares = policy->shares;
+  Scheduler s(c, std::move(policy), &clock_, &listener_);
+  ASSERT_TRUE(s.Register(Reg("a", 640)).ok());
+  ASSERT_TRUE(s.Register(Reg("b", 640)).ok());
+  // Epoch 0: 10 steps of 32 each; worker 1 takes 3 ms a step, worker 0 1 ms.
+  for (int step = 0; step < 10; ++step) s.RecordStep(0, {{0, {32, 0.001}}, {1, {32, 0.003}}});
+  s.RecordStep(0, {{7, {32, 1.0}}, {1, {0, 1.0}}, {0, {32, -1.0}}});  // unknown, empty, bad
+  s.RecordStep(5, {{0, {32, 1.0}}});                                  // not running
+  const auto h = s.History();
+  ASSERT_TRUE(s.Report(Report(h[0].plans.at(0), 0, 32000)).ok());
+  ASSERT_TRUE(s.Report(Report(h[0].plans.at(1), 1, 32000 / 3.0)).ok());
+  ASSERT_EQ(seen->size(), 2u);
+  const WorkerObservation& w1 = (*seen)[1];
+  EXPECT_EQ(w1.current_batch, 32);
+  EXPECT_DOUBLE_EQ(w1.previous_share, 0.5);
+  ASSERT_EQ(w1.history.size(), 1u);
+  EXPECT_EQ(w1.history[0].samples, 320);
+  EXPECT_EQ(w1.history[0].steps, 10);
+  ASSERT_EQ(w1.history[0].by_batch.size(), 1u);
+  EXPECT_EQ(w1.history[0].by_batch.at(32).steps, 10);
+  EXPECT_NEAR(w1.history[0].by_batch.at(32).seconds, 0.030, 1e-12);
+  EXPECT_EQ(s.History()[1].plans.at(0).batch_size, 48);
+
+  // Mid-epoch: the window joins the history as the newest measurement, and the rest of the
+  // epoch is re-split by the policy's answer.
+  Measurement window;
+  window.samples = 4 * 16;
+  window.steps = 4;
+  window.compute_seconds = 0.004;
+  window.by_batch[16] = {4, 0.004};
+  std::map<int, Measurement> windows = {{0, window}, {1, window}};
+  *shares = {0.5, 0.5};
+  absl::StatusOr<Removal> r = s.Rebalance(1, 4, windows);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*seen)[1].history.size(), 2u);
+  EXPECT_EQ((*seen)[1].current_batch, 16);
+  EXPECT_EQ(r->later_quotas.front().at(0), 32);
+  EXPECT_EQ(r->revisions.at(1).from_step, 4);
+  // A window that leaves the split as it is changes nothing.
+  EXPECT_EQ(s.Rebalance(1, 5, windows).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.Rebalance(1, 4, {{0, window}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Rebalance(1, 10, windows).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

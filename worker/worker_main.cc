@@ -28,7 +28,7 @@ ABSL_FLAG(std::string, slow_windows, "",
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
 ABSL_FLAG(int, max_batch, 0,
           "The largest batch this worker can hold (its memory cap), honoured by the server's "
-          "'cost' policy; 0: no limit.");
+          "'dbs' policy; 0: no limit.");
 ABSL_FLAG(std::string, init_params, "",
           "Optional file of raw float32 initial parameters in the model's order (for comparing "
           "against another framework from the same start).");

@@ -1,0 +1,74 @@
+// BalancingPolicy ("dbs", the default): Dynamic Batch Size as a controller that converges when a
+// worker's speed depends on the batch it is given.
+//
+// Each worker's compute time per step is modelled as a monotone function of its batch, fitted to
+// everything the worker was measured doing (StepTimeModel: per-step times by batch size, with
+// change detection so a slowed or recovered worker moves its whole curve at once). The plan
+// gives every worker the batch at which its curve reaches a common step time tau, with tau chosen
+// so the batches sum to the global batch B. Three safeguards make the sequence of plans converge
+// instead of oscillating (docs/controller.md has the argument):
+//   - trust region: a worker whose curve has two or more points is not moved more than
+//     `trust_factor` beyond the range of batches it was measured at, so a wrong extrapolation
+//     costs at most one epoch and adds a point where the curve was unknown;
+//   - damping: each worker moves a fraction g_i of the way to its target. g_i starts at 1 and
+//     halves at every reversal of the worker's correction after the first (the first reversal
+//     corrects an extrapolation; a second means the controller is oscillating), down to
+//     `min_gain`. The gains are replayed from the batches the worker actually ran since its last
+//     change of speed, so they need no state of their own and survive a restart; a detected
+//     change of speed restores full gain;
+//   - hold: the split is kept while the model says it is balanced (every worker's predicted step
+//     within `hold_spread` of the slowest, or unable to take one more sample without becoming
+//     the slowest), so noise does not reshuffle shards.
+// Batches stay within [min_batch, max_batch] and each worker's own cap. With a single point per
+// worker (epoch 1) the curve is a line through the origin and the plan is the paper's
+// proportional rule. Pure; thread-compatible.
+#ifndef DBS_SERVER_BALANCING_POLICY_H_
+#define DBS_SERVER_BALANCING_POLICY_H_
+
+#include <vector>
+
+#include "absl/types/span.h"
+#include "server/share_policy.h"
+#include "server/step_time_model.h"
+
+namespace dbs {
+
+struct BalancingOptions {
+  int global_batch = 128;
+  int min_batch = 0;
+  int max_batch = 0;  // 0: no bound but B
+  double trust_factor = 4.0;
+  double min_gain = 1.0 / 16;
+  double hold_spread = 0.05;
+  int history = 16;  // newest measurements per worker that the model uses
+  StepTimeModelOptions model;
+};
+
+// The controller's decision and the reasons for it.
+struct BalancingPlan {
+  std::vector<double> batches;  // real-valued, summing to B
+  std::vector<double> gains;    // per worker, in (0, 1]
+  double current_step_seconds = 0.0;    // slowest predicted step of the current split
+  double predicted_step_seconds = 0.0;  // slowest predicted step of the new split
+  bool held = false;                    // the current split was kept
+};
+
+class BalancingPolicy : public SharePolicy {
+ public:
+  explicit BalancingPolicy(BalancingOptions options) : options_(options) {}
+  PolicyKind kind() const override { return PolicyKind::kDbs; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+  BalancingPlan Plan(absl::Span<const WorkerObservation> workers) const;
+  // The model of one worker from its newest `options.history` measurements.
+  StepTimeModel ModelOf(const WorkerObservation& worker) const;
+
+  const BalancingOptions& options() const { return options_; }
+
+ private:
+  BalancingOptions options_;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_BALANCING_POLICY_H_

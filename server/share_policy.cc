@@ -1,0 +1,150 @@
+#include "server/share_policy.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "server/balancing_policy.h"
+
+namespace dbs {
+
+std::string PolicyName(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kDbs:
+      return "dbs";
+    case PolicyKind::kProportional:
+      return "proportional";
+    case PolicyKind::kFixed:
+      return "fixed";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name) {
+  for (PolicyKind k : {PolicyKind::kDbs, PolicyKind::kProportional, PolicyKind::kFixed}) {
+    if (name == PolicyName(k)) return k;
+  }
+  std::string hint;
+  if (name == "cost") hint = " ('cost' is now part of 'dbs', which models per-step overheads)";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown policy '", name, "'; use 'dbs', 'proportional' or 'fixed'", hint));
+}
+
+int ReplanWindowSteps(PolicyKind kind, int configured) {
+  if (configured >= 0) return configured;
+  return kind == PolicyKind::kDbs ? kDbsReplanWindowSteps : 0;
+}
+
+double Measurement::MainBatch() const {
+  int best = -1, best_steps = -1;
+  for (const auto& [batch, t] : by_batch) {
+    if (t.steps > best_steps) {
+      best = batch;
+      best_steps = t.steps;
+    }
+  }
+  if (best >= 0) return best;
+  return steps > 0 ? static_cast<double>(samples) / steps : 0.0;
+}
+
+std::vector<double> EqualSplitPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  return std::vector<double>(workers.size(), workers.empty() ? 0.0 : 1.0 / workers.size());
+}
+
+std::vector<double> ProportionalPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  const size_t n = workers.size();
+  std::vector<double> speed(n, -1.0);
+  double known_sum = 0.0;
+  int known = 0;
+  auto speed_of = [](const Measurement& m) {
+    if (m.samples <= 0 || !(m.compute_seconds > 0.0) || !std::isfinite(m.compute_seconds)) {
+      return -1.0;
+    }
+    const double v = static_cast<double>(m.samples) / m.compute_seconds;
+    return std::isfinite(v) ? v : -1.0;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<Measurement>& h = workers[i].history;
+    for (size_t k = 0; k < static_cast<size_t>(speed_window_) && k < h.size(); ++k) {
+      const double v = speed_of(h[h.size() - 1 - k]);
+      if (v > 0.0 && (speed[i] <= 0.0 || v < speed[i])) speed[i] = v;
+    }
+    if (speed[i] > 0.0) {
+      known_sum += speed[i];
+      ++known;
+    }
+  }
+  if (known == 0) return EqualSplitPolicy().NextShares(workers);
+  const double mean = known_sum / known;
+  double total = 0.0;
+  for (double& v : speed) {
+    if (v <= 0.0) v = mean;
+    total += v;
+  }
+  for (double& v : speed) v /= total;
+  return speed;
+}
+
+std::vector<double> SmoothedPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  std::vector<double> next = inner_->NextShares(workers);
+  bool have_previous = true;
+  double moved = 0.0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const double prev = workers[i].previous_share;
+    if (!(prev > 0)) {
+      have_previous = false;
+      break;
+    }
+    moved = std::max(moved, std::abs(next[i] - prev) / prev);
+  }
+  if (!have_previous) return next;
+  std::vector<double> out(workers.size());
+  if (moved < deadband_) {
+    for (size_t i = 0; i < workers.size(); ++i) out[i] = workers[i].previous_share;
+  } else {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      out[i] = alpha_ * next[i] + (1.0 - alpha_) * workers[i].previous_share;
+    }
+  }
+  double total = 0.0;
+  for (double x : out) total += x;
+  for (double& x : out) x /= total;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& c) {
+  if (!(c.smoothing > 0.0 && c.smoothing <= 1.0)) {
+    return absl::InvalidArgumentError("smoothing (alpha) must be in (0, 1]");
+  }
+  if (c.deadband < 0.0 || c.deadband >= 1.0) {
+    return absl::InvalidArgumentError("deadband must be in [0, 1)");
+  }
+  if (c.speed_window < 1) return absl::InvalidArgumentError("speed window must be >= 1");
+  if (c.global_batch < 1) return absl::InvalidArgumentError("global batch must be positive");
+  if (c.min_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch)) {
+    return absl::InvalidArgumentError("batch bounds need 0 <= min_batch <= max_batch");
+  }
+  std::unique_ptr<SharePolicy> inner;
+  switch (c.kind) {
+    case PolicyKind::kDbs: {
+      BalancingOptions o;
+      o.global_batch = c.global_batch;
+      o.min_batch = c.min_batch;
+      o.max_batch = c.max_batch;
+      inner = std::make_unique<BalancingPolicy>(o);
+      break;
+    }
+    case PolicyKind::kProportional:
+      inner = std::make_unique<ProportionalPolicy>(c.speed_window);
+      break;
+    case PolicyKind::kFixed:
+      inner = std::make_unique<EqualSplitPolicy>();
+      break;
+  }
+  if (c.smoothing == 1.0 && c.deadband == 0.0) return inner;
+  return std::unique_ptr<SharePolicy>(new SmoothedPolicy(std::move(inner), c.smoothing, c.deadband));
+}
+
+}  // namespace dbs

@@ -1,0 +1,130 @@
+// Share policies: how the scheduler turns what workers measured into the next split of the
+// global batch.
+//
+//   dbs           the default: a per-worker step-time model and a damped controller that
+//                 converges even when a worker's speed depends on its batch
+//                 (server/balancing_policy.h, docs/controller.md);
+//   proportional  the paper's rule: share proportional to the last measured speed;
+//   fixed         the equal split of plain S-SGD.
+// SmoothedPolicy wraps any of them with an EMA and a dead-band. Policies are pure functions of
+// their observations (all controller state is derived from the measured history, so a restored
+// checkpoint plans exactly as the original would have); thread-compatible.
+#ifndef DBS_SERVER_SHARE_POLICY_H_
+#define DBS_SERVER_SHARE_POLICY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace dbs {
+
+enum class PolicyKind { kDbs, kProportional, kFixed };
+
+// "dbs", "proportional", "fixed".
+std::string PolicyName(PolicyKind kind);
+// INVALID_ARGUMENT naming the accepted names for anything else.
+absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name);
+
+// Mid-epoch re-planning (see ReplanWindow): by default the dbs policy judges the balance every
+// kDbsReplanWindowSteps steps, so it converges within the first epochs instead of after many;
+// the paper's rule and the fixed split keep to epoch boundaries. `configured` < 0 asks for that
+// default; 0 turns re-planning off.
+constexpr int kDbsReplanWindowSteps = 8;
+constexpr double kDefaultReplanThreshold = 1.15;
+int ReplanWindowSteps(PolicyKind kind, int configured);
+
+// Steps run at one batch size and their compute seconds in all.
+struct BatchTime {
+  int steps = 0;
+  double seconds = 0.0;
+  bool operator==(const BatchTime& o) const { return steps == o.steps && seconds == o.seconds; }
+};
+
+// What one worker did in one measurement: an epoch, or the last steps of the running epoch.
+struct Measurement {
+  int64_t samples = 0;
+  double compute_seconds = 0.0;  // compute only, every call to the server excluded
+  int steps = 0;
+  // Steps and compute seconds by batch size, from the per-step times sent with every push; empty
+  // when only the totals above are known (then samples / steps is taken as the batch).
+  std::map<int, BatchTime> by_batch;
+
+  // The batch most of the measurement's steps used.
+  double MainBatch() const;
+};
+
+// What the scheduler knows about a worker when it plans.
+struct WorkerObservation {
+  double previous_share = 0.0;  // 0: the worker was not in the last plan
+  int current_batch = 0;        // its batch in the plan it runs now
+  int max_batch = 0;            // the worker's own cap (memory); 0: none
+  std::vector<Measurement> history;  // oldest first; empty for a worker never measured
+};
+
+// Turns observations into the next shares (same order, summing to 1).
+class SharePolicy {
+ public:
+  virtual ~SharePolicy() = default;
+  virtual PolicyKind kind() const = 0;
+  std::string name() const { return PolicyName(kind()); }
+  virtual std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const = 0;
+};
+
+// Plain S-SGD: every worker gets 1/n, whatever it measured.
+class EqualSplitPolicy : public SharePolicy {
+ public:
+  PolicyKind kind() const override { return PolicyKind::kFixed; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+};
+
+// The paper's rule: speed v_i = samples_i / compute_seconds_i of the newest measurement,
+// share_i = v_i / sum_j v_j. A worker without a usable measurement is given the mean speed of the
+// others, so it is probed again rather than starved; with no measurement at all the split is equal.
+// With `speed_window` > 1 a worker's speed is the lowest over its last `speed_window`
+// measurements (a crude damping; the dbs policy does this properly).
+class ProportionalPolicy : public SharePolicy {
+ public:
+  explicit ProportionalPolicy(int speed_window = 1) : speed_window_(speed_window) {}
+  PolicyKind kind() const override { return PolicyKind::kProportional; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+ private:
+  int speed_window_;
+};
+
+// Smooths another policy: shares = alpha * new + (1 - alpha) * previous, and keeps the previous
+// shares when no worker's share would move by more than `deadband` (relative).
+// alpha = 1 and deadband = 0 change nothing.
+class SmoothedPolicy : public SharePolicy {
+ public:
+  SmoothedPolicy(std::unique_ptr<SharePolicy> inner, double alpha, double deadband)
+      : inner_(std::move(inner)), alpha_(alpha), deadband_(deadband) {}
+  PolicyKind kind() const override { return inner_->kind(); }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+
+ private:
+  std::unique_ptr<SharePolicy> inner_;
+  double alpha_, deadband_;
+};
+
+struct PolicyConfig {
+  PolicyKind kind = PolicyKind::kDbs;
+  int global_batch = 128;
+  int min_batch = 0;         // dbs: per-worker bounds
+  int max_batch = 0;         // dbs: 0 = no upper bound
+  int speed_window = 1;      // proportional: lowest speed over this many measurements
+  double smoothing = 1.0;    // alpha of SmoothedPolicy (1: none)
+  double deadband = 0.0;     // relative share change below which nothing moves
+};
+
+// INVALID_ARGUMENT for out-of-range settings.
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& config);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_SHARE_POLICY_H_

@@ -1,0 +1,210 @@
+#include "server/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace dbs {
+namespace {
+
+struct Weighted {
+  double batch;
+  double seconds;  // per step
+  double weight;
+};
+
+// Pools points at the same batch, then makes the curve non-decreasing (pool adjacent
+// violators); returns the knots by increasing batch.
+std::vector<std::pair<double, double>> Isotonic(std::vector<Weighted> pts) {
+  std::sort(pts.begin(), pts.end(),
+            [](const Weighted& a, const Weighted& b) { return a.batch < b.batch; });
+  struct Block {
+    double w, wb, wt;
+  };
+  std::vector<Block> blocks;
+  for (const Weighted& p : pts) {
+    Block b{p.weight, p.weight * p.batch, p.weight * p.seconds};
+    if (!blocks.empty() && std::abs(blocks.back().wb / blocks.back().w - p.batch) < 1e-9) {
+      blocks.back().w += b.w;
+      blocks.back().wb += b.wb;
+      blocks.back().wt += b.wt;
+    } else {
+      blocks.push_back(b);
+    }
+    while (blocks.size() >= 2) {
+      const Block& last = blocks.back();
+      const Block& prev = blocks[blocks.size() - 2];
+      if (last.wt / last.w >= prev.wt / prev.w) break;
+      Block merged{prev.w + last.w, prev.wb + last.wb, prev.wt + last.wt};
+      blocks.pop_back();
+      blocks.back() = merged;
+    }
+  }
+  std::vector<std::pair<double, double>> knots;
+  for (const Block& b : blocks) knots.push_back({b.wb / b.w, b.wt / b.w});
+  return knots;
+}
+
+}  // namespace
+
+StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
+                                 const StepTimeModelOptions& options) {
+  // Measurements oldest first; each point as (sequence, batch, steps, seconds per step).
+  std::map<int, std::vector<Weighted>> by_sequence;
+  for (const StepTimePoint& p : points) {
+    if (!(p.batch > 0) || p.steps <= 0 || !(p.seconds > 0) || !std::isfinite(p.seconds) ||
+        !std::isfinite(p.batch)) {
+      continue;
+    }
+    by_sequence[p.sequence].push_back({p.batch, p.seconds / p.steps, static_cast<double>(p.steps)});
+  }
+  StepTimeModel model;
+  if (by_sequence.empty()) return model;
+  const int newest = by_sequence.rbegin()->first;
+  std::vector<std::pair<int, Weighted>> kept;  // (sequence, point)
+  model.last_change_ = by_sequence.begin()->first;
+  auto pooled = [&](int now) {
+    std::vector<Weighted> pts;
+    for (const auto& [seq, p] : kept) {
+      Weighted w = p;
+      w.weight *= std::ldexp(1.0, -std::min(60, now - seq));  // half as much per measurement
+      pts.push_back(w);
+    }
+    return FromKnots(Isotonic(std::move(pts)), options);
+  };
+  for (const auto& [seq, group] : by_sequence) {
+    if (!kept.empty()) {
+      // Where this measurement repeats batches already measured, a large deviation is a change
+      // of speed, not of shape: move the whole curve.
+      const StepTimeModel before = pooled(seq);
+      double measured = 0.0, predicted = 0.0, new_weight = 0.0, old_weight = 0.0;
+      for (const Weighted& p : group) {
+        // Only a batch measured before says anything about the level: between measured batches
+        // the curve is unknown and may bend (a quota's knee can double the time in one sample).
+        double weight_there = 0.0;
+        for (const auto& [k_seq, k] : kept) {
+          if (std::abs(k.batch - p.batch) < 0.5) {
+            weight_there += k.weight * std::ldexp(1.0, -std::min(60, seq - k_seq));
+          }
+        }
+        if (weight_there > 0) {
+          measured += p.weight * p.seconds;
+          predicted += p.weight * before.Predict(p.batch);
+          new_weight += p.weight;
+          old_weight += weight_there;
+        }
+      }
+      if (measured > 0 && predicted > 0) {
+        // A change of speed moves the whole curve to the new level at once. Short of that, the
+        // level moves by the new measurement's share of the evidence (its steps against the
+        // recency-weighted steps measured there before), so slow drifts are followed and a
+        // short, noisy window does not move the curve by its noise.
+        const double ratio = measured / predicted;
+        double scale = ratio;
+        if (std::abs(std::log(ratio)) > std::log1p(options.change_threshold)) {
+          model.last_change_ = seq;
+        } else {
+          scale = (old_weight + new_weight * ratio) / (old_weight + new_weight);
+        }
+        for (auto& [unused, p] : kept) p.seconds *= scale;
+      }
+    }
+    for (const Weighted& p : group) kept.push_back({seq, p});
+  }
+  const int change = model.last_change_;
+  model = pooled(newest);
+  model.last_change_ = change;
+  return model;
+}
+
+StepTimeModel StepTimeModel::FromKnots(std::vector<std::pair<double, double>> knots,
+                                       const StepTimeModelOptions& options) {
+  StepTimeModel m;
+  for (const auto& [b, t] : knots) {
+    if (b > 0 && t > 0 && std::isfinite(b) && std::isfinite(t)) m.knots_.push_back({b, t});
+  }
+  std::sort(m.knots_.begin(), m.knots_.end());
+  if (m.knots_.empty()) return m;
+  // Strictly increasing, with a floor on every segment's slope.
+  double per_sample = m.knots_[0].second / m.knots_[0].first;
+  for (const auto& [b, t] : m.knots_) per_sample = std::min(per_sample, t / b);
+  const double min_slope = options.min_relative_slope * per_sample;
+  std::vector<std::pair<double, double>> strict = {m.knots_[0]};
+  for (size_t k = 1; k < m.knots_.size(); ++k) {
+    auto [b, t] = m.knots_[k];
+    if (b - strict.back().first < 1e-9) {  // same batch: keep the larger time
+      strict.back().second = std::max(strict.back().second, t);
+      continue;
+    }
+    t = std::max(t, strict.back().second + min_slope * (b - strict.back().first));
+    strict.push_back({b, t});
+  }
+  m.knots_ = std::move(strict);
+  m.last_change_ = 0;
+  m.SetExtrapolation(options.min_relative_slope);
+  return m;
+}
+
+void StepTimeModel::SetExtrapolation(double min_relative_slope) {
+  const auto& first = knots_.front();
+  const auto& last = knots_.back();
+  if (knots_.size() == 1) {
+    slope_below_ = slope_above_ = first.second / first.first;  // through the origin
+    return;
+  }
+  const auto& second = knots_[1];
+  const auto& before_last = knots_[knots_.size() - 2];
+  slope_below_ = std::max((second.second - first.second) / (second.first - first.first),
+                          min_relative_slope * first.second / first.first);
+  slope_above_ = std::max((last.second - before_last.second) / (last.first - before_last.first),
+                          min_relative_slope * last.second / last.first);
+}
+
+double StepTimeModel::Predict(double batch) const {
+  if (knots_.empty() || batch <= 0) return 0.0;
+  const auto& first = knots_.front();
+  const auto& last = knots_.back();
+  if (batch <= first.first) return std::max(0.0, first.second - slope_below_ * (first.first - batch));
+  if (batch >= last.first) return last.second + slope_above_ * (batch - last.first);
+  auto hi = std::lower_bound(knots_.begin(), knots_.end(), std::make_pair(batch, 0.0));
+  auto lo = hi - 1;
+  const double f = (batch - lo->first) / (hi->first - lo->first);
+  return lo->second + f * (hi->second - lo->second);
+}
+
+double StepTimeModel::SlopeBelow(double batch) const {
+  if (knots_.empty()) return 0.0;
+  if (batch <= knots_.front().first + 1e-9) return slope_below_;
+  if (batch > knots_.back().first + 1e-9) return slope_above_;
+  auto hi = std::lower_bound(knots_.begin(), knots_.end(), std::make_pair(batch - 1e-9, 0.0));
+  auto lo = hi - 1;
+  return (hi->second - lo->second) / (hi->first - lo->first);
+}
+
+double StepTimeModel::SlopeAbove(double batch) const {
+  if (knots_.empty()) return 0.0;
+  if (batch < knots_.front().first - 1e-9) return slope_below_;
+  if (batch >= knots_.back().first - 1e-9) return slope_above_;
+  auto hi = std::upper_bound(knots_.begin(), knots_.end(), std::make_pair(batch + 1e-9, 0.0));
+  auto lo = hi - 1;
+  return (hi->second - lo->second) / (hi->first - lo->first);
+}
+
+double StepTimeModel::BatchFor(double seconds) const {
+  if (knots_.empty() || seconds <= 0) return 0.0;
+  const auto& first = knots_.front();
+  const auto& last = knots_.back();
+  if (seconds <= first.second) {
+    return std::max(0.0, first.first - (first.second - seconds) / slope_below_);
+  }
+  if (seconds >= last.second) return last.first + (seconds - last.second) / slope_above_;
+  auto hi = std::lower_bound(knots_.begin(), knots_.end(), seconds,
+                             [](const std::pair<double, double>& k, double t) {
+                               return k.second < t;
+                             });
+  auto lo = hi - 1;
+  const double f = (seconds - lo->second) / (hi->second - lo->second);
+  return lo->first + f * (hi->first - lo->first);
+}
+
+}  // namespace dbs

@@ -1,0 +1,65 @@
+#include "server/replan_window.h"
+
+#include <map>
+#include <utility>
+
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+using Step = std::map<int, std::pair<int64_t, double>>;
+
+TEST(ReplanWindowTest, FiresWhenTheWindowIsFullAndOffBalance) {
+  ReplanWindow w(3, 1.5);
+  EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}}).has_value());
+  EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}}).has_value()) << "not full yet";
+  std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
+  const Measurement& slow = t->window.at(1);
+  EXPECT_EQ(slow.samples, 30);
+  EXPECT_EQ(slow.steps, 3);
+  EXPECT_NEAR(slow.compute_seconds, 0.060, 1e-12);
+  ASSERT_EQ(slow.by_batch.count(10), 1u);
+  EXPECT_EQ(slow.by_batch.at(10).steps, 3);
+  // It starts afresh after firing.
+  EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}}).has_value());
+}
+
+TEST(ReplanWindowTest, BalancedStepsAndNewEpochsDoNotFire) {
+  ReplanWindow w(2, 1.5);
+  EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {20, 0.014}}}).has_value());
+  EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {20, 0.014}}}).has_value());
+  EXPECT_FALSE(w.Add(1, {{0, {10, 0.010}}, {1, {10, 0.030}}}).has_value()) << "new epoch";
+  EXPECT_TRUE(w.Add(1, {{0, {10, 0.010}}, {1, {10, 0.030}}}).has_value());
+  ReplanWindow off(0, 1.5);
+  EXPECT_FALSE(off.Add(0, {{0, {10, 0.010}}, {1, {10, 1.0}}}).has_value());
+}
+
+TEST(ReplanWindowTest, NoiseAloneDoesNotFire) {
+  // Worker 1 is 1.3x slower on average over the window, but its steps scatter so widely that the
+  // gap is within two standard errors.
+  ReplanWindow w(4, 1.2);
+  const double noisy[] = {0.002, 0.030, 0.002, 0.018};
+  std::optional<ReplanTrigger> t;
+  for (double s : noisy) t = w.Add(0, {{0, {10, 0.010}}, {1, {10, s}}});
+  EXPECT_FALSE(t.has_value());
+  // The same mean gap, steadily: fires.
+  ReplanWindow steady(4, 1.2);
+  for (int k = 0; k < 4; ++k) t = steady.Add(0, {{0, {10, 0.010}}, {1, {10, 0.013}}});
+  EXPECT_TRUE(t.has_value());
+}
+
+TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
+  // Worker 2 has batch 0 (no compute): the imbalance is 0.02 / 0.01, not against zero.
+  ReplanWindow w(1, 1.5);
+  std::optional<ReplanTrigger> t =
+      w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, 0.0}}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
+  EXPECT_TRUE(t->window.at(2).by_batch.empty());
+}
+
+}  // namespace
+}  // namespace dbs

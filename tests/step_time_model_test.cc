@@ -1,0 +1,90 @@
+#include "server/step_time_model.h"
+
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+TEST(StepTimeModelTest, EmptyAndInvalidPoints) {
+  EXPECT_TRUE(StepTimeModel::Fit({}).empty());
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 0.0, 10, 1.0}, {0, 8.0, 0, 1.0}, {0, 8.0, 10, -1.0}});
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.Predict(8), 0.0);
+  EXPECT_EQ(m.BatchFor(1.0), 0.0);
+  EXPECT_EQ(m.last_change(), -1);
+}
+
+TEST(StepTimeModelTest, OnePointIsALineThroughTheOrigin) {
+  // 10 steps of 32 samples in 0.64 s: 64 ms per step.
+  const StepTimeModel m = StepTimeModel::Fit({{0, 32, 10, 0.64}});
+  EXPECT_NEAR(m.Predict(32), 0.064, 1e-12);
+  EXPECT_NEAR(m.Predict(16), 0.032, 1e-12);
+  EXPECT_NEAR(m.Predict(64), 0.128, 1e-12);
+  EXPECT_NEAR(m.BatchFor(0.016), 8, 1e-9);
+  EXPECT_EQ(m.Predict(0), 0.0);
+}
+
+TEST(StepTimeModelTest, InterpolatesAndExtrapolatesWithTheEndSlopes) {
+  // 10 ms + 1 ms per sample, measured at 16 and 32.
+  const StepTimeModel m = StepTimeModel::Fit({{0, 16, 10, 0.26}, {1, 32, 10, 0.42}});
+  EXPECT_NEAR(m.Predict(24), 0.034, 1e-12);
+  EXPECT_NEAR(m.Predict(40), 0.050, 1e-12);
+  EXPECT_NEAR(m.Predict(8), 0.018, 1e-12);
+  EXPECT_NEAR(m.BatchFor(0.050), 40, 1e-9);
+  EXPECT_NEAR(m.BatchFor(0.018), 8, 1e-9);
+  EXPECT_NEAR(m.SlopeBelow(32), 0.001, 1e-12);
+  EXPECT_NEAR(m.SlopeAbove(32), 0.001, 1e-12);
+  for (double b = 1; b < 100; b += 0.5) EXPECT_NEAR(m.BatchFor(m.Predict(b)), b, 1e-6);
+}
+
+TEST(StepTimeModelTest, TimeNeverFallsAsTheBatchGrows) {
+  // A noisy point at 24 faster than the one at 16 is pooled with it.
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 16, 10, 0.30}, {1, 24, 10, 0.20}, {2, 32, 10, 0.50}});
+  for (size_t k = 1; k < m.knots().size(); ++k) {
+    EXPECT_GT(m.knots()[k].first, m.knots()[k - 1].first);
+    EXPECT_GT(m.knots()[k].second, m.knots()[k - 1].second);
+  }
+  EXPECT_LE(m.Predict(16), m.Predict(24));
+}
+
+TEST(StepTimeModelTest, AChangeOfSpeedMovesTheWholeCurve) {
+  // A knee: 1 ms per sample to 20, then 8 ms per sample; then the worker is slowed 3x and
+  // measured again at 16.
+  const StepTimeModel before = StepTimeModel::Fit({{0, 32, 10, 1.16}, {1, 16, 10, 0.16}});
+  const StepTimeModel after =
+      StepTimeModel::Fit({{0, 32, 10, 1.16}, {1, 16, 10, 0.16}, {2, 16, 10, 0.48}});
+  EXPECT_EQ(before.last_change(), 0);
+  EXPECT_EQ(after.last_change(), 2);
+  EXPECT_NEAR(after.Predict(16), 0.048, 1e-12);
+  EXPECT_NEAR(after.Predict(32), 3 * 0.116, 1e-12) << "the shape is kept";
+}
+
+TEST(StepTimeModelTest, SmallDeviationsMoveTheLevelByTheirShareOfTheEvidence) {
+  // 5% slower at 16 in a measurement as long as the first: the level moves about halfway
+  // (the first counts half as much for being older).
+  const StepTimeModel m = StepTimeModel::Fit({{0, 16, 10, 0.16}, {1, 16, 10, 0.168}});
+  EXPECT_EQ(m.last_change(), 0) << "not a change of speed";
+  EXPECT_GT(m.Predict(16), 0.0160);
+  EXPECT_LT(m.Predict(16), 0.0168);
+  // A short window of 2 steps moves it much less than a long one of 100.
+  const double short_window =
+      StepTimeModel::Fit({{0, 16, 100, 1.6}, {1, 16, 2, 0.0336}}).Predict(16);
+  const double long_window =
+      StepTimeModel::Fit({{0, 16, 100, 1.6}, {1, 16, 100, 1.68}}).Predict(16);
+  EXPECT_LT(short_window - 0.016, 0.2 * (long_window - 0.016));
+}
+
+TEST(StepTimeModelTest, FromKnotsSortsAndKeepsTheCurveIncreasing) {
+  const StepTimeModel m = StepTimeModel::FromKnots({{32, 0.032}, {16, 0.040}});
+  ASSERT_EQ(m.knots().size(), 2u);
+  EXPECT_EQ(m.knots()[0].first, 16);
+  EXPECT_GT(m.knots()[1].second, m.knots()[0].second);
+}
+
+}  // namespace
+}  // namespace dbs
