@@ -1,46 +1,282 @@
 #include "bench/simulation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "server/replan_window.h"
 #include "server/scheduler.h"
 
 namespace dbs {
 
+double SpeedModel::StepSeconds(int batch, int epoch) const {
+  if (batch <= 0) return 0.0;
+  const double b = batch;
+  double t = 0.0;
+  switch (kind) {
+    case Kind::kLinear:
+      t = overhead_seconds + b / speed;
+      break;
+    case Kind::kGpu:
+      t = overhead_seconds + std::pow(b, exponent) / speed;
+      break;
+    case Kind::kQuota: {
+      const double work = overhead_seconds + b / speed;  // seconds of one full core
+      const double budget = quota * period_seconds;
+      t = work <= budget ? work : budget + (work - budget) / quota;
+      break;
+    }
+  }
+  return t * std::pow(1.0 + drift_per_epoch, epoch);
+}
+
+std::string SpeedModel::Describe() const {
+  switch (kind) {
+    case Kind::kLinear:
+      return absl::StrFormat("linear(v=%.0f, a=%.2gms)", speed, 1e3 * overhead_seconds);
+    case Kind::kGpu:
+      return absl::StrFormat("gpu(a=%.2gms, c=1/%.0f, e=%.2f)", 1e3 * overhead_seconds, speed,
+                             exponent);
+    case Kind::kQuota:
+      return absl::StrFormat("quota(v=%.0f, %.3g core, period %.3gms)", speed, quota,
+                             1e3 * period_seconds);
+  }
+  return "?";
+}
+
+SimulationConfig SimulationConfig::Linear(const std::vector<double>& speeds) {
+  SimulationConfig c;
+  for (double v : speeds) {
+    SpeedModel m;
+    m.speed = v;
+    c.workers.push_back(m);
+  }
+  return c;
+}
+
+double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch) {
+  double t = config.workers[i].StepSeconds(batch, epoch);
+  for (const Disturbance& d : config.disturbances) {
+    if (d.worker == i && epoch >= d.first_epoch && epoch < d.end_epoch) t *= d.factor;
+  }
+  return t;
+}
+
+std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
+  const int n = static_cast<int>(config.workers.size());
+  const int B = config.global_batch;
+  // The largest batch of worker i whose step fits in tau.
+  auto cap = [&](int i, double tau) {
+    int lo = 0, hi = B;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (TrueStepSeconds(config, i, mid, epoch) <= tau) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+  auto fits = [&](double tau) {
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) total += cap(i, tau);
+    return total >= B;
+  };
+  double hi = 0.0;
+  for (int i = 0; i < n; ++i) hi = std::max(hi, TrueStepSeconds(config, i, B, epoch));
+  double lo = 0.0;
+  for (int k = 0; k < 100; ++k) {
+    const double mid = 0.5 * (lo + hi);
+    if (fits(mid)) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  std::vector<int> split(n);
+  int total = 0;
+  for (int i = 0; i < n; ++i) total += split[i] = cap(i, hi);
+  // Give back the surplus from the workers with the slowest steps.
+  while (total > B) {
+    int k = -1;
+    for (int i = 0; i < n; ++i) {
+      if (split[i] > 0 &&
+          (k < 0 || TrueStepSeconds(config, i, split[i], epoch) >
+                        TrueStepSeconds(config, k, split[k], epoch))) {
+        k = i;
+      }
+    }
+    --split[k];
+    --total;
+  }
+  return split;
+}
+
+double BestStepSeconds(const SimulationConfig& config, int epoch) {
+  const std::vector<int> split = BestSplit(config, epoch);
+  double slowest = 0.0;
+  for (size_t i = 0; i < split.size(); ++i) {
+    slowest = std::max(slowest, TrueStepSeconds(config, static_cast<int>(i), split[i], epoch));
+  }
+  return slowest;
+}
+
+SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* description) {
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  const int n = rng() % 2 == 0 ? 4 + static_cast<int>(rng() % 13)    // 4-16
+                               : 4 + static_cast<int>(rng() % 61);   // 4-64
+  const double noise = rng() % 2 == 0 ? uniform(0.01, 0.05) : 0.0;
+  const bool drift = rng() % 3 == 0 && allow_drift;
+  // Each worker's shape, relative to the equal split's batch: its speed there (up to 10x apart),
+  // its kind, and the kind's parameters.
+  struct Shape {
+    int kind;
+    double slowness, overhead, quota, knee, exponent, drift;
+  };
+  std::vector<Shape> shapes(n);
+  for (Shape& s : shapes) {
+    s.slowness = std::exp(uniform(0.0, std::log(10.0)));
+    s.kind = static_cast<int>(rng() % 3);
+    s.overhead = s.kind == 2 ? uniform(0.1, 0.8) : uniform(0.0, 0.5);
+    s.quota = uniform(0.1, 0.5);
+    s.knee = uniform(0.3, 2.0);
+    s.exponent = uniform(0.5, 0.9);
+    s.drift = uniform(-0.01, 0.01);  // drawn always, so clusters differ only by the drift
+    if (!drift) s.drift = 0.0;
+  }
+  SimulationConfig c;
+  // The global batch: 32 per worker, doubled (at most 4 times) until every worker's best batch is
+  // 8 or more; the curves are laid out around the equal split of each candidate.
+  for (int b = 32, k = 0; k < 5; ++k, b *= 2) {
+    const double nominal = b;
+    c.workers.clear();
+    for (const Shape& s : shapes) {
+      const double v = 1000.0 / s.slowness;  // samples per second at the nominal batch
+      // Per-step overheads (launches, copies) are about the same on every device: a fraction of
+      // the fastest possible step.
+      const double t_fastest = nominal / 1000.0;
+      SpeedModel m;
+      m.noise = noise;
+      m.drift_per_epoch = s.drift;
+      switch (s.kind) {
+        case 0:
+          m.kind = SpeedModel::Kind::kLinear;
+          m.overhead_seconds = s.overhead * t_fastest;
+          m.speed = nominal / (nominal / v - m.overhead_seconds);
+          break;
+        case 1: {
+          // Full speed up to knee * nominal samples per step, 1 / quota times slower beyond.
+          m.kind = SpeedModel::Kind::kQuota;
+          m.quota = s.quota;
+          const double throttled = std::max(0.0, 1.0 - s.knee);
+          m.speed = v * (std::min(1.0, s.knee) + throttled / s.quota);
+          m.period_seconds = nominal * s.knee / m.speed / s.quota;
+          break;
+        }
+        default: {
+          m.kind = SpeedModel::Kind::kGpu;
+          m.exponent = s.exponent;
+          m.overhead_seconds = s.overhead * t_fastest;
+          m.speed = std::pow(nominal, m.exponent) / (nominal / v - m.overhead_seconds);
+          break;
+        }
+      }
+      c.workers.push_back(m);
+    }
+    c.global_batch = b * n;
+    const std::vector<int> best = BestSplit(c, 0);
+    if (*std::min_element(best.begin(), best.end()) >= 16) break;
+  }
+  c.train_samples = static_cast<int64_t>(c.global_batch) * 40;
+  c.epochs = 12;
+  c.seed = seed;
+  if (description != nullptr) {
+    *description = absl::StrCat(n, " workers, B=", c.global_batch, ", noise ", noise,
+                                drift ? ", drifting" : "");
+  }
+  return c;
+}
+
+double EpochResult::Spread() const {
+  double lo = 0.0, hi = 0.0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i] <= 0) continue;
+    lo = lo == 0.0 ? step_seconds[i] : std::min(lo, step_seconds[i]);
+    hi = std::max(hi, step_seconds[i]);
+  }
+  return lo > 0 ? hi / lo : 1.0;
+}
+
+double EpochResult::OverBest() const {
+  double slowest = 0.0;
+  for (double t : step_seconds) slowest = std::max(slowest, t);
+  return best_step_seconds > 0 ? slowest / best_step_seconds : 1.0;
+}
+
+bool EpochResult::Balanced(const SimulationConfig& config, int epoch, double tolerance) const {
+  double slowest = 0.0;
+  for (double t : step_seconds) slowest = std::max(slowest, t);
+  const std::vector<int> best = BestSplit(config, epoch);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (step_seconds[i] * (1.0 + tolerance) >= slowest) continue;
+    // Faster than the slowest by more than the tolerance, yet as loaded as the best split of
+    // whole samples would have it: the granularity of the others' batches, not idleness.
+    if (batches[i] >= best[i]) continue;
+    return false;
+  }
+  return true;
+}
+
 double SimulationResult::SteadyEpochSeconds() const {
-  if (epoch_seconds.size() < 2) return epoch_seconds.empty() ? 0.0 : epoch_seconds[0];
+  if (epochs.size() < 2) return epochs.empty() ? 0.0 : epochs[0].seconds;
   double sum = 0.0;
-  for (size_t e = 1; e < epoch_seconds.size(); ++e) sum += epoch_seconds[e];
-  return sum / static_cast<double>(epoch_seconds.size() - 1);
+  for (size_t e = 1; e < epochs.size(); ++e) sum += epochs[e].seconds;
+  return sum / static_cast<double>(epochs.size() - 1);
 }
 
 absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
-  const int n = static_cast<int>(config.speeds.size());
+  const int n = static_cast<int>(config.workers.size());
   if (n == 0) return absl::InvalidArgumentError("no workers");
-  for (double v : config.speeds) {
-    if (!(v > 0)) return absl::InvalidArgumentError("speeds must be positive");
+  for (const SpeedModel& m : config.workers) {
+    if (!(m.speed > 0) || !(m.quota > 0 && m.quota <= 1) || !(m.exponent > 0) ||
+        !(m.period_seconds > 0) || m.noise < 0 || m.overhead_seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad speed model ", m.Describe()));
+    }
+  }
+  for (const Disturbance& d : config.disturbances) {
+    if (d.worker < 0 || d.worker >= n || !(d.factor > 0)) {
+      return absl::InvalidArgumentError("bad disturbance");
+    }
   }
   SchedulerConfig sc;
   sc.expected_workers = n;
   sc.epochs = config.epochs;
   sc.global_batch = config.global_batch;
   DBS_RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(config.policy));
+  PolicyConfig pc;
+  pc.kind = config.policy;
+  pc.global_batch = config.global_batch;
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(pc));
   FakeClock clock;
   Scheduler scheduler(sc, std::move(policy), &clock, nullptr);
   for (int i = 0; i < n; ++i) {
     DBS_RETURN_IF_ERROR(
         scheduler.Register({absl::StrCat("sim-", i), config.train_samples, 0, "sim"}).status());
   }
+  std::mt19937_64 rng(config.seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
   SimulationResult result;
-  double total_speed = 0.0;
-  for (double v : config.speeds) total_speed += v;
-  result.ideal_epoch_seconds = static_cast<double>(config.train_samples) / total_speed;
   result.step_comm_seconds = config.comm_base_seconds + config.comm_per_worker_seconds * n;
 
   for (int epoch = 0; epoch < config.epochs; ++epoch) {
@@ -54,27 +290,67 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
     }
     const int steps = plans[0].num_steps;
     result.steps = steps;
-    double epoch_time = 0.0;
+    std::vector<std::vector<int>> quota(steps, std::vector<int>(n));
+    for (int s = 0; s < steps; ++s) {
+      for (int i = 0; i < n; ++i) quota[s][i] = plans[i].BatchAt(s);
+    }
+    ReplanWindow window(config.policy == PolicyKind::kFixed
+                            ? 0
+                            : ReplanWindowSteps(config.policy, config.replan_window_steps),
+                        config.replan_threshold);
+    EpochResult er;
     std::vector<double> compute(n, 0.0);
+    std::vector<int64_t> samples(n, 0);
+    std::vector<std::map<int, int>> batch_count(n);
     for (int s = 0; s < steps; ++s) {
       double slowest = 0.0;
+      std::map<int, std::pair<int64_t, double>> times;
       for (int i = 0; i < n; ++i) {
-        const double t = plans[i].BatchAt(s) / config.speeds[i];
+        const int b = quota[s][i];
+        double t = TrueStepSeconds(config, i, b, epoch);
+        const double sigma = config.workers[i].noise;
+        if (sigma > 0 && t > 0) t *= std::exp(sigma * normal(rng) - 0.5 * sigma * sigma);
         compute[i] += t;
+        samples[i] += b;
+        ++batch_count[i][b];
         slowest = std::max(slowest, t);
+        times[i] = {b, t};
       }
-      epoch_time += slowest + result.step_comm_seconds;
+      er.seconds += slowest + result.step_comm_seconds;
+      scheduler.RecordStep(epoch, times);
+      if (s + 1 < steps) {
+        std::optional<ReplanTrigger> trigger = window.Add(epoch, times);
+        if (trigger.has_value()) {
+          absl::StatusOr<Removal> replan = scheduler.Rebalance(epoch, s + 1, trigger->window);
+          if (replan.ok()) {
+            ++er.replans;
+            for (size_t k = 0; k < replan->later_quotas.size(); ++k) {
+              for (const auto& [id, b] : replan->later_quotas[k]) quota[s + 1 + k][id] = b;
+            }
+          }
+        }
+      }
     }
-    std::vector<int> batches;
-    for (int i = 0; i < n; ++i) batches.push_back(plans[i].batch_size);
-    result.batch_sizes.push_back(batches);
-    result.epoch_seconds.push_back(epoch_time);
-    clock.Advance(absl::Seconds(epoch_time));
+    for (int i = 0; i < n; ++i) {
+      int mode = 0, best = -1;
+      for (const auto& [b, count] : batch_count[i]) {
+        if (count > best) {
+          mode = b;
+          best = count;
+        }
+      }
+      er.batches.push_back(mode);
+      er.step_seconds.push_back(TrueStepSeconds(config, i, mode, epoch));
+    }
+    er.best_step_seconds = BestStepSeconds(config, epoch);
+    if (epoch == 0) result.ideal_epoch_seconds = steps * er.best_step_seconds;
+    result.epochs.push_back(er);
+    clock.Advance(absl::Seconds(er.seconds));
     for (int i = 0; i < n; ++i) {
       EpochTiming t;
       t.worker_id = i;
       t.epoch = epoch;
-      t.samples = plans[i].TrainSamples();
+      t.samples = samples[i];
       t.compute_seconds = compute[i];
       DBS_RETURN_IF_ERROR(scheduler.Report(t));
     }

@@ -1,35 +1,92 @@
-// Simulation of synchronous training on many workers with the real Scheduler (and so the real
-// share policy and BatchAllocator) on a simulated clock.
+// Simulation of synchronous training with the real Scheduler (and so the real share policies and
+// BatchAllocator) on a simulated clock.
 //
-// Worker i computes at v_i samples per second; each step also costs a communication time c that
-// every worker pays (a parameter server receives n gradients and sends n parameter copies, so
-// c = c0 + c1 * n). A step takes max_i(b_i / v_i) + c; an epoch is the sum of its steps. Each
-// epoch the workers report their compute-only time to the scheduler, exactly as dbs_worker does,
-// and the scheduler's plan for the next epoch is used. Pure computation; thread-compatible.
+// Each worker has a speed model: its compute time per step as a function of its batch.
+//   linear  b / v (+ a fixed per-step overhead): the paper's assumption;
+//   quota   a process under a CPU quota: full speed while a step's work fits the quota of one
+//           scheduling period, throttled to the quota's fraction of a core beyond it (the curve
+//           that makes the paper's rule oscillate);
+//   gpu     a per-step overhead plus time growing sublinearly with the batch, a + c * b^e, e < 1.
+// On top: per-step noise (lognormal, relative standard deviation `noise`), a slow drift of speed
+// per epoch, and disturbances (a worker slowed f-fold for a range of epochs).
+// Every step also costs a communication time c = c0 + c1 * n that every worker pays. A step takes
+// max_i t_i + c; an epoch is the sum of its steps. Workers send each step's compute time (as
+// dbs_worker does with its pushes) and report their epoch, and the scheduler's next plan is used;
+// the rest of an epoch is re-planned like dbs_ps does (by default with the dbs policy only). The result also
+// gives, per epoch, the best split the true (noise-free) curves allow, to judge the controller.
+// Pure computation; thread-compatible.
 #ifndef DBS_BENCH_SIMULATION_H_
 #define DBS_BENCH_SIMULATION_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/share_policy.h"
 
 namespace dbs {
 
+struct SpeedModel {
+  enum class Kind { kLinear, kQuota, kGpu };
+  Kind kind = Kind::kLinear;
+  // linear and quota: samples per second at full speed; gpu: 1 / c in a + c * b^e.
+  double speed = 1000.0;
+  double overhead_seconds = 0.0;  // fixed per-step time a (any kind; counted as work under a quota)
+  double exponent = 1.0;          // gpu: e
+  double quota = 1.0;             // quota: fraction of a core
+  double period_seconds = 0.1;    // quota: scheduling period; one period's quota = quota * period
+  double noise = 0.0;             // relative standard deviation of each step's time
+  double drift_per_epoch = 0.0;   // the worker gets (1 + drift) times slower every epoch
+
+  // Compute seconds of one step at `batch` in `epoch` (drift included, no noise); 0 for batch 0.
+  double StepSeconds(int batch, int epoch) const;
+  std::string Describe() const;
+};
+
+// Worker `worker` is `factor` times slower in epochs [first_epoch, end_epoch).
+struct Disturbance {
+  int worker = 0;
+  int first_epoch = 0;
+  int end_epoch = 0;
+  double factor = 1.0;
+};
+
 struct SimulationConfig {
-  std::vector<double> speeds;  // samples per second, one per worker
+  std::vector<SpeedModel> workers;
   double comm_base_seconds = 0.0;        // c0
   double comm_per_worker_seconds = 0.0;  // c1
   int64_t train_samples = 60000;
   int global_batch = 128;
   int epochs = 5;
-  std::string policy = "dbs";  // or "fixed"
+  PolicyKind policy = PolicyKind::kDbs;
+  std::vector<Disturbance> disturbances;
+  int replan_window_steps = -1;  // mid-epoch re-planning: -1 the policy's default, 0 off
+  double replan_threshold = kDefaultReplanThreshold;
+  uint64_t seed = 1;  // of the noise
+
+  // Convenience: linear workers of these speeds (samples per second), no noise.
+  static SimulationConfig Linear(const std::vector<double>& speeds);
+};
+
+struct EpochResult {
+  double seconds = 0.0;              // wall time, noise and communication included
+  std::vector<int> batches;          // each worker's batch (at most steps)
+  std::vector<double> step_seconds;  // each worker's noise-free step time at that batch
+  double best_step_seconds = 0.0;    // slowest step of the best integer split of B
+  int replans = 0;                   // mid-epoch re-plans
+  // Slowest over fastest step time among workers with a non-zero batch.
+  double Spread() const;
+  // Slowest step over the best split's slowest step (1: optimal).
+  double OverBest() const;
+  // Every worker's step within `tolerance` of the slowest, except a worker given at least its
+  // batch in the best split (BestSplit): it is as loaded as whole samples allow.
+  bool Balanced(const SimulationConfig& config, int epoch, double tolerance) const;
 };
 
 struct SimulationResult {
-  std::vector<double> epoch_seconds;
-  std::vector<std::vector<int>> batch_sizes;  // per epoch, per worker
-  double ideal_epoch_seconds = 0.0;  // D / sum(v): compute only, perfectly balanced
+  std::vector<EpochResult> epochs;
+  double ideal_epoch_seconds = 0.0;  // steps * best step time at epoch 0: compute only
   double step_comm_seconds = 0.0;
   int steps = 0;
   // Mean epoch time after the first (the first is always the equal split).
@@ -37,6 +94,21 @@ struct SimulationResult {
 };
 
 absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config);
+
+// The best split of `global_batch` into integer batches for the true per-worker step-time
+// functions in `epoch` (disturbances included): the one whose slowest step is fastest.
+std::vector<int> BestSplit(const SimulationConfig& config, int epoch);
+// The slowest step time of that split.
+double BestStepSeconds(const SimulationConfig& config, int epoch);
+// A random cluster for property tests: 4-64 workers, each linear, quota or GPU-like, with speeds
+// at the equal split spread over up to 1:10, noise on half the clusters, drift on a third; the
+// global batch is 32 per worker, doubled (up to 4 times) until every worker's best batch is 16 or
+// more. Without `allow_drift` the same cluster is drawn, only without drift. `description` gets
+// one line about it.
+SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* description);
+
+// The true step time of worker `i` at `batch` in `epoch`, disturbances included.
+double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch);
 
 }  // namespace dbs
 

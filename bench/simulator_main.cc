@@ -23,9 +23,49 @@ ABSL_FLAG(int, per_worker_batch, 32, "Global batch = this times n (weak scaling)
 ABSL_FLAG(int64_t, train_samples, 60000, "Samples per epoch.");
 ABSL_FLAG(int, epochs, 4, "Epochs per simulation.");
 ABSL_FLAG(std::string, json_out, "", "Optional JSON output.");
+ABSL_FLAG(int, trace_cluster, 0,
+          "Instead of the table: print every epoch of the random property-test cluster with this "
+          "seed (tests/simulation_test.cc) under the dbs, proportional and fixed policies.");
+ABSL_FLAG(bool, trace_drift, true, "With --trace_cluster: the cluster's drift, if it has one.");
+
+namespace {
+
+int TraceCluster(uint64_t seed) {
+  std::string what;
+  dbs::SimulationConfig c = dbs::RandomCluster(seed, absl::GetFlag(FLAGS_trace_drift), &what);
+  const std::vector<int> best = dbs::BestSplit(c, 0);
+  std::printf("cluster %llu: %s\n", static_cast<unsigned long long>(seed), what.c_str());
+  for (size_t i = 0; i < c.workers.size(); ++i) {
+    std::printf("  worker %2zu %-46s best batch %d\n", i, c.workers[i].Describe().c_str(),
+                best[i]);
+  }
+  for (dbs::PolicyKind p :
+       {dbs::PolicyKind::kDbs, dbs::PolicyKind::kProportional, dbs::PolicyKind::kFixed}) {
+    c.policy = p;
+    absl::StatusOr<dbs::SimulationResult> r = dbs::Simulate(c);
+    if (!r.ok()) {
+      std::cerr << "dbs_simulator: " << r.status() << std::endl;
+      return 1;
+    }
+    for (size_t e = 0; e < r->epochs.size(); ++e) {
+      const dbs::EpochResult& er = r->epochs[e];
+      std::printf("%-12s epoch %2zu  spread %.3f  %.3fx best  %s  re-plans %d  batches",
+                  dbs::PolicyName(p).c_str(), e, er.Spread(), er.OverBest(),
+                  er.Balanced(c, static_cast<int>(e), 0.10) ? "balanced" : "        ", er.replans);
+      for (int b : er.batches) std::printf(" %d", b);
+      std::printf("\n%-12s           ms", "");
+      for (double t : er.step_seconds) std::printf(" %.0f", 1e3 * t);
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_trace_cluster) > 0) return TraceCluster(absl::GetFlag(FLAGS_trace_cluster));
   std::vector<double> pattern;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_speeds), ',')) {
     double v;
@@ -44,16 +84,17 @@ int main(int argc, char** argv) {
       std::cerr << "dbs_simulator: bad --workers" << std::endl;
       return 2;
     }
-    dbs::SimulationConfig c;
-    for (int i = 0; i < n; ++i) c.speeds.push_back(pattern[i % pattern.size()]);
+    std::vector<double> speeds;
+    for (int i = 0; i < n; ++i) speeds.push_back(pattern[i % pattern.size()]);
+    dbs::SimulationConfig c = dbs::SimulationConfig::Linear(speeds);
     c.comm_base_seconds = absl::GetFlag(FLAGS_comm_base_ms) / 1000.0;
     c.comm_per_worker_seconds = absl::GetFlag(FLAGS_comm_per_worker_ms) / 1000.0;
     c.global_batch = absl::GetFlag(FLAGS_per_worker_batch) * n;
     c.train_samples = absl::GetFlag(FLAGS_train_samples);
     c.epochs = absl::GetFlag(FLAGS_epochs);
-    c.policy = "fixed";
+    c.policy = dbs::PolicyKind::kFixed;
     auto sgd = dbs::Simulate(c);
-    c.policy = "dbs";
+    c.policy = dbs::PolicyKind::kDbs;
     auto dbs_run = dbs::Simulate(c);
     if (!sgd.ok() || !dbs_run.ok()) {
       std::cerr << "dbs_simulator: " << (sgd.ok() ? dbs_run.status() : sgd.status()) << std::endl;
