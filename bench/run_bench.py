@@ -14,6 +14,7 @@ Then bench/report.py writes report.md, report.json and PNG plots into --out_dir.
 
   /usr/bin/python3 bench/run_bench.py               # full run (minutes)
   /usr/bin/python3 bench/run_bench.py --small       # tiny subset, for CI (well under a minute)
+  /usr/bin/python3 bench/run_bench.py --grid        # the scenario grid (bench/grid.py), ~30 min
 """
 
 import argparse
@@ -28,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 sys.path.insert(0, HERE)
+import grid  # noqa: E402
 import hetero  # noqa: E402
 import report  # noqa: E402
 
@@ -207,6 +209,34 @@ class Bench:
                 "--test_limit", str(a.test_limit), "--data_dir", a.data_dir]
 
 
+def run_grid(args):
+    if args.small:
+        args.grid_batches, args.grid_speeds, args.grid_emulations = "64", "1:1:2:4,1:1:1:8", "slowdown"
+        args.grid_steps, args.grid_epochs, args.grid_test_limit = 12, 3, 128
+        args.grid_speed_samples = 128
+    ps = args.ps_bin or os.path.join(args.bin_dir, "server", "dbs_ps")
+    worker = args.worker_bin or os.path.join(args.bin_dir, "worker", "dbs_worker")
+    for b in (ps, worker):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"{b} not found: bazel build //server:dbs_ps //worker:dbs_worker")
+    g = grid.Grid(args, ps, worker)
+    log(f"grid: B in {args.grid_batches}, speeds {args.grid_speeds}, emulations "
+        f"{args.grid_emulations}; {args.grid_steps} steps x {args.grid_epochs} epochs per run")
+    summary = g.run()
+    log(f"grid report: {os.path.join(g.out, 'grid.md')}")
+    for t in summary.get("targets", []):
+        log(f"{t['figure']} <= {t['limit']}: worst {t['worst']:.3f}; cells missing: "
+            f"{', '.join(t['cells_missing']) or 'none'}")
+    for key in ("dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd"):
+        if key in summary:
+            log(f"{key}: worst {summary[key]['worst']:.3f} ({summary[key]['worst_cell']}), "
+                f"median {summary[key]['median']:.3f}")
+    problems = grid.check(g.out)
+    for p in problems:
+        log(f"INCONSISTENT: {p}")
+    return 1 if problems else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,6 +266,18 @@ def main(argv=None):
                          "probability for 1-2 epochs")
     ap.add_argument("--replan_window", type=int, default=4,
                     help="mid-epoch scenario: DBS re-planning window in steps")
+    ap.add_argument("--grid", action="store_true",
+                    help="run the scenario grid instead (bench/grid.py): DBS, the paper's rule and "
+                         "the fixed split over --grid_batches x --grid_speeds x --grid_emulations")
+    ap.add_argument("--grid_batches", default="64,128,256")
+    ap.add_argument("--grid_speeds", default="1:1:2:4,1:3:3:9,1:1:1:8")
+    ap.add_argument("--grid_emulations", default="quota,slowdown")
+    ap.add_argument("--grid_steps", type=int, default=32, help="steps per epoch in every cell")
+    ap.add_argument("--grid_epochs", type=int, default=5)
+    ap.add_argument("--grid_test_limit", type=int, default=500)
+    ap.add_argument("--grid_speed_samples", type=int, default=512)
+    ap.add_argument("--grid_dbs_flags", default="",
+                    help="extra launcher flags for the dbs runs, e.g. '--replan_window_steps=0'")
     ap.add_argument("--skip_ddp", action="store_true")
     ap.add_argument("--skip_disturbance", action="store_true")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "results", "latest"))
@@ -244,6 +286,8 @@ def main(argv=None):
     ap.add_argument("--worker_bin", default="")
     ap.add_argument("--simulator_bin", default="")
     args = ap.parse_args(argv)
+    if args.grid:
+        return run_grid(args)
     if args.small:
         # Slowdown factors rather than quotas: a worker under a 1/8-core quota alone takes
         # seconds to load libtorch, which is the whole budget of a CI check of the harness.

@@ -72,5 +72,49 @@ class BenchSmallTest(unittest.TestCase):
         self.assertTrue(any("samples do not add up" in p for p in problems), problems)
 
 
+class GridSmallTest(unittest.TestCase):
+    """bench/run_bench.py --grid --small: two tiny cells, three policies each."""
+
+    def test_grid_runs_every_policy_and_reports_every_cell(self):
+        out = tempfile.mkdtemp(prefix="grid_", dir=os.environ.get("TEST_TMPDIR"))
+        r = subprocess.run(
+            [PYTHON, os.path.join(RUNFILES, "bench", "run_bench.py"), "--grid", "--small",
+             f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
+             f"--worker_bin={os.path.join(RUNFILES, 'worker', 'dbs_worker')}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        grid_dir = os.path.join(out, "grid")
+        with open(os.path.join(grid_dir, "grid.json")) as f:
+            grid = json.load(f)
+        cells = grid["cells"]
+        self.assertEqual([c["name"] for c in cells],
+                         ["B64_1-1-2-4_slowdown", "B64_1-1-1-8_slowdown"])
+        for c in cells:
+            for key in ("dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
+                        "dbs_settled_spread", "dbs_batches", "proportional_batches"):
+                self.assertIn(key, c)
+            self.assertEqual(c["fixed_batches"], [[16, 16, 16, 16]] * 3)
+            # The slowest worker (launch index 0) gets less than its equal share from epoch 1.
+            self.assertLess(c["dbs_batches"][1][0], 16)
+            self.assertLess(c["proportional_batches"][1][0], 16)
+        summary = grid["summary"]
+        self.assertEqual(summary["cells_run"], 2)
+        self.assertEqual({t["figure"] for t in summary["targets"]},
+                         {"dbs_over_sgd", "dbs_over_ideal", "dbs spread from epoch 2"})
+        md = open(os.path.join(grid_dir, "grid.md")).read()
+        self.assertIn("## Worst and median cell", md)
+        self.assertIn("B64_1-1-1-8_slowdown", md)
+        self.assertTrue(os.path.getsize(os.path.join(grid_dir, "grid.csv")) > 0)
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        import grid as grid_module
+        self.assertEqual(grid_module.check(grid_dir), [])
+        # The check catches batches that do not sum to B.
+        cells[0]["dbs_batches"][2][0] += 1
+        with open(os.path.join(grid_dir, "grid.json"), "w") as f:
+            json.dump(grid, f)
+        self.assertTrue(any("sum to" in p for p in grid_module.check(grid_dir)))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,0 +1,362 @@
+#!/usr/bin/python3
+"""The scenario grid: DBS (the default controller), the paper's proportional rule and the fixed
+split (S-SGD) on every combination of global batch x worker speeds x emulation.
+
+Each cell is a real local cluster (deploy/local_cluster.py: one dbs_ps, 4 dbs_workers, the CNN on
+Fashion-MNIST) with the same seed, data and number of steps per epoch for every policy. Per cell it
+measures each worker's standalone speed (for the ideal epoch time D / sum of speeds), runs the three
+policies one after another, and records epoch times, the compute-time spread (max/min over workers)
+of every epoch and the batch trajectory. The report gives every cell: DBS/S-SGD, DBS/ideal, the
+paper's rule beside them, whether DBS settled (spread <= 1.15 from epoch 2 on), and the batches per
+epoch; then the worst and median cell against the targets.
+
+  /usr/bin/python3 bench/run_bench.py --grid            # the full grid, about 30 minutes here
+  /usr/bin/python3 bench/run_bench.py --grid --small    # 2 tiny cells, checks the harness (CI)
+  /usr/bin/python3 bench/grid.py OUT_DIR/grid           # rebuild and check the report
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import hetero  # noqa: E402
+
+POLICIES = ("fixed", "proportional", "dbs")
+TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
+SETTLE_EPOCH = 2  # the split must have settled from this epoch on
+
+
+def log(msg):
+    print(f"[grid] {msg}", flush=True)
+
+
+def parse_speeds(text):
+    return [float(x) for x in text.split(":")]
+
+
+class Grid:
+    def __init__(self, args, ps_bin, worker_bin):
+        self.args = args
+        self.ps, self.worker = ps_bin, worker_bin
+        self.out = os.path.join(os.path.abspath(args.out_dir), "grid")
+        os.makedirs(self.out, exist_ok=True)
+        self.quota_why = hetero.quota_unavailable_reason()
+
+    def cells(self):
+        a = self.args
+        emulations = a.grid_emulations.split(",")
+        for b in [int(x) for x in a.grid_batches.split(",")]:
+            for speeds in a.grid_speeds.split(","):
+                for emulation in emulations:
+                    yield {"global_batch": b, "speeds": speeds, "emulation": emulation,
+                           "name": f"B{b}_{speeds.replace(':', '-')}_{emulation}"}
+
+    def emulate(self, cell):
+        """Launcher flags and per-worker settings for the cell's emulation."""
+        speeds = parse_speeds(cell["speeds"])
+        quotas = [self.args.total_cores * s / sum(speeds) for s in speeds]
+        if cell["emulation"] == "quota":
+            if self.quota_why is not None:
+                return None, f"CPU quotas unavailable here: {self.quota_why}"
+            return {"flag": "--cpu_quota=" + ",".join(f"{q:.6g}" for q in quotas),
+                    "quotas": quotas, "slowdowns": [1.0] * len(speeds)}, None
+        # The same CPU budget as the quotas: a worker at q cores computes 1/q times slower than
+        # a full core, so the workers together never ask for more than --total_cores and the
+        # ideal (from standalone speeds) stays reachable on this machine.
+        slowdowns = [1.0 / q for q in quotas]
+        return {"flag": "--slowdown=" + ",".join(f"{s:.6g}" for s in slowdowns),
+                "quotas": None, "slowdowns": slowdowns}, None
+
+    def standalone(self, cell, emu, train_limit):
+        batch = max(1, cell["global_batch"] // self.args.workers)
+        speeds = []
+        for i in range(self.args.workers):
+            cg = None
+            if emu["quotas"] is not None:
+                cg = hetero.CpuQuota(f"dbs_grid_{os.getpid()}_s{i}", emu["quotas"][i])
+            try:
+                argv = [self.worker, f"--measure_speed_samples={self.args.grid_speed_samples}",
+                        f"--measure_batch={batch}", f"--slowdown={emu['slowdowns'][i]}",
+                        f"--data_dir={self.args.data_dir}", f"--train_limit={train_limit}"]
+                p = subprocess.run(argv, stdout=subprocess.PIPE, timeout=600,
+                                   preexec_fn=(cg.join if cg else None))
+                if p.returncode != 0:
+                    sys.exit(f"standalone speed measurement failed in {cell['name']}")
+                speeds.append(json.loads(p.stdout)["samples_per_second"])
+            finally:
+                if cg:
+                    cg.remove()
+        return speeds
+
+    def run_policy(self, cell, emu, policy, train_limit):
+        out_dir = os.path.join(self.out, cell["name"], policy)
+        argv = [sys.executable, os.path.join(ROOT, "deploy", "local_cluster.py"), "--quiet",
+                f"--ps_bin={self.ps}", f"--worker_bin={self.worker}", f"--out_dir={out_dir}",
+                f"--workers={self.args.workers}", f"--policy={policy}", "--model=cnn",
+                f"--epochs={self.args.grid_epochs}", f"--global_batch={cell['global_batch']}",
+                f"--train_limit={train_limit}", f"--test_limit={self.args.grid_test_limit}",
+                f"--lr={self.args.lr}", f"--seed={self.args.seed}",
+                f"--data_dir={self.args.data_dir}", emu["flag"]]
+        if policy == "dbs" and self.args.grid_dbs_flags:
+            argv += self.args.grid_dbs_flags.split()
+        t0 = time.time()
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            sys.exit(f"grid cell {cell['name']} policy {policy} failed:\n{r.stdout[-3000:]}")
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            summary = json.load(f)
+        return summary, time.time() - t0
+
+    def run(self):
+        results = {"config": {k: v for k, v in vars(self.args).items()},
+                   "policies": POLICIES, "targets": TARGETS, "cells": []}
+        start = time.time()
+        cells = list(self.cells())
+        for k, cell in enumerate(cells):
+            emu, why = self.emulate(cell)
+            if emu is None:
+                log(f"cell {cell['name']}: skipped ({why})")
+                cell["skipped"] = why
+                results["cells"].append(cell)
+                continue
+            train_limit = self.args.grid_steps * cell["global_batch"]
+            cell["train_samples"] = train_limit
+            cell["standalone_speeds"] = self.standalone(cell, emu, train_limit)
+            cell["runs"] = {}
+            for policy in POLICIES:
+                summary, seconds = self.run_policy(cell, emu, policy, train_limit)
+                cell["runs"][policy] = {
+                    "summary": os.path.relpath(
+                        os.path.join(self.out, cell["name"], policy, "summary.json"), self.out),
+                    "command_seconds": seconds}
+            figures = cell_figures(cell, self.out)
+            cell.update(figures)
+            results["cells"].append(cell)
+            elapsed = time.time() - start
+            log(f"[{k + 1}/{len(cells)}] {cell['name']}: DBS/S-SGD {figures['dbs_over_sgd']:.3f}, "
+                f"DBS/ideal {figures['dbs_over_ideal']:.3f}, paper/S-SGD "
+                f"{figures['proportional_over_sgd']:.3f}, DBS spread from epoch {SETTLE_EPOCH} "
+                f"{figures['dbs_settled_spread']:.2f} | {elapsed:.0f} s, ETA "
+                f"{elapsed / (k + 1) * (len(cells) - k - 1):.0f} s")
+        results["grid_seconds"] = time.time() - start
+        with open(os.path.join(self.out, "grid_results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        return build(self.out)
+
+
+def by_launch_index(summary):
+    order = {}
+    for w in summary.get("worker_info", []):
+        if w["name"].startswith("worker-"):
+            order[w["id"]] = int(w["name"].split("-")[1])
+    return [sorted(e["workers"], key=lambda w: order.get(w["id"], w["id"]))
+            for e in summary["epochs"]]
+
+
+def cell_figures(cell, out):
+    f = {}
+    runs = {}
+    for policy, run in cell["runs"].items():
+        with open(os.path.join(out, run["summary"])) as fh:
+            runs[policy] = json.load(fh)
+    d = cell["train_samples"]
+    f["ideal_epoch_seconds"] = d / sum(cell["standalone_speeds"])
+    for policy, s in runs.items():
+        steady = s["epochs"][1:] or s["epochs"]
+        f[f"{policy}_epoch_seconds"] = statistics.mean(e["wall_seconds"] for e in steady)
+        # Over the workers that trained on samples (batch 0 computes nothing).
+        f[f"{policy}_spread"] = [
+            max(w["compute_seconds"] for w in e["workers"] if w["samples"] > 0) /
+            max(1e-9, min(w["compute_seconds"] for w in e["workers"] if w["samples"] > 0))
+            for e in s["epochs"]]
+        late = f[f"{policy}_spread"][SETTLE_EPOCH:] or f[f"{policy}_spread"][-1:]
+        f[f"{policy}_settled_spread"] = max(late)
+        f[f"{policy}_batches"] = [[w["batch_size"] for w in ws] for ws in by_launch_index(s)]
+        f[f"{policy}_revisions"] = [e.get("revisions", 0) for e in s["epochs"]]
+        f[f"{policy}_audit_ok"] = all(e["audit"]["every_sample_once"] for e in s["epochs"])
+    sgd = f["fixed_epoch_seconds"]
+    for policy in ("dbs", "proportional"):
+        f[f"{policy}_over_sgd"] = f[f"{policy}_epoch_seconds"] / sgd
+        f[f"{policy}_over_ideal"] = f[f"{policy}_epoch_seconds"] / f["ideal_epoch_seconds"]
+    return f
+
+
+def summarize(cells):
+    done = [c for c in cells if "runs" in c]
+    s = {"cells": len(cells), "cells_run": len(done),
+         "cells_skipped": [c["name"] for c in cells if "skipped" in c]}
+    if not done:
+        return s
+    for key in ("dbs_over_sgd", "dbs_over_ideal", "dbs_settled_spread", "proportional_over_sgd",
+                "proportional_over_ideal", "proportional_settled_spread"):
+        values = sorted(c[key] for c in done)
+        worst = max(done, key=lambda c: c[key])
+        s[key] = {"worst": values[-1], "median": statistics.median(values), "best": values[0],
+                  "worst_cell": worst["name"]}
+    s["dbs_slower_than_fixed"] = [c["name"] for c in done if c["dbs_over_sgd"] >= 1.0]
+    s["proportional_slower_than_fixed"] = [c["name"] for c in done
+                                           if c["proportional_over_sgd"] >= 1.0]
+    s["targets"] = [
+        {"figure": "dbs_over_sgd", "limit": TARGETS["dbs_over_sgd"],
+         "worst": s["dbs_over_sgd"]["worst"],
+         "cells_missing": [c["name"] for c in done if c["dbs_over_sgd"] > TARGETS["dbs_over_sgd"]]},
+        {"figure": "dbs_over_ideal", "limit": TARGETS["dbs_over_ideal"],
+         "worst": s["dbs_over_ideal"]["worst"],
+         "cells_missing": [c["name"] for c in done
+                           if c["dbs_over_ideal"] > TARGETS["dbs_over_ideal"]]},
+        {"figure": f"dbs spread from epoch {SETTLE_EPOCH}", "limit": TARGETS["settled_spread"],
+         "worst": s["dbs_settled_spread"]["worst"],
+         "cells_missing": [c["name"] for c in done
+                           if c["dbs_settled_spread"] > TARGETS["settled_spread"]]},
+    ]
+    return s
+
+
+def build(out):
+    """Writes grid.md, grid.json, grid.csv and grid_batches.png from grid_results.json."""
+    with open(os.path.join(out, "grid_results.json")) as f:
+        results = json.load(f)
+    cells = results["cells"]
+    for c in cells:
+        if "runs" in c:
+            c.update(cell_figures(c, out))  # recomputed from the runs' own records
+    summary = summarize(cells)
+    with open(os.path.join(out, "grid.json"), "w") as f:
+        json.dump({"summary": summary, "cells": cells}, f, indent=2)
+    columns = ["name", "global_batch", "speeds", "emulation", "ideal_epoch_seconds",
+               "fixed_epoch_seconds", "proportional_epoch_seconds", "dbs_epoch_seconds",
+               "dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
+               "proportional_over_ideal", "dbs_settled_spread", "proportional_settled_spread"]
+    with open(os.path.join(out, "grid.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for c in cells:
+            if "runs" in c:
+                w.writerow([c[k] if not isinstance(c[k], float) else f"{c[k]:.4g}"
+                            for k in columns])
+    lines = ["# Scenario grid: DBS, the paper's rule and the fixed split", "",
+             f"4 workers, CNN on Fashion-MNIST, {results['config']['grid_steps']} steps per epoch "
+             f"(D = steps x B), {results['config']['grid_epochs']} epochs, lr "
+             f"{results['config']['lr']}, seed {results['config']['seed']}; the quota emulation "
+             f"gives the workers CPU quotas in the ratio of the speeds adding up to "
+             f"{results['config']['total_cores']:g} core, the slowdown emulation the same shares "
+             f"of a core as slowdown factors (1/share). Epoch times are means over epochs 1+ (epoch 0 measures); "
+             f"spread = max/min compute time over the workers. Grid wall time "
+             f"{results.get('grid_seconds', 0) / 60:.1f} min."
+             + (f" The DBS runs had the extra flags `{results['config']['grid_dbs_flags']}`."
+                if results["config"].get("grid_dbs_flags") else ""), "",
+             "| cell | ideal s | S-SGD s | paper s | DBS s | DBS/S-SGD | DBS/ideal | paper/S-SGD "
+             "| paper/ideal | DBS spread from epoch 2 | paper spread from epoch 2 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in cells:
+        if "skipped" in c:
+            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||")
+            continue
+        lines.append(
+            f"| {c['name']} | {c['ideal_epoch_seconds']:.2f} | {c['fixed_epoch_seconds']:.2f} | "
+            f"{c['proportional_epoch_seconds']:.2f} | {c['dbs_epoch_seconds']:.2f} | "
+            f"**{c['dbs_over_sgd']:.3f}** | **{c['dbs_over_ideal']:.3f}** | "
+            f"{c['proportional_over_sgd']:.3f} | {c['proportional_over_ideal']:.3f} | "
+            f"{c['dbs_settled_spread']:.2f} | {c['proportional_settled_spread']:.2f} |")
+    if summary.get("cells_run"):
+        lines += ["", "## Worst and median cell", "",
+                  "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
+        for key in ("dbs_over_sgd", "dbs_over_ideal", "dbs_settled_spread",
+                    "proportional_over_sgd", "proportional_over_ideal",
+                    "proportional_settled_spread"):
+            v = summary[key]
+            lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
+                         f"{v['worst_cell']} |")
+        lines += ["", f"Cells where DBS was slower than the fixed split: "
+                  f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}; the paper's rule: "
+                  f"{', '.join(summary['proportional_slower_than_fixed']) or 'none'}.", "",
+                  "## Targets", "", "| figure | at most | worst cell | cells missing |",
+                  "| --- | --- | --- | --- |"]
+        for t in summary["targets"]:
+            lines.append(f"| {t['figure']} | {t['limit']} | {t['worst']:.3f} | "
+                         f"{', '.join(t['cells_missing']) or 'none'} |")
+        lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
+                  ""]
+        for c in cells:
+            if "runs" not in c:
+                continue
+            lines.append(f"- {c['name']}: DBS {fmt_traj(c['dbs_batches'])}, spreads "
+                         f"{' '.join(f'{x:.2f}' for x in c['dbs_spread'])}; paper "
+                         f"{fmt_traj(c['proportional_batches'])}, spreads "
+                         f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
+        if plot(out, cells):
+            lines += ["", "![compute-time spread per epoch, every cell](grid_batches.png)"]
+    with open(os.path.join(out, "grid.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return summary
+
+
+def fmt_traj(batches):
+    return " -> ".join("[" + " ".join(str(b) for b in e) + "]" for e in batches)
+
+
+def plot(out, cells):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    done = [c for c in cells if "runs" in c]
+    cols = min(6, len(done))
+    rows = (len(done) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.4 * rows), squeeze=False)
+    for ax, c in zip(axes.flat, done):
+        for policy, style in (("dbs", "-"), ("proportional", ":")):
+            traj = c[f"{policy}_spread"]
+            ax.plot(range(len(traj)), traj, style, label="DBS" if policy == "dbs" else "paper")
+        ax.axhline(TARGETS["settled_spread"], color="grey", lw=0.5)
+        ax.set_title(c["name"], fontsize=7)
+        ax.set_ylim(1, 3)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(done):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle("compute-time spread (max/min) per epoch", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "grid_batches.png"), dpi=80)
+    plt.close(fig)
+    return True
+
+
+def check(out):
+    """Problems with the grid record (an empty list when it is complete and consistent)."""
+    problems = []
+    with open(os.path.join(out, "grid.json")) as f:
+        grid = json.load(f)
+    for c in grid["cells"]:
+        if "runs" not in c:
+            continue
+        for policy in POLICIES:
+            if not c.get(f"{policy}_audit_ok"):
+                problems.append(f"{c['name']} {policy}: a sample audit failed")
+            for e, batches in enumerate(c[f"{policy}_batches"]):
+                if sum(batches) != c["global_batch"]:
+                    problems.append(f"{c['name']} {policy} epoch {e}: batches sum to "
+                                    f"{sum(batches)}, not {c['global_batch']}")
+        if any(b != c["fixed_batches"][0] for b in c["fixed_batches"]):
+            problems.append(f"{c['name']}: the fixed split moved")
+    for name in ("grid.md", "grid.csv"):
+        if not os.path.exists(os.path.join(out, name)):
+            problems.append(f"{name} missing")
+    return problems
+
+
+if __name__ == "__main__":
+    build(sys.argv[1])
+    found = check(sys.argv[1])
+    for p in found:
+        print(f"INCONSISTENT: {p}")
+    sys.exit(1 if found else 0)
