@@ -121,156 +121,220 @@ StepTimeModel BalancingPolicy::ModelOf(const WorkerObservation& w) const {
   return StepTimeModel::Fit(points, options_.model);
 }
 
-BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers) const {
-  const size_t n = workers.size();
-  const double B = options_.global_batch;
-  BalancingPlan plan;
-  plan.gains.assign(n, 1.0);
-  if (n == 0) return plan;
-  std::vector<StepTimeModel> models(n);
-  double speed_sum = 0.0;
-  int measured = 0;
-  for (size_t i = 0; i < n; ++i) {
-    models[i] = ModelOf(workers[i]);
-    if (models[i].empty()) continue;
-    const auto& knot = models[i].knots().back();
-    speed_sum += knot.first / knot.second;
-    ++measured;
-  }
-  if (measured == 0) {
-    plan.batches.assign(n, B / n);
-    return plan;
-  }
-  // A worker never measured is probed at the mean speed of the others.
-  bool all_measured = true;
-  for (size_t i = 0; i < n; ++i) {
-    if (models[i].empty()) {
-      models[i] = StepTimeModel::FromKnots({{speed_sum / measured, 1.0}}, options_.model);
-      all_measured = false;
-    }
-  }
-  std::vector<double> cur(n);
-  double cur_sum = 0.0;
-  for (size_t i = 0; i < n; ++i) cur_sum += cur[i] = workers[i].current_batch;
-  const bool have_current = all_measured && std::abs(cur_sum - B) < 0.5;
+namespace {
 
-  if (have_current) {
-    // Hold when the current split is balanced by the model: every worker within `hold_spread`
-    // of the slowest, or measured to become the slowest with one more sample.
-    for (size_t i = 0; i < n; ++i) {
-      plan.current_step_seconds = std::max(plan.current_step_seconds, models[i].Predict(cur[i]));
+// One planning pass over a set of observations; each step of BalancingPolicy::Plan is a method.
+class Planner {
+ public:
+  Planner(const BalancingOptions& o, absl::Span<const WorkerObservation> workers,
+          std::vector<StepTimeModel> models)
+      : o_(o), w_(workers), n_(workers.size()), B_(o.global_batch), models_(std::move(models)) {}
+
+  // Gives a worker never measured the mean speed of the others; false when none was measured.
+  bool ProbeUnmeasured() {
+    double speed_sum = 0.0;
+    int measured = 0;
+    for (const StepTimeModel& m : models_) {
+      if (m.empty()) continue;
+      speed_sum += m.knots().back().first / m.knots().back().second;
+      ++measured;
     }
-    plan.held = true;
-    for (size_t i = 0; i < n && plan.held; ++i) {
-      plan.held = models[i].Predict(cur[i]) * (1.0 + options_.hold_spread) >=
-                      plan.current_step_seconds ||
-                  MeasuredAtLeast(models[i], cur[i] + 1, plan.current_step_seconds);
+    if (measured == 0) return false;
+    bool all = true;
+    for (StepTimeModel& m : models_) {
+      if (!m.empty()) continue;
+      m = StepTimeModel::FromKnots({{speed_sum / measured, 1.0}}, o_.model);
+      all = false;
     }
-    if (plan.held) {
-      plan.batches = cur;
-      plan.predicted_step_seconds = plan.current_step_seconds;
-      return plan;
+    double sum = 0.0;
+    cur_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) sum += cur_[i] = w_[i].current_batch;
+    have_current_ = all && std::abs(sum - B_) < 0.5;
+    return true;
+  }
+
+  // Whether the current split is balanced by the model: every worker within `hold_spread` of the
+  // slowest, or measured to become the slowest with one more sample. Sets the plan's current
+  // step time.
+  bool Hold(BalancingPlan* plan) const {
+    if (!have_current_) return false;
+    for (size_t i = 0; i < n_; ++i) {
+      plan->current_step_seconds =
+          std::max(plan->current_step_seconds, models_[i].Predict(cur_[i]));
     }
+    for (size_t i = 0; i < n_; ++i) {
+      const bool within =
+          models_[i].Predict(cur_[i]) * (1.0 + o_.hold_spread) >= plan->current_step_seconds;
+      if (!within && !MeasuredAtLeast(models_[i], cur_[i] + 1, plan->current_step_seconds)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // Each worker's batches and moves since its last change of speed.
-  std::vector<std::vector<double>> moves(n), batches_run(n);
-  for (size_t i = 0; i < n && have_current; ++i) {
-    const WorkerObservation& w = workers[i];
-    std::vector<double> batches;
-    for (size_t k = static_cast<size_t>(std::max(0, models[i].last_change()));
-         k < w.history.size(); ++k) {
-      batches.push_back(w.history[k].MainBatch());
+  void TrackMoves() {
+    moves_.assign(n_, {});
+    runs_.assign(n_, {});
+    for (size_t i = 0; i < n_ && have_current_; ++i) {
+      std::vector<double> batches;
+      for (size_t k = static_cast<size_t>(std::max(0, models_[i].last_change()));
+           k < w_[i].history.size(); ++k) {
+        batches.push_back(w_[i].history[k].MainBatch());
+      }
+      if (batches.empty() || std::abs(batches.back() - cur_[i]) > 1e-9) batches.push_back(cur_[i]);
+      moves_[i] = Moves(batches);
+      runs_[i] = std::move(batches);
     }
-    if (batches.empty() || std::abs(batches.back() - cur[i]) > 1e-9) batches.push_back(cur[i]);
-    moves[i] = Moves(batches);
-    batches_run[i] = std::move(batches);
   }
 
   // Hard bounds, then the trust region where a curve has been measured at two batches or more.
-  std::vector<double> lo(n), hi(n), tlo(n), thi(n);
-  double sum_tlo = 0.0, sum_thi = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    lo[i] = std::max(0, options_.min_batch);
-    hi[i] = options_.max_batch > 0 ? std::min<double>(B, options_.max_batch) : B;
-    if (workers[i].max_batch > 0) hi[i] = std::min<double>(hi[i], workers[i].max_batch);
-    hi[i] = std::max(hi[i], lo[i]);
-    tlo[i] = lo[i];
-    thi[i] = hi[i];
-    if (models[i].knots().size() >= 2) {
-      const double f = options_.trust_factor;
-      tlo[i] = std::clamp(std::min(cur[i], models[i].min_batch()) / f, lo[i], hi[i]);
-      thi[i] = std::clamp(std::max(cur[i], models[i].max_batch()) * f, lo[i], hi[i]);
-    }
-    sum_tlo += tlo[i];
-    sum_thi += thi[i];
-  }
-  if (sum_tlo > B || sum_thi < B) {  // the trust region cannot hold B: hard bounds only
-    tlo = lo;
-    thi = hi;
-  }
-  auto target = [&](size_t i, double tau) {
-    const double b = have_current ? Root(models[i], tau, cur[i], Streak(batches_run[i], true),
-                                         Streak(batches_run[i], false))
-                                  : models[i].BatchFor(tau);
-    return std::clamp(b, tlo[i], thi[i]);
-  };
-  auto total = [&](const std::function<double(size_t, double)>& batch) {
-    return [&, batch](double tau) {
-      double s = 0.0;
-      for (size_t i = 0; i < n; ++i) s += batch(i, tau);
-      return s;
-    };
-  };
-
-  if (have_current) {
-    // Damping: each worker's planned correction comes from the undamped plan; every reversal
-    // that does not halve the move (since the worker's last change of speed) halves its gain.
-    const double tau0 = SolveTau(total(target), B);
-    for (size_t i = 0; i < n; ++i) {
-      // The first move after a change is a probe made from a single point; correcting it is
-      // not oscillation.
-      std::vector<double> with_plan(moves[i].begin() + std::min<size_t>(1, moves[i].size()),
-                                    moves[i].end());
-      const double planned = target(i, tau0) - cur[i];
-      if (std::abs(planned) >= 0.5) with_plan.push_back(planned);
-      plan.gains[i] = std::max(options_.min_gain, std::ldexp(1.0, -Oscillations(with_plan)));
-    }
-  }
-  auto damped = [&](size_t i, double tau) {
-    if (!have_current) return target(i, tau);
-    return std::clamp(cur[i] + plan.gains[i] * (target(i, tau) - cur[i]), lo[i], hi[i]);
-  };
-  const double tau = SolveTau(total(damped), B);
-  plan.batches.resize(n);
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) sum += plan.batches[i] = damped(i, tau);
-  // The bisection leaves the sum a hair off B; bounds that cannot hold B are relaxed here.
-  for (double& b : plan.batches) b = sum > 0 ? b * B / sum : B / n;
-  // Whole samples: round down, then hand the units left one at a time to the worker whose
-  // step stays shortest with one more, so rounding never makes the slowest slower. Where one
-  // more sample was never measured, the guess is optimistic (no dearer per sample than now):
-  // a worker is not kept idle by a pessimistic line to a distant measurement, and if the sample
-  // is dear after all, that is measured once and known from then on.
-  double units = B;
-  for (double& b : plan.batches) units -= b = std::floor(b + 1e-9);
-  for (; units > 0.5; units -= 1.0) {
-    size_t best = 0;
-    double best_time = std::numeric_limits<double>::infinity();
-    for (size_t i = 0; i < n; ++i) {
-      const double b = plan.batches[i];
-      double t = models[i].Predict(b + 1);
-      if (b > 0 && !Measured(models[i], b + 1)) t = std::min(t, models[i].Predict(b) * (b + 1) / b);
-      if (plan.batches[i] + 1 <= hi[i] && t < best_time) {
-        best = i;
-        best_time = t;
+  void SetBounds() {
+    lo_.resize(n_);
+    hi_.resize(n_);
+    tlo_.resize(n_);
+    thi_.resize(n_);
+    double sum_tlo = 0.0, sum_thi = 0.0;
+    for (size_t i = 0; i < n_; ++i) {
+      lo_[i] = std::max(0, o_.min_batch);
+      hi_[i] = o_.max_batch > 0 ? std::min<double>(B_, o_.max_batch) : B_;
+      if (w_[i].max_batch > 0) hi_[i] = std::min<double>(hi_[i], w_[i].max_batch);
+      hi_[i] = std::max(hi_[i], lo_[i]);
+      tlo_[i] = lo_[i];
+      thi_[i] = hi_[i];
+      if (models_[i].knots().size() >= 2) {
+        const double f = o_.trust_factor;
+        tlo_[i] = std::clamp(std::min(cur_[i], models_[i].min_batch()) / f, lo_[i], hi_[i]);
+        thi_[i] = std::clamp(std::max(cur_[i], models_[i].max_batch()) * f, lo_[i], hi_[i]);
       }
+      sum_tlo += tlo_[i];
+      sum_thi += thi_[i];
     }
-    plan.batches[best] += 1;
+    if (sum_tlo > B_ || sum_thi < B_) {  // the trust region cannot hold B: hard bounds only
+      tlo_ = lo_;
+      thi_ = hi_;
+    }
   }
+
+  // Where worker i's step takes tau, within its bounds.
+  double Target(size_t i, double tau) const {
+    const double b = have_current_ ? Root(models_[i], tau, cur_[i], Streak(runs_[i], true),
+                                          Streak(runs_[i], false))
+                                   : models_[i].BatchFor(tau);
+    return std::clamp(b, tlo_[i], thi_[i]);
+  }
+
+  // Damping: each worker's planned correction comes from the undamped plan; every reversal that
+  // does not halve the move (since the worker's last change of speed) halves its gain. The first
+  // move after a change is a probe made from a single point; correcting it is not oscillation.
+  std::vector<double> Gains() const {
+    std::vector<double> gains(n_, 1.0);
+    if (!have_current_) return gains;
+    const double tau0 = Solve([this](size_t i, double tau) { return Target(i, tau); });
+    for (size_t i = 0; i < n_; ++i) {
+      std::vector<double> with_plan(moves_[i].begin() + std::min<size_t>(1, moves_[i].size()),
+                                    moves_[i].end());
+      const double planned = Target(i, tau0) - cur_[i];
+      if (std::abs(planned) >= 0.5) with_plan.push_back(planned);
+      gains[i] = std::max(o_.min_gain, std::ldexp(1.0, -Oscillations(with_plan)));
+    }
+    return gains;
+  }
+
+  // The damped batches summing to B (real-valued).
+  std::vector<double> Damped(const std::vector<double>& gains) const {
+    auto damped = [&](size_t i, double tau) {
+      if (!have_current_) return Target(i, tau);
+      return std::clamp(cur_[i] + gains[i] * (Target(i, tau) - cur_[i]), lo_[i], hi_[i]);
+    };
+    const double tau = Solve(damped);
+    std::vector<double> batches(n_);
+    double sum = 0.0;
+    for (size_t i = 0; i < n_; ++i) sum += batches[i] = damped(i, tau);
+    // The bisection leaves the sum a hair off B; bounds that cannot hold B are relaxed here.
+    for (double& b : batches) b = sum > 0 ? b * B_ / sum : B_ / n_;
+    return batches;
+  }
+
+  // Whole samples: round down, then hand the units left one at a time to the worker whose step
+  // stays shortest with one more, so rounding never makes the slowest slower. Where one more
+  // sample was never measured, the guess is optimistic (no dearer per sample than now): a worker
+  // is not kept idle by a pessimistic line to a distant measurement, and if the sample is dear
+  // after all, that is measured once and known from then on.
+  void Round(std::vector<double>* batches) const {
+    double units = B_;
+    for (double& b : *batches) units -= b = std::floor(b + 1e-9);
+    for (; units > 0.5; units -= 1.0) {
+      size_t best = 0;
+      double best_time = std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < n_; ++i) {
+        const double b = (*batches)[i];
+        double t = models_[i].Predict(b + 1);
+        if (b > 0 && !Measured(models_[i], b + 1)) {
+          t = std::min(t, models_[i].Predict(b) * (b + 1) / b);
+        }
+        if (b + 1 <= hi_[i] && t < best_time) {
+          best = i;
+          best_time = t;
+        }
+      }
+      (*batches)[best] += 1;
+    }
+  }
+
+  const std::vector<double>& current() const { return cur_; }
+  const StepTimeModel& model(size_t i) const { return models_[i]; }
+
+ private:
+  double Solve(const std::function<double(size_t, double)>& batch) const {
+    return SolveTau(
+        [&](double tau) {
+          double s = 0.0;
+          for (size_t i = 0; i < n_; ++i) s += batch(i, tau);
+          return s;
+        },
+        B_);
+  }
+
+  const BalancingOptions& o_;
+  const absl::Span<const WorkerObservation> w_;
+  const size_t n_;
+  const double B_;
+  std::vector<StepTimeModel> models_;
+  std::vector<double> cur_;
+  bool have_current_ = false;
+  std::vector<std::vector<double>> moves_, runs_;
+  std::vector<double> lo_, hi_, tlo_, thi_;
+};
+
+}  // namespace
+
+BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers) const {
+  const size_t n = workers.size();
+  BalancingPlan plan;
+  plan.gains.assign(n, 1.0);
+  if (n == 0) return plan;
+  std::vector<StepTimeModel> models;
+  for (const WorkerObservation& w : workers) models.push_back(ModelOf(w));
+  Planner p(options_, workers, std::move(models));
+  if (!p.ProbeUnmeasured()) {
+    plan.batches.assign(n, static_cast<double>(options_.global_batch) / n);
+    return plan;
+  }
+  if (p.Hold(&plan)) {
+    plan.held = true;
+    plan.batches = p.current();
+    plan.predicted_step_seconds = plan.current_step_seconds;
+    return plan;
+  }
+  p.TrackMoves();
+  p.SetBounds();
+  plan.gains = p.Gains();
+  plan.batches = p.Damped(plan.gains);
+  p.Round(&plan.batches);
   for (size_t i = 0; i < n; ++i) {
     plan.predicted_step_seconds =
-        std::max(plan.predicted_step_seconds, models[i].Predict(plan.batches[i]));
+        std::max(plan.predicted_step_seconds, p.model(i).Predict(plan.batches[i]));
   }
   return plan;
 }

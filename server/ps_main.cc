@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dbs_ps: parameter server and Dynamic Batch Size scheduler.\n"
       "Example: dbs_ps --port=50051 --workers=4 --epochs=5 --global_batch=128 --policy=dbs");
+  dbs::HelpListsFlagsOf("ps_main.cc");
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

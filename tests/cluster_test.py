@@ -188,6 +188,16 @@ class BadInputTest(ProcessTestCase):
         self.assertEqual(rc, 1)
         self.assertIn("unknown model 'resnet'", err)
 
+    def test_help_lists_the_flags_of_each_binary(self):
+        # (Abseil ends --help with exit code 1; an exit-code contract is issue 9's.)
+        rc, out, err = self.run_cmd([PS, "--help"], 30)
+        for flag in ("--policy", "--replan_window_steps", "--checkpoint_dir", "--global_batch"):
+            self.assertIn(flag, out + err)
+        self.assertNotIn("No flags matched", out + err)
+        rc, out, err = self.run_cmd([WORKER, "--help"], 30)
+        for flag in ("--server", "--max_batch", "--data_dir"):
+            self.assertIn(flag, out + err)
+
     def test_cuda_request_without_cuda_says_why(self):
         if os.environ.get("LIBTORCH_DIR"):
             self.skipTest("built against a custom libtorch that may have CUDA")

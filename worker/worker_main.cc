@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "worker/fashion_mnist.h"
 #include "worker/grpc_ps_client.h"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dbs_worker: trains on Fashion-MNIST as a client of dbs_ps.\n"
       "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn");
+  dbs::HelpListsFlagsOf("worker_main.cc");
   absl::ParseCommandLine(argc, argv);
 
   dbs::TrainerConfig config;
