@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import hetero  # noqa: E402
+from report import by_launch_index  # noqa: E402  (bench/report.py)
 
 POLICIES = ("fixed", "proportional", "dbs")
 TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
@@ -149,15 +150,6 @@ class Grid:
         with open(os.path.join(self.out, "grid_results.json"), "w") as f:
             json.dump(results, f, indent=2)
         return build(self.out)
-
-
-def by_launch_index(summary):
-    order = {}
-    for w in summary.get("worker_info", []):
-        if w["name"].startswith("worker-"):
-            order[w["id"]] = int(w["name"].split("-")[1])
-    return [sorted(e["workers"], key=lambda w: order.get(w["id"], w["id"]))
-            for e in summary["epochs"]]
 
 
 def cell_figures(cell, out):
@@ -293,6 +285,8 @@ def build(out):
                          f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
         if plot(out, cells):
             lines += ["", "![compute-time spread per epoch, every cell](grid_batches.png)"]
+    if results.get("note"):  # provenance added to the record by hand
+        lines += ["", results["note"]]
     with open(os.path.join(out, "grid.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return summary

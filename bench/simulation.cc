@@ -294,9 +294,7 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
     for (int s = 0; s < steps; ++s) {
       for (int i = 0; i < n; ++i) quota[s][i] = plans[i].BatchAt(s);
     }
-    ReplanWindow window(config.policy == PolicyKind::kFixed
-                            ? 0
-                            : ReplanWindowSteps(config.policy, config.replan_window_steps),
+    ReplanWindow window(ReplanWindowSteps(config.policy, config.replan_window_steps),
                         config.replan_threshold);
     EpochResult er;
     std::vector<double> compute(n, 0.0);

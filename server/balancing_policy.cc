@@ -57,21 +57,14 @@ int Streak(const std::vector<double>& batches, bool up) {
   return streak;
 }
 
-// Whether `model` was measured at `batch` (to the sample) taking `seconds` or more: a worker is
-// left faster than the others only when one more sample was seen to make it the slowest, never
-// on a prediction between measured batches.
-bool Measured(const StepTimeModel& model, double batch) {
-  for (const auto& knot : model.knots()) {
-    if (std::abs(knot.first - batch) < 0.5) return true;
-  }
-  return false;
-}
-
-bool MeasuredAtLeast(const StepTimeModel& model, double batch, double seconds) {
+// The time `model` holds for `batch` when it was measured there (to the sample); -1 when it was
+// not. A worker is left faster than the others only when one more sample was seen to make it
+// the slowest, never on a prediction between measured batches.
+double MeasuredTime(const StepTimeModel& model, double batch) {
   for (const auto& [b, t] : model.knots()) {
-    if (std::abs(b - batch) < 0.5 && t >= seconds) return true;
+    if (std::abs(b - batch) < 0.5) return t;
   }
-  return false;
+  return -1.0;
 }
 
 // Where a step of `model` takes `tau`, found like the Illinois variant of regula falsi: between
@@ -165,7 +158,7 @@ class Planner {
     for (size_t i = 0; i < n_; ++i) {
       const bool within =
           models_[i].Predict(cur_[i]) * (1.0 + o_.hold_spread) >= plan->current_step_seconds;
-      if (!within && !MeasuredAtLeast(models_[i], cur_[i] + 1, plan->current_step_seconds)) {
+      if (!within && MeasuredTime(models_[i], cur_[i] + 1) < plan->current_step_seconds) {
         return false;
       }
     }
@@ -270,7 +263,7 @@ class Planner {
       for (size_t i = 0; i < n_; ++i) {
         const double b = (*batches)[i];
         double t = models_[i].Predict(b + 1);
-        if (b > 0 && !Measured(models_[i], b + 1)) {
+        if (b > 0 && MeasuredTime(models_[i], b + 1) < 0) {
           t = std::min(t, models_[i].Predict(b) * (b + 1) / b);
         }
         if (b + 1 <= hi_[i] && t < best_time) {

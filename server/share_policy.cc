@@ -30,6 +30,7 @@ absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name) {
 }
 
 int ReplanWindowSteps(PolicyKind kind, int configured) {
+  if (kind == PolicyKind::kFixed) return 0;  // nothing to re-plan: the split never moves
   if (configured >= 0) return configured;
   return kind == PolicyKind::kDbs ? kDbsReplanWindowSteps : 0;
 }

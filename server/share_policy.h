@@ -32,8 +32,8 @@ absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name);
 
 // Mid-epoch re-planning (see ReplanWindow): by default the dbs policy judges the balance every
 // kDbsReplanWindowSteps steps, so it converges within the first epochs instead of after many;
-// the paper's rule and the fixed split keep to epoch boundaries. `configured` < 0 asks for that
-// default; 0 turns re-planning off.
+// the paper's rule keeps to epoch boundaries. `configured` < 0 asks for that default; 0 turns
+// re-planning off. The fixed split never re-plans, whatever is configured.
 constexpr int kDbsReplanWindowSteps = 8;
 constexpr double kDefaultReplanThreshold = 1.15;
 int ReplanWindowSteps(PolicyKind kind, int configured);

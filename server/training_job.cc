@@ -44,9 +44,7 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
       clock_(clock),
       optimizer_description_(std::move(optimizer_description)),
       start_(clock->Now()),
-      replan_(config.policy == PolicyKind::kFixed
-                  ? 0
-                  : ReplanWindowSteps(config.policy, config.replan_window_steps),
+      replan_(ReplanWindowSteps(config.policy, config.replan_window_steps),
               config.replan_threshold) {}
 
 void TrainingJob::OnEpochPlanned(int epoch, int num_steps,

@@ -34,6 +34,7 @@ TEST(PolicyNamesTest, ParseAndPrint) {
   EXPECT_EQ(ReplanWindowSteps(PolicyKind::kProportional, -1), 0);
   EXPECT_EQ(ReplanWindowSteps(PolicyKind::kProportional, 4), 4);
   EXPECT_EQ(ReplanWindowSteps(PolicyKind::kDbs, 0), 0);
+  EXPECT_EQ(ReplanWindowSteps(PolicyKind::kFixed, 8), 0) << "the fixed split never moves";
 }
 
 TEST(ProportionalPolicyTest, SharesFollowComputeSpeed) {
