@@ -13,12 +13,15 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual absl::Time Now() const = 0;
+  // Waits `d` (a fake clock moves on by `d` instead).
+  virtual void SleepFor(absl::Duration d) const = 0;
 };
 
 // Wall-clock time.
 class RealClock : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
+  void SleepFor(absl::Duration d) const override { absl::SleepFor(d); }
 };
 
 // Simulated time for tests: starts at the Unix epoch and moves only when told to.
@@ -28,14 +31,15 @@ class FakeClock : public Clock {
     absl::MutexLock lock(&mu_);
     return now_;
   }
-  void Advance(absl::Duration d) {
+  void SleepFor(absl::Duration d) const override {
     absl::MutexLock lock(&mu_);
     now_ += d;
   }
+  void Advance(absl::Duration d) { SleepFor(d); }
 
  private:
   mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::UnixEpoch();
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::UnixEpoch();
 };
 
 }  // namespace dbs

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 

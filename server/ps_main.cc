@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "common/files.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "server/checkpoint.h"

@@ -1,5 +1,5 @@
 // The run's record: a machine-readable JSON summary and a short human summary, built from the
-// scheduler's history and the aggregator's losses. Pure functions; no I/O except WriteFileAtomic.
+// scheduler's history and the aggregator's losses. Pure functions; no I/O.
 #ifndef DBS_SERVER_RUN_SUMMARY_H_
 #define DBS_SERVER_RUN_SUMMARY_H_
 
@@ -59,8 +59,6 @@ std::string HumanSummary(const RunInfo& run);
 // One line about a completed epoch, for the progress log.
 std::string EpochLine(const RunInfo& run, const EpochRecord& record);
 
-// Writes `contents` to `path` via a temporary file and rename, so readers never see half a file.
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
 }  // namespace dbs
 

@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "common/tensor.h"
 #include "worker/fashion_mnist.h"
+#include "worker/learner.h"
 
 namespace dbs {
 
@@ -37,12 +38,6 @@ double ComputeGradient(torch::nn::Sequential& model, const torch::Tensor& images
 // Fashion-MNIST mean and standard deviation; labels as int64 [N].
 torch::Tensor ImagesTensor(const ImageDataset& data);
 torch::Tensor LabelsTensor(const ImageDataset& data);
-
-struct EvalResult {
-  int64_t samples = 0;
-  int64_t correct = 0;
-  double loss_sum = 0.0;
-};
 
 // Evaluates rows [begin, end) of (images, labels) in chunks, without gradients.
 EvalResult Evaluate(torch::nn::Sequential& model, const torch::Tensor& images,

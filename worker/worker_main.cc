@@ -7,11 +7,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/flags_help.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/flags_help.h"
 #include "worker/fashion_mnist.h"
 #include "worker/grpc_ps_client.h"
-#include "worker/trainer.h"
+#include "worker/torch_learner.h"
+#include "worker/training_loop.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Address of dbs_ps (host:port).");
 ABSL_FLAG(std::string, name, "", "Worker name, unique in the job (default host:pid).");
@@ -44,69 +46,97 @@ ABSL_FLAG(double, connect_timeout_s, 60.0,
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
 
+namespace {
+
+// Every flag's check lives here: main only composes what these return.
+struct WorkerConfig {
+  dbs::LearnerConfig learner;
+  dbs::LoopConfig loop;
+  dbs::GrpcClientConfig client;
+  int64_t measure_speed_samples = 0;
+  int measure_batch = 32;
+};
+
+absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
+  WorkerConfig c;
+  c.learner.model = absl::GetFlag(FLAGS_model);
+  c.learner.device = absl::GetFlag(FLAGS_device);
+  c.learner.data_dir = absl::GetFlag(FLAGS_data_dir);
+  c.learner.train_limit = absl::GetFlag(FLAGS_train_limit);
+  c.learner.test_limit = absl::GetFlag(FLAGS_test_limit);
+  c.learner.threads = absl::GetFlag(FLAGS_threads);
+  c.learner.seed = absl::GetFlag(FLAGS_seed);
+  c.learner.init_params_path = absl::GetFlag(FLAGS_init_params);
+  if (c.learner.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (c.learner.train_limit < 0 || c.learner.test_limit < 0) {
+    return absl::InvalidArgumentError("--train_limit and --test_limit must be >= 0");
+  }
+
+  c.loop.name = absl::GetFlag(FLAGS_name);
+  if (c.loop.name.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    c.loop.name = absl::StrCat(host, ":", getpid());
+  }
+  c.loop.model = c.learner.model;
+  absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
+      absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
+  if (!slowdown.ok()) return slowdown.status();
+  c.loop.slowdown = *slowdown;
+  c.loop.max_batch = absl::GetFlag(FLAGS_max_batch);
+  if (c.loop.max_batch < 0) return absl::InvalidArgumentError("--max_batch must be >= 0");
+  const double log_every_s = absl::GetFlag(FLAGS_log_every_s);
+  if (!(log_every_s > 0)) return absl::InvalidArgumentError("--log_every_s must be > 0");
+  c.loop.log_every = absl::Seconds(log_every_s);
+  c.loop.record_path = absl::GetFlag(FLAGS_record_path);
+
+  c.client.address = absl::GetFlag(FLAGS_server);
+  c.client.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  c.client.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (c.client.max_message_mb < 1 || c.client.max_message_mb > 2047) {
+    return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
+  }
+  c.measure_speed_samples = absl::GetFlag(FLAGS_measure_speed_samples);
+  c.measure_batch = absl::GetFlag(FLAGS_measure_batch);
+  if (c.measure_speed_samples > 0 && c.measure_batch < 1) {
+    return absl::InvalidArgumentError("--measure_batch must be >= 1");
+  }
+  return c;
+}
+
+int Fail(const std::string& who, const absl::Status& status) {
+  std::cerr << who << ": " << status.message() << std::endl;
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "dbs_worker: trains on Fashion-MNIST as a client of dbs_ps.\n"
       "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn");
   dbs::HelpListsFlagsOf("worker_main.cc");
   absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+  if (!config.ok()) return Fail("dbs_worker", config.status());
+  absl::StatusOr<std::unique_ptr<dbs::Learner>> learner = dbs::MakeTorchLearner(config->learner);
+  if (!learner.ok()) return Fail("dbs_worker " + config->loop.name, learner.status());
+  const dbs::RealClock clock;
 
-  dbs::TrainerConfig config;
-  config.name = absl::GetFlag(FLAGS_name);
-  if (config.name.empty()) {
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    config.name = absl::StrCat(host, ":", getpid());
-  }
-  config.model = absl::GetFlag(FLAGS_model);
-  config.device = absl::GetFlag(FLAGS_device);
-  config.data_dir = absl::GetFlag(FLAGS_data_dir);
-  config.train_limit = absl::GetFlag(FLAGS_train_limit);
-  config.test_limit = absl::GetFlag(FLAGS_test_limit);
-  absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
-      absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
-  if (!slowdown.ok()) {
-    std::cerr << "dbs_worker: " << slowdown.status().message() << std::endl;
-    return 1;
-  }
-  config.slowdown = *slowdown;
-  config.init_params_path = absl::GetFlag(FLAGS_init_params);
-  config.threads = absl::GetFlag(FLAGS_threads);
-  config.max_batch = absl::GetFlag(FLAGS_max_batch);
-  if (config.max_batch < 0) {
-    std::cerr << "dbs_worker: --max_batch must be >= 0" << std::endl;
-    return 1;
-  }
-  config.seed = absl::GetFlag(FLAGS_seed);
-  config.log_every = absl::Seconds(absl::GetFlag(FLAGS_log_every_s));
-  config.record_path = absl::GetFlag(FLAGS_record_path);
-
-  if (absl::GetFlag(FLAGS_measure_speed_samples) > 0) {
-    absl::StatusOr<double> speed = dbs::MeasureSpeed(
-        config, absl::GetFlag(FLAGS_measure_speed_samples), absl::GetFlag(FLAGS_measure_batch));
-    if (!speed.ok()) {
-      std::cerr << "dbs_worker: " << speed.status().message() << std::endl;
-      return 1;
-    }
+  if (config->measure_speed_samples > 0) {
+    absl::StatusOr<double> speed =
+        dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
+                          config->measure_speed_samples, config->measure_batch);
+    if (!speed.ok()) return Fail("dbs_worker", speed.status());
     std::cout << "{\"samples_per_second\": " << *speed << ", \"slowdown\": "
-              << config.slowdown.base() << ", \"batch\": " << absl::GetFlag(FLAGS_measure_batch)
-              << "}" << std::endl;
+              << config->loop.slowdown.base() << ", \"batch\": " << config->measure_batch << "}"
+              << std::endl;
     return 0;
   }
 
-  dbs::GrpcClientConfig client_config;
-  client_config.address = absl::GetFlag(FLAGS_server);
-  client_config.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
-  client_config.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
-  if (client_config.max_message_mb < 1 || client_config.max_message_mb > 2047) {
-    std::cerr << "dbs_worker: --max_message_mb must be in [1, 2047]" << std::endl;
-    return 2;
-  }
-  dbs::GrpcPsClient client(client_config);
-  const absl::Status status = dbs::RunWorker(config, &client);
-  if (!status.ok()) {
-    std::cerr << "dbs_worker " << config.name << ": " << status.message() << std::endl;
-    return 1;
-  }
+  dbs::GrpcPsClient client(config->client);
+  dbs::TrainingLoop loop(config->loop, learner->get(), &client, &clock);
+  const absl::Status status = loop.Run();
+  if (!status.ok()) return Fail("dbs_worker " + config->loop.name, status);
   return 0;
 }

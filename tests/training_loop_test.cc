@@ -1,0 +1,317 @@
+// The worker's training loop without any process or network: a FakeLearner (a quadratic model
+// whose gradient is w - target, costing simulated time per sample) against FakePsClient, with a
+// FakeClock so every time the loop reports is exact.
+#include "worker/training_loop.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/fake_ps_client.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kTrain = 22;
+constexpr int kTest = 10;
+constexpr int kParams = 3;
+constexpr double kSecondsPerSample = 0.001;
+
+// Quadratic loss 0.5 |w - target|^2 per sample; the gradient of any batch is w - target.
+class FakeLearner : public Learner {
+ public:
+  explicit FakeLearner(FakeClock* clock) : clock_(clock), w_(kParams, 0.0f) {}
+
+  int64_t train_size() const override { return kTrain; }
+  int64_t test_size() const override { return kTest; }
+  std::string device() const override { return "fake"; }
+  const ModelLayout& layout() const override { return layout_; }
+  void GetParameters(absl::Span<float> out) override { std::copy(w_.begin(), w_.end(), out.begin()); }
+  void SetParameters(absl::Span<const float> v) override { w_.assign(v.begin(), v.end()); }
+
+  double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
+    clock_->Advance(absl::Seconds(kSecondsPerSample * static_cast<double>(indices.size())));
+    seen_.emplace_back(indices.begin(), indices.end());
+    double loss = 0.0;
+    for (int i = 0; i < kParams; ++i) {
+      grad[i] = w_[i] - Target(i);
+      loss += 0.5 * grad[i] * grad[i];
+    }
+    return loss * static_cast<double>(indices.size());
+  }
+
+  EvalResult Evaluate(int64_t begin, int64_t end) override {
+    evaluated_.push_back({begin, end});
+    return {end - begin, (end - begin) / 2, 0.0};
+  }
+
+  static float Target(int i) { return 1.0f + static_cast<float>(i); }
+  double Distance() const {
+    double d = 0.0;
+    for (int i = 0; i < kParams; ++i) d += std::abs(w_[i] - Target(i));
+    return d;
+  }
+  // The batches trained, in order.
+  const std::vector<std::vector<int64_t>>& seen() const { return seen_; }
+  const std::vector<SampleRange>& evaluated() const { return evaluated_; }
+
+ private:
+  FakeClock* clock_;
+  ModelLayout layout_ = {{"w", {kParams}}};
+  std::vector<float> w_;
+  std::vector<std::vector<int64_t>> seen_;
+  std::vector<SampleRange> evaluated_;
+};
+
+class TrainingLoopTest : public ::testing::Test {
+ protected:
+  TrainingLoopTest() : learner_(&clock_), log_(std::tmpfile()) {
+    loop_config_.name = "w0";
+    loop_config_.model = "quadratic";
+    loop_config_.log_every = absl::Seconds(1000);  // lines at each epoch's last step only
+    loop_config_.out = log_;
+    job_.epochs = 2;
+    job_.global_batch = 4;  // 22 samples: 6 steps, the last of 2
+    job_.push_time = absl::Milliseconds(5);
+  }
+  ~TrainingLoopTest() override { std::fclose(log_); }
+
+  absl::Status Run(FakePsClient* client) {
+    TrainingLoop loop(loop_config_, &learner_, client, &clock_);
+    absl::Status s = loop.Run();
+    epochs_ = loop.epochs();
+    return s;
+  }
+
+  std::string Log() const {
+    std::fflush(log_);
+    std::rewind(log_);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), log_)) > 0) out.append(buf, n);
+    return out;
+  }
+
+  static std::vector<int> StepsOf(const FakePsClient& client, int epoch) {
+    std::vector<int> steps;
+    for (const FakePsClient::Push& p : client.pushes()) {
+      if (p.epoch == epoch) steps.push_back(p.step);
+    }
+    return steps;
+  }
+
+  FakeClock clock_;
+  FakeLearner learner_;
+  std::FILE* log_;
+  LoopConfig loop_config_;
+  FakeJobConfig job_;
+  std::vector<EpochLog> epochs_;
+};
+
+TEST_F(TrainingLoopTest, TrainsEverySampleOncePerEpochAndLeaves) {
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3, 4, 5));
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3, 4, 5));
+  ASSERT_EQ(learner_.seen().size(), 12u);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::multiset<int64_t> samples;
+    for (int s = 0; s < 6; ++s) {
+      const auto& batch = learner_.seen()[epoch * 6 + s];
+      EXPECT_EQ(batch.size(), s < 5 ? 4u : 2u);
+      samples.insert(batch.begin(), batch.end());
+    }
+    std::multiset<int64_t> all;
+    for (int i = 0; i < kTrain; ++i) all.insert(i);
+    EXPECT_EQ(samples, all) << "epoch " << epoch;
+  }
+  // The permutation differs between epochs.
+  EXPECT_NE(learner_.seen()[0], learner_.seen()[6]);
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[1].samples, kTrain);
+  EXPECT_EQ(client.reports()[1].test_samples, kTest);
+  EXPECT_TRUE(client.left());
+  // Each of the 12 pushes halved the distance to the target (SGD with rate 0.5 on the server),
+  // and the learner holds the server's final values.
+  for (int i = 0; i < kParams; ++i) {
+    EXPECT_FLOAT_EQ(client.parameters()[i], FakeLearner::Target(i) * (1 - std::pow(0.5, 12)));
+  }
+  EXPECT_NEAR(learner_.Distance(), 6 * std::pow(0.5, 12), 1e-6);
+}
+
+TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
+  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "e1:2:2");
+  ASSERT_THAT(slow, IsOk());
+  loop_config_.slowdown = *slow;
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  ASSERT_EQ(client.reports().size(), 2u);
+  // Epoch 0 three times, epoch 1 six times as slow; waiting is the push time of every step.
+  EXPECT_NEAR(client.reports()[0].compute_seconds, 3 * kTrain * kSecondsPerSample, 1e-9);
+  EXPECT_NEAR(client.reports()[1].compute_seconds, 6 * kTrain * kSecondsPerSample, 1e-9);
+  EXPECT_NEAR(client.reports()[0].wait_seconds, 6 * 0.005, 1e-9);
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 3 * 4 * kSecondsPerSample, 1e-9);
+}
+
+TEST_F(TrainingLoopTest, ServerRestartMidEpochResumesFromItsCheckpoint) {
+  FakePsClient reference(job_, &clock_);
+  ASSERT_THAT(Run(&reference), IsOk());
+  const std::vector<float> uninterrupted = reference.parameters();
+
+  FakeLearner learner(&clock_);
+  FakePsClient client(job_, &clock_);
+  // The push of epoch 1 step 4 reaches a server restarted from its checkpoint at step 2.
+  client.RestartAt(1, 4, 2);
+  TrainingLoop loop(loop_config_, &learner, &client, &clock_);
+  ASSERT_THAT(loop.Run(), IsOk());
+  EXPECT_EQ(client.restarts(), 1);
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3, 2, 3, 4, 5));
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[1].samples, kTrain);
+  // Steps 2-5 were timed here; scaled to the whole epoch, the speed estimate is unchanged.
+  EXPECT_NEAR(client.reports()[1].compute_seconds, kTrain * kSecondsPerSample, 1e-9);
+  // Replaying steps 2 and 3 from the checkpointed parameters ends where an uninterrupted run does.
+  for (int i = 0; i < kParams; ++i) EXPECT_FLOAT_EQ(client.parameters()[i], uninterrupted[i]);
+  EXPECT_THAT(Log(), HasSubstr("resuming at epoch 2 step 3 from the server's state"));
+}
+
+TEST_F(TrainingLoopTest, ServerRestartBeforeTheReportRetrainsTheLostSteps) {
+  FakePsClient client(job_, &clock_);
+  client.RestartAt(0, 6, 5);  // the report of epoch 0 finds a server back at step 5
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3, 4, 5, 5));
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[0].samples, kTrain);
+  // Only the last step (2 samples) was timed after the resume; scaled to 22 samples.
+  EXPECT_NEAR(client.reports()[0].compute_seconds, kTrain * kSecondsPerSample, 1e-9);
+}
+
+TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
+  FakePsClient client(job_, &clock_);
+  // After step 1 of epoch 0 (8 samples done), the rest is re-planned into 2 steps of 7, and the
+  // test slice changes.
+  PlanRevision rev;
+  rev.epoch = 0;
+  rev.from_step = 2;
+  rev.num_steps = 4;
+  rev.steps = {{{8, 15}}, {{15, 22}}};
+  rev.test_range = {2, 7};
+  client.ReviseAfter(0, 1, rev);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3));
+  EXPECT_EQ(learner_.seen()[2].size(), 7u);
+  EXPECT_EQ(learner_.seen()[3].size(), 7u);
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[0].samples, kTrain);
+  EXPECT_EQ(client.reports()[0].test_samples, 5);
+  EXPECT_EQ(learner_.evaluated()[0], (SampleRange{2, 7}));
+  // Epoch 1 has the regular plan again.
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3, 4, 5));
+  EXPECT_THAT(Log(), HasSubstr("epoch 1 re-planned at step 2 (revision 1): 4 steps, my next "
+                               "batch 7"));
+}
+
+TEST_F(TrainingLoopTest, RefusesAnInconsistentRevision) {
+  FakePsClient client(job_, &clock_);
+  PlanRevision rev;
+  rev.epoch = 0;
+  rev.from_step = 3;  // the reply of step 1 must revise from step 2
+  rev.num_steps = 4;
+  rev.steps = {{{8, 22}}};
+  client.ReviseAfter(0, 1, rev);
+  EXPECT_THAT(Run(&client),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inconsistent plan revision")));
+  EXPECT_EQ(client.pushes().size(), 2u);
+}
+
+TEST_F(TrainingLoopTest, RefusesSamplesOutsideTheDataSet) {
+  FakePsClient client(job_, &clock_);
+  PlanRevision rev;
+  rev.epoch = 0;
+  rev.from_step = 2;
+  rev.num_steps = 3;
+  rev.steps = {{{8, 40}}};
+  client.ReviseAfter(0, 1, rev);
+  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("outside the data set")));
+  EXPECT_EQ(learner_.seen().size(), 2u);  // nothing was computed on the bad range
+}
+
+TEST_F(TrainingLoopTest, AnEvictedWorkerStopsWithTheServersReason) {
+  FakePsClient client(job_, &clock_);
+  client.EvictAt(0, 3);
+  EXPECT_THAT(Run(&client),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2));
+  EXPECT_TRUE(client.reports().empty());
+  EXPECT_FALSE(client.left());
+}
+
+TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {
+  job_.epochs = 3;
+  job_.start_epoch = 2;
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_TRUE(StepsOf(client, 0).empty());
+  EXPECT_THAT(StepsOf(client, 2), ElementsAre(0, 1, 2, 3, 4, 5));
+  ASSERT_EQ(epochs_.size(), 1u);
+  EXPECT_EQ(epochs_[0].timing.epoch, 2);
+  EXPECT_THAT(Log(), HasSubstr("joining a running job: training from epoch 3 on"));
+}
+
+TEST_F(TrainingLoopTest, ShowsProgressAndWritesItsRecord) {
+  const std::string record = ::testing::TempDir() + "/loop_record.json";
+  loop_config_.record_path = record;
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  const std::string log = Log();
+  EXPECT_THAT(log, HasSubstr("joined as worker 0 on fake: 22 train / 10 test samples, model "
+                             "quadratic (3 parameters), policy fake, 2 epochs, global batch 4"));
+  EXPECT_THAT(log, HasSubstr("epoch 2/2 step 6/6 | loss"));
+  EXPECT_THAT(log, HasSubstr("| job ETA 0:00"));
+  EXPECT_THAT(log, HasSubstr("epoch 1/2 done: 22 samples, batch 4 (share 1.000)"));
+  EXPECT_THAT(log, HasSubstr("finished: 2 epochs"));
+  std::ifstream in(record);
+  ASSERT_TRUE(in.good());
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("name"), "w0");
+  ASSERT_EQ(j.at("epochs").size(), 2u);
+  EXPECT_EQ(j.at("epochs")[1].at("samples"), kTrain);
+  EXPECT_NEAR(j.at("epochs")[0].at("compute_seconds").get<double>(), kTrain * kSecondsPerSample,
+              1e-9);
+}
+
+TEST_F(TrainingLoopTest, AnUnwritableRecordIsAnError) {
+  loop_config_.record_path = "/nonexistent-dir/record.json";
+  FakePsClient client(job_, &clock_);
+  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot write")));
+  EXPECT_EQ(client.reports().size(), 2u);  // training itself completed
+}
+
+TEST(MeasureSpeedTest, CountsSlowedComputeOnly) {
+  FakeClock clock;
+  FakeLearner learner(&clock);
+  absl::StatusOr<double> speed = MeasureSpeed(&learner, &clock, 2.0, 100, 8);
+  ASSERT_THAT(speed, IsOk());
+  // 2 ms per sample, whatever the batches; batches wrap at the end of the 22 samples
+  // (8, 8, 6, 8, ...): a warm-up batch, then 14 timed ones for 104 samples.
+  EXPECT_NEAR(*speed, 500.0, 1e-6);
+  EXPECT_EQ(learner.seen().size(), 15u);
+  EXPECT_THAT(MeasureSpeed(&learner, &clock, 1.0, 0, 8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be >= 1")));
+}
+
+}  // namespace
+}  // namespace dbs

@@ -1,0 +1,227 @@
+#include "worker/fake_ps_client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace dbs {
+
+FakePsClient::FakePsClient(FakeJobConfig config, FakeClock* clock)
+    : config_(config), clock_(clock) {}
+
+void FakePsClient::RestartAt(int epoch, int step, int resume_step) {
+  restarts_at_[{epoch, step}] = resume_step;
+}
+
+void FakePsClient::ReviseAfter(int epoch, int step, PlanRevision revision) {
+  revisions_at_[{epoch, step}] = std::move(revision);
+}
+
+void FakePsClient::EvictAt(int epoch, int step) { evict_at_ = {epoch, step}; }
+
+absl::Status FakePsClient::CheckWorker(int worker_id) const {
+  if (!registered_ || worker_id != 0) {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  }
+  if (evicted_) {
+    return absl::NotFoundError(
+        "worker 0 was declared dead after missing a step deadline; its samples went to the "
+        "other workers");
+  }
+  return absl::OkStatus();
+}
+
+WorkerPlan FakePsClient::PlanOf(int epoch) const {
+  WorkerPlan plan;
+  plan.epoch = epoch;
+  plan.total_epochs = config_.epochs;
+  if (epoch >= config_.epochs) {
+    plan.finished = true;
+    return plan;
+  }
+  const int64_t n = reg_.train_samples;
+  plan.global_batch = config_.global_batch;
+  plan.batch_size = config_.global_batch;
+  plan.num_steps = static_cast<int>((n + config_.global_batch - 1) / config_.global_batch);
+  plan.final_batch_size = static_cast<int>(n - int64_t{plan.num_steps - 1} * config_.global_batch);
+  plan.permutation_seed = 1000 + static_cast<uint64_t>(epoch);
+  plan.train_ranges = {{0, n}};
+  plan.test_range = {0, reg_.test_samples};
+  plan.share = 1.0;
+  return plan;
+}
+
+void FakePsClient::StartEpoch(int epoch) {
+  epoch_ = epoch;
+  step_ = 0;
+  const WorkerPlan plan = PlanOf(epoch);
+  schedule_ = ExpandSteps(plan);
+  test_range_ = plan.test_range;
+  checkpoints_.clear();
+  checkpoints_[0] = params_;
+}
+
+absl::StatusOr<RegistrationResult> FakePsClient::RegisterWorker(const WorkerRegistration& reg) {
+  if (reg.train_samples < 1) return absl::InvalidArgumentError("no training samples");
+  reg_ = reg;
+  registered_ = true;
+  RegistrationResult r;
+  r.worker_id = 0;
+  r.start_epoch = config_.start_epoch;
+  r.expected_workers = 1;
+  r.epochs = config_.epochs;
+  r.global_batch = config_.global_batch;
+  r.policy = "fake";
+  return r;
+}
+
+absl::Status FakePsClient::RegisterModel(int worker_id, const ModelLayout& layout,
+                                         absl::Span<const float> initial,
+                                         absl::Span<float> params) {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  if (initial.size() != static_cast<size_t>(TotalElements(layout)) ||
+      params.size() != initial.size()) {
+    return absl::InvalidArgumentError("parameters do not match the layout");
+  }
+  if (params_.empty()) params_.assign(initial.begin(), initial.end());
+  std::copy(params_.begin(), params_.end(), params.begin());
+  StartEpoch(config_.start_epoch);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerPlan> FakePsClient::GetEpochPlan(int worker_id, int epoch) {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  if (epoch >= config_.epochs) return PlanOf(epoch);
+  if (epoch != epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("epoch ", epoch, " is not running (the job is at epoch ", epoch_, ")"));
+  }
+  return PlanOf(epoch);
+}
+
+bool FakePsClient::MaybeRestart(int epoch, int step) {
+  auto it = restarts_at_.find({epoch, step});
+  if (it == restarts_at_.end() || epoch != epoch_) return false;
+  const int resume_step = it->second;
+  restarts_at_.erase(it);
+  reconnected_ = true;  // the call had to wait for the server to come back
+  ++restarts_;
+  auto checkpoint = checkpoints_.find(resume_step);
+  if (checkpoint != checkpoints_.end()) {
+    params_ = checkpoint->second;
+    step_ = resume_step;
+  }
+  return true;
+}
+
+absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch, int step,
+                                                       int num_samples, double loss_sum,
+                                                       double compute_seconds,
+                                                       absl::Span<const float> gradient,
+                                                       absl::Span<float> params) {
+  if (clock_ != nullptr) clock_->Advance(config_.push_time);
+  if (epoch == evict_at_.first && step == evict_at_.second) evicted_ = true;
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  MaybeRestart(epoch, step);
+  const int num_steps = static_cast<int>(schedule_.size());
+  if (epoch != epoch_ || step != step_ || step_ >= num_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push for epoch ", epoch, " step ", step, " does not match the current step (epoch ",
+        epoch_, " step ", step_, ")"));
+  }
+  if (num_samples != CountSamples(schedule_[step])) {
+    return absl::InvalidArgumentError(absl::StrCat("pushed ", num_samples, " samples at step ",
+                                                   step, "; the plan says ",
+                                                   CountSamples(schedule_[step])));
+  }
+  if (num_samples > 0 && gradient.size() != params_.size()) {
+    return absl::InvalidArgumentError("the gradient does not match the model");
+  }
+  if (params.size() != params_.size()) {
+    return absl::InvalidArgumentError("the parameter buffer does not match the model");
+  }
+  for (size_t i = 0; num_samples > 0 && i < params_.size(); ++i) {
+    params_[i] -= config_.learning_rate * gradient[i];
+  }
+  ++version_;
+  pushes_.push_back({epoch, step, num_samples, compute_seconds});
+  std::copy(params_.begin(), params_.end(), params.begin());
+  StepOutcome out;
+  out.global_loss = num_samples > 0 ? loss_sum / num_samples : 0.0;
+  out.global_samples = num_samples;
+  out.version = version_;
+  auto rev = revisions_at_.find({epoch, step});
+  if (rev != revisions_at_.end()) {
+    out.revised = true;
+    out.revision = rev->second;
+    out.revision.revision = ++revision_;
+    // The server follows its own revision (when it is well-formed).
+    if (rev->second.from_step == step + 1 &&
+        rev->second.num_steps == rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
+      schedule_.resize(rev->second.num_steps);
+      std::copy(rev->second.steps.begin(), rev->second.steps.end(),
+                schedule_.begin() + rev->second.from_step);
+      test_range_ = rev->second.test_range;
+    }
+    revisions_at_.erase(rev);
+  }
+  ++step_;
+  checkpoints_[step_] = params_;
+  return out;
+}
+
+absl::Status FakePsClient::ReportEpoch(const EpochTiming& timing) {
+  if (absl::Status s = CheckWorker(timing.worker_id); !s.ok()) return s;
+  MaybeRestart(timing.epoch, static_cast<int>(schedule_.size()));
+  if (timing.epoch != epoch_ || step_ != static_cast<int>(schedule_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report for epoch ", timing.epoch, " before its steps are done (epoch ", epoch_,
+        " step ", step_, ")"));
+  }
+  int64_t samples = 0;
+  for (const auto& step : schedule_) samples += CountSamples(step);
+  if (timing.samples != samples) {
+    return absl::InvalidArgumentError(absl::StrCat("report of ", timing.samples,
+                                                   " samples; the epoch had ", samples));
+  }
+  reports_.push_back(timing);
+  StartEpoch(epoch_ + 1);
+  return absl::OkStatus();
+}
+
+absl::Status FakePsClient::Leave(int worker_id) {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  left_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResumeInfo> FakePsClient::Resume(int worker_id, absl::Span<float> params) {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  if (params.size() != params_.size()) {
+    return absl::InvalidArgumentError("the parameter buffer does not match the model");
+  }
+  std::copy(params_.begin(), params_.end(), params.begin());
+  ResumeInfo info;
+  info.finished = epoch_ >= config_.epochs;
+  info.epoch = epoch_;
+  info.step = step_;
+  info.has_plan = !info.finished;
+  if (info.has_plan) {
+    info.plan = PlanOf(epoch_);
+    info.schedule.epoch = epoch_;
+    info.schedule.revision = revision_;
+    info.schedule.from_step = 0;
+    info.schedule.num_steps = static_cast<int>(schedule_.size());
+    info.schedule.steps = schedule_;
+    info.schedule.test_range = test_range_;
+  }
+  return info;
+}
+
+bool FakePsClient::TakeReconnected() {
+  const bool r = reconnected_;
+  reconnected_ = false;
+  return r;
+}
+
+}  // namespace dbs

@@ -1,0 +1,108 @@
+// FakePsClient: an in-process parameter server for one worker, standing beside PsClient as c10d's
+// HashStore stands beside Store, so the training loop can be tested without processes or network.
+//
+// It keeps the job's real state: the current epoch and step, the parameters (plain SGD on the
+// pushed mean gradient), one plan per epoch (the whole training set in batches of the global
+// batch, test set whole) and the revisions it sent. Like the real server it refuses a push or a
+// report that is not the one it expects (FAILED_PRECONDITION), a report whose sample count does
+// not match (INVALID_ARGUMENT), and any call from an evicted worker (NOT_FOUND). Scripted events
+// make it restart from an earlier step, revise the rest of an epoch, or evict the worker.
+// Every push can take simulated network time on an injected FakeClock. Not thread-safe.
+#ifndef DBS_WORKER_FAKE_PS_CLIENT_H_
+#define DBS_WORKER_FAKE_PS_CLIENT_H_
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "worker/ps_client.h"
+
+namespace dbs {
+
+struct FakeJobConfig {
+  int epochs = 2;
+  int global_batch = 4;
+  int start_epoch = 0;          // the epoch the worker joins at (later: joining a running job)
+  float learning_rate = 0.5f;
+  absl::Duration push_time;     // simulated time of each push on the clock (if any)
+};
+
+class FakePsClient : public PsClient {
+ public:
+  struct Push {
+    int epoch = 0;
+    int step = 0;
+    int num_samples = 0;
+    double compute_seconds = 0.0;
+  };
+
+  // `clock` may be null (no simulated time); it must outlive the client.
+  explicit FakePsClient(FakeJobConfig config, FakeClock* clock = nullptr);
+
+  // The push of (epoch, step) -- or the epoch's report when `step` is the epoch's step count --
+  // finds a server that restarted from its checkpoint at `resume_step` (<= step) of that epoch:
+  // the call first waits for the server (TakeReconnected turns true), then fails as the real
+  // server does for a worker ahead of it.
+  void RestartAt(int epoch, int step, int resume_step);
+  // The reply to the push of (epoch, step) carries `revision`, which the server also follows.
+  void ReviseAfter(int epoch, int step, PlanRevision revision);
+  // From the push of (epoch, step) on, the worker is dead to the server.
+  void EvictAt(int epoch, int step);
+
+  const std::vector<Push>& pushes() const { return pushes_; }
+  const std::vector<EpochTiming>& reports() const { return reports_; }
+  const std::vector<float>& parameters() const { return params_; }
+  bool left() const { return left_; }
+  int restarts() const { return restarts_; }
+
+  absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
+  absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
+                             absl::Span<const float> initial, absl::Span<float> params) override;
+  absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) override;
+  absl::StatusOr<StepOutcome> PushGradient(int worker_id, int epoch, int step, int num_samples,
+                                           double loss_sum, double compute_seconds,
+                                           absl::Span<const float> gradient,
+                                           absl::Span<float> params) override;
+  absl::Status ReportEpoch(const EpochTiming& timing) override;
+  absl::Status Leave(int worker_id) override;
+  absl::StatusOr<ResumeInfo> Resume(int worker_id, absl::Span<float> params) override;
+  bool TakeReconnected() override;
+
+ private:
+  absl::Status CheckWorker(int worker_id) const;
+  // Restarts the server when a scripted restart is due at (epoch, step); true when it did.
+  bool MaybeRestart(int epoch, int step);
+  void StartEpoch(int epoch);
+  WorkerPlan PlanOf(int epoch) const;
+
+  const FakeJobConfig config_;
+  FakeClock* const clock_;
+  WorkerRegistration reg_;
+  bool registered_ = false;
+  bool left_ = false;
+  bool reconnected_ = false;
+  int restarts_ = 0;
+  std::vector<float> params_;
+  int64_t version_ = 0;
+  // The job's position and the current epoch's steps (revisions applied).
+  int epoch_ = 0;
+  int step_ = 0;
+  StepRanges schedule_;
+  SampleRange test_range_;
+  int revision_ = 0;
+  // Parameters at the start of each step of the current epoch (the restart checkpoints).
+  std::map<int, std::vector<float>> checkpoints_;
+
+  std::map<std::pair<int, int>, int> restarts_at_;  // (epoch, step) -> resume step
+  std::map<std::pair<int, int>, PlanRevision> revisions_at_;
+  std::pair<int, int> evict_at_ = {-1, -1};
+  bool evicted_ = false;
+
+  std::vector<Push> pushes_;
+  std::vector<EpochTiming> reports_;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_WORKER_FAKE_PS_CLIENT_H_

@@ -1,0 +1,307 @@
+#include "worker/training_loop.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/files.h"
+#include "common/permutation.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace dbs {
+namespace {
+
+std::string MinSec(double seconds) {
+  const int s = static_cast<int>(seconds + 0.5);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+// Sleeps so that a computation that took `elapsed` appears `factor` times slower.
+void EmulateSlowdown(const Clock* clock, absl::Duration elapsed, double factor) {
+  if (factor > 1.0) clock->SleepFor(elapsed * (factor - 1.0));
+}
+
+bool InRange(const SampleRange& r, int64_t size) {
+  return r.begin >= 0 && r.end <= size && r.begin <= r.end;
+}
+
+}  // namespace
+
+TrainingLoop::TrainingLoop(LoopConfig config, Learner* learner, PsClient* client,
+                           const Clock* clock)
+    : config_(std::move(config)), learner_(learner), client_(client), clock_(clock) {}
+
+double TrainingLoop::Since(absl::Time t) const {
+  return absl::ToDoubleSeconds(clock_->Now() - t);
+}
+
+void TrainingLoop::Say(const std::string& line) const {
+  absl::FPrintF(config_.out, "[%s] %s\n", config_.name, line);
+  std::fflush(config_.out);
+}
+
+absl::Status TrainingLoop::Run() {
+  job_start_ = clock_->Now();
+  DBS_RETURN_IF_ERROR(Join());
+  while (!finished_) {
+    if (need_plan_) {
+      DBS_ASSIGN_OR_RETURN(Next next, FetchPlan());
+      if (next == Next::kResynced || finished_) continue;
+    }
+    need_plan_ = true;
+    DBS_ASSIGN_OR_RETURN(Next next, RunEpoch());
+    if (next == Next::kGoOn) ++epoch_;
+  }
+  return Finish();
+}
+
+absl::Status TrainingLoop::Join() {
+  const ModelLayout& layout = learner_->layout();
+  const size_t model_size = static_cast<size_t>(TotalElements(layout));
+  params_.assign(model_size, 0.0f);
+  grad_.assign(model_size, 0.0f);
+  learner_->GetParameters(absl::MakeSpan(params_));
+  const WorkerRegistration reg{config_.name, learner_->train_size(), learner_->test_size(),
+                               learner_->device(), config_.max_batch};
+  DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client_->RegisterWorker(reg));
+  id_ = joined.worker_id;
+  Say(absl::StrFormat("joined as worker %d on %s: %d train / %d test samples, model %s "
+                      "(%d parameters), policy %s, %d epochs, global batch %d",
+                      id_, learner_->device(), learner_->train_size(), learner_->test_size(),
+                      config_.model, model_size, joined.policy, joined.epochs,
+                      joined.global_batch));
+  DBS_RETURN_IF_ERROR(client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_)));
+  learner_->SetParameters(params_);
+  epoch_ = joined.start_epoch;
+  if (joined.start_epoch > 0) {
+    Say(absl::StrCat("joining a running job: training from epoch ", joined.start_epoch + 1,
+                     " on, from the current parameters"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingLoop::Next> TrainingLoop::FetchPlan() {
+  absl::StatusOr<WorkerPlan> next = client_->GetEpochPlan(id_, epoch_);
+  if (!next.ok()) {
+    if (absl::IsFailedPrecondition(next.status()) && Resync(next.status())) return Next::kResynced;
+    return next.status();
+  }
+  plan_ = *std::move(next);
+  if (plan_.finished) {
+    finished_ = true;
+    return Next::kGoOn;
+  }
+  schedule_ = ExpandSteps(plan_);
+  num_steps_ = plan_.num_steps;
+  test_range_ = plan_.test_range;
+  first_step_ = 0;
+  return Next::kGoOn;
+}
+
+absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
+  perm_ = EpochPermutation(learner_->train_size(), plan_.permutation_seed);
+  EpochTiming timing;
+  timing.worker_id = id_;
+  timing.epoch = epoch_;
+  // Steps done before a resume were counted by the server already.
+  int64_t resumed_samples = 0;
+  for (int s = 0; s < first_step_ && s < static_cast<int>(schedule_.size()); ++s) {
+    resumed_samples += CountSamples(schedule_[s]);
+  }
+  epoch_start_ = clock_->Now();
+  next_log_ = epoch_start_ + config_.log_every;
+  for (int step = first_step_; step < num_steps_; ++step) {
+    DBS_ASSIGN_OR_RETURN(Next next, TrainStep(step, &timing));
+    if (next == Next::kResynced) return next;
+  }
+  // Before reporting: if the server went away meanwhile it may have restarted behind us.
+  if (client_->TakeReconnected() &&
+      Resync(absl::UnavailableError("the server restarted during the epoch"))) {
+    return Next::kResynced;
+  }
+  if (resumed_samples > 0 && timing.samples > 0) {
+    // Only part of the epoch was timed here: scale to the whole for the speed estimate.
+    timing.compute_seconds *= static_cast<double>(timing.samples + resumed_samples) /
+                              static_cast<double>(timing.samples);
+  }
+  timing.samples += resumed_samples;
+  return EvaluateAndReport(timing);
+}
+
+absl::Status TrainingLoop::IndicesOf(const std::vector<SampleRange>& ranges) {
+  step_index_.clear();
+  for (const SampleRange& r : ranges) {
+    if (!InRange(r, learner_->train_size())) {
+      return absl::InvalidArgumentError("the plan's sample range is outside the data set");
+    }
+    step_index_.insert(step_index_.end(), perm_.begin() + r.begin, perm_.begin() + r.end);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming* timing) {
+  if (step >= static_cast<int>(schedule_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan has ", schedule_.size(),
+                                                   " steps of samples but ", num_steps_,
+                                                   " steps"));
+  }
+  DBS_RETURN_IF_ERROR(IndicesOf(schedule_[step]));
+  const int b = static_cast<int>(step_index_.size());
+  const absl::Time t0 = clock_->Now();
+  double loss_sum = 0.0;
+  if (b > 0) {
+    loss_sum = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
+    EmulateSlowdown(clock_, clock_->Now() - t0, config_.slowdown.FactorAt(epoch_, global_step_));
+  }
+  ++global_step_;
+  const double compute = Since(t0);
+  const absl::Time t1 = clock_->Now();
+  absl::StatusOr<StepOutcome> pushed = client_->PushGradient(
+      id_, epoch_, step, b, loss_sum, compute,
+      b > 0 ? absl::Span<const float>(grad_) : absl::Span<const float>(), absl::MakeSpan(params_));
+  if (!pushed.ok()) {
+    // A restarted server may be behind this worker: ask where to continue.
+    if (absl::IsFailedPrecondition(pushed.status()) && Resync(pushed.status())) {
+      return Next::kResynced;
+    }
+    return pushed.status();
+  }
+  const absl::Time t2 = clock_->Now();
+  learner_->SetParameters(params_);
+  timing->compute_seconds += compute + Since(t2);
+  timing->wait_seconds += absl::ToDoubleSeconds(t2 - t1);
+  timing->samples += b;
+  if (pushed->revised) DBS_RETURN_IF_ERROR(ApplyRevision(pushed->revision, step));
+  LogProgress(step, b, pushed->global_loss, *timing);
+  return Next::kGoOn;
+}
+
+absl::Status TrainingLoop::ApplyRevision(const PlanRevision& rev, int step) {
+  if (rev.epoch != epoch_ || rev.from_step != step + 1 ||
+      rev.num_steps != rev.from_step + static_cast<int>(rev.steps.size())) {
+    return absl::InvalidArgumentError("the server sent an inconsistent plan revision");
+  }
+  schedule_.resize(rev.num_steps);
+  std::copy(rev.steps.begin(), rev.steps.end(), schedule_.begin() + rev.from_step);
+  num_steps_ = rev.num_steps;
+  test_range_ = rev.test_range;
+  Say(absl::StrFormat("epoch %d re-planned at step %d (revision %d): %d steps, my next batch %d",
+                      epoch_ + 1, step + 1, rev.revision, num_steps_,
+                      rev.steps.empty() ? 0 : CountSamples(rev.steps[0])));
+  return absl::OkStatus();
+}
+
+void TrainingLoop::LogProgress(int step, int batch, double loss, const EpochTiming& timing) {
+  if (clock_->Now() < next_log_ && step != num_steps_ - 1) return;
+  next_log_ = clock_->Now() + config_.log_every;
+  const double elapsed = Since(epoch_start_);
+  const double per_step = elapsed / (step - first_step_ + 1);
+  const double epoch_eta = per_step * (num_steps_ - step - 1);
+  const double job_eta = epoch_eta + per_step * num_steps_ * (plan_.total_epochs - epoch_ - 1);
+  Say(absl::StrFormat("epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
+                      "| epoch ETA %s | job ETA %s",
+                      epoch_ + 1, plan_.total_epochs, step + 1, num_steps_, loss, batch,
+                      timing.samples / std::max(elapsed, 1e-9), MinSec(epoch_eta),
+                      MinSec(job_eta)));
+}
+
+absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming timing) {
+  if (!InRange(test_range_, learner_->test_size())) {
+    return absl::InvalidArgumentError("the plan's test range is outside the test set");
+  }
+  const absl::Time eval_start = clock_->Now();
+  const EvalResult eval = learner_->Evaluate(test_range_.begin, test_range_.end);
+  timing.eval_seconds = Since(eval_start);
+  timing.test_samples = eval.samples;
+  timing.test_correct = eval.correct;
+  timing.test_loss_sum = eval.loss_sum;
+  const absl::Status reported = client_->ReportEpoch(timing);
+  if (!reported.ok()) {
+    // A server that restarted meanwhile does not know this epoch's steps.
+    if ((absl::IsFailedPrecondition(reported) || absl::IsInvalidArgument(reported)) &&
+        client_->TakeReconnected() && Resync(reported)) {
+      return Next::kResynced;
+    }
+    return reported;
+  }
+  const double accuracy =
+      eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
+  Say(absl::StrFormat("epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
+                      "wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%",
+                      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size,
+                      plan_.share, timing.compute_seconds, timing.wait_seconds,
+                      timing.eval_seconds, 100.0 * accuracy));
+  epochs_.push_back({plan_.batch_size, plan_.share, timing});
+  return Next::kGoOn;
+}
+
+bool TrainingLoop::Resync(const absl::Status& why) {
+  absl::StatusOr<ResumeInfo> r = client_->Resume(id_, absl::MakeSpan(params_));
+  if (!r.ok()) return false;
+  client_->TakeReconnected();  // this resume accounts for the outage
+  learner_->SetParameters(params_);
+  finished_ = r->finished;
+  epoch_ = r->epoch;
+  need_plan_ = !r->has_plan;
+  if (r->has_plan) {
+    plan_ = r->plan;
+    schedule_ = r->schedule.steps;
+    num_steps_ = r->schedule.num_steps;
+    test_range_ = r->schedule.test_range;
+    first_step_ = r->step;
+  }
+  Say(absl::StrFormat("resuming at epoch %d step %d from the server's state (%s)", epoch_ + 1,
+                      r->step + 1, why.message()));
+  return true;
+}
+
+absl::Status TrainingLoop::Finish() {
+  const absl::Status left = client_->Leave(id_);
+  if (!left.ok()) Say(absl::StrCat("warning: ", left.ToString()));
+  Say(absl::StrFormat("finished: %d epochs in %.1f s", epochs_.size(), Since(job_start_)));
+  if (config_.record_path.empty()) return absl::OkStatus();
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const EpochLog& e : epochs_) {
+    epochs.push_back({{"epoch", e.timing.epoch},
+                      {"batch_size", e.batch_size},
+                      {"share", e.share},
+                      {"samples", e.timing.samples},
+                      {"compute_seconds", e.timing.compute_seconds},
+                      {"wait_seconds", e.timing.wait_seconds},
+                      {"eval_seconds", e.timing.eval_seconds},
+                      {"test_samples", e.timing.test_samples},
+                      {"test_correct", e.timing.test_correct}});
+  }
+  const nlohmann::json record = {{"worker_id", id_}, {"name", config_.name}, {"epochs", epochs}};
+  return WriteFileAtomic(config_.record_path, record.dump(2) + "\n");
+}
+
+absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
+                                    int64_t samples, int batch) {
+  if (samples < 1 || batch < 1) return absl::InvalidArgumentError("samples and batch must be >= 1");
+  const int64_t n = learner->train_size();
+  if (n < 1) return absl::FailedPreconditionError("the training set is empty");
+  std::vector<float> grad(static_cast<size_t>(TotalElements(learner->layout())));
+  std::vector<int64_t> index;
+  auto batch_at = [&](int64_t begin) {
+    index.clear();
+    for (int64_t i = begin; i < std::min<int64_t>(n, begin + batch); ++i) index.push_back(i);
+  };
+  batch_at(0);
+  learner->ComputeGradient(index, absl::MakeSpan(grad));  // warm-up, not timed
+  double seconds = 0.0;
+  int64_t done = 0;
+  while (done < samples) {
+    batch_at(done % n);
+    const absl::Time t0 = clock->Now();
+    learner->ComputeGradient(index, absl::MakeSpan(grad));
+    EmulateSlowdown(clock, clock->Now() - t0, slowdown);
+    seconds += absl::ToDoubleSeconds(clock->Now() - t0);
+    done += static_cast<int64_t>(index.size());
+  }
+  return done / std::max(seconds, 1e-12);
+}
+
+}  // namespace dbs

@@ -1,0 +1,111 @@
+// TrainingLoop: a worker's part of a dbs job, free of libtorch and gRPC.
+//
+// Run() joins the job and registers the model (so every worker starts from the first worker's
+// initial values), then for each epoch: fetches the plan, trains its share of the epoch's
+// permutation step by step (gradient of the step's samples, push, load the aggregated
+// parameters), follows plan revisions sent with a step's result, evaluates its slice of the test
+// set and reports compute-only time. When the server restarted from a checkpoint behind the
+// worker, the loop asks where the job stands and continues from there (resync). It ends by
+// leaving the job and writing its record.
+//
+// Compute time covers the gradient and the parameter copies; time inside server calls is
+// reported separately as waiting. When an epoch was resumed part-way, the compute time of the
+// steps trained here is scaled to the whole epoch for the speed estimate. A progress line goes to
+// `LoopConfig::out` every `log_every`. The model side is a Learner, the server a PsClient, time an
+// injected Clock; all three must outlive the loop. Not thread-safe.
+#ifndef DBS_WORKER_TRAINING_LOOP_H_
+#define DBS_WORKER_TRAINING_LOOP_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/plan.h"
+#include "worker/learner.h"
+#include "worker/ps_client.h"
+#include "worker/slowdown_schedule.h"
+
+namespace dbs {
+
+struct LoopConfig {
+  std::string name;            // worker name (unique in the job)
+  std::string model;           // the model's name, for the log
+  int max_batch = 0;           // the largest batch this worker can hold (0: no limit)
+  SlowdownSchedule slowdown;   // emulated slowness: compute takes this many times longer
+  absl::Duration log_every = absl::Seconds(5);
+  std::string record_path;     // optional JSON record of this worker's epochs
+  std::FILE* out = stdout;     // progress lines
+};
+
+// One reported epoch of this worker.
+struct EpochLog {
+  int batch_size = 0;
+  double share = 0.0;
+  EpochTiming timing;
+};
+
+class TrainingLoop {
+ public:
+  TrainingLoop(LoopConfig config, Learner* learner, PsClient* client, const Clock* clock);
+
+  // Runs until the job ends. Errors say what failed and what to do about it.
+  absl::Status Run();
+
+  int worker_id() const { return id_; }
+  // The epochs reported so far, in order.
+  const std::vector<EpochLog>& epochs() const { return epochs_; }
+
+ private:
+  enum class Next { kGoOn, kResynced };
+
+  absl::Status Join();
+  absl::StatusOr<Next> FetchPlan();
+  absl::StatusOr<Next> RunEpoch();
+  absl::StatusOr<Next> TrainStep(int step, EpochTiming* timing);
+  absl::Status ApplyRevision(const PlanRevision& rev, int step);
+  absl::StatusOr<Next> EvaluateAndReport(EpochTiming timing);
+  // Continues where the server says the job stands; false when the server cannot tell.
+  bool Resync(const absl::Status& why);
+  // The dataset indices of one step's permutation positions, checked against the data set.
+  absl::Status IndicesOf(const std::vector<SampleRange>& ranges);
+  void LogProgress(int step, int batch, double loss, const EpochTiming& timing);
+  absl::Status Finish();
+  double Since(absl::Time t) const;
+  void Say(const std::string& line) const;
+
+  const LoopConfig config_;
+  Learner* const learner_;
+  PsClient* const client_;
+  const Clock* const clock_;
+
+  int id_ = -1;
+  std::vector<float> params_, grad_;
+  // Where the loop stands; a resync may set any of it.
+  int epoch_ = 0;
+  bool need_plan_ = true;
+  bool finished_ = false;
+  int first_step_ = 0;
+  WorkerPlan plan_;
+  StepRanges schedule_;
+  int num_steps_ = 0;
+  SampleRange test_range_;
+
+  std::vector<int64_t> perm_, step_index_;
+  int64_t global_step_ = 0;
+  absl::Time job_start_, epoch_start_, next_log_;
+  std::vector<EpochLog> epochs_;
+};
+
+// Standalone compute speed, without a server: forward/backward over `samples` training samples
+// in batches of `batch` (after one warm-up batch), slowed `slowdown` times. Samples per second.
+absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
+                                    int64_t samples, int batch);
+
+}  // namespace dbs
+
+#endif  // DBS_WORKER_TRAINING_LOOP_H_
