@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "server/replan_window.h"
+#include "server/job_config.h"
 #include "server/scheduler.h"
 
 namespace dbs {
@@ -263,11 +264,11 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
   sc.expected_workers = n;
   sc.epochs = config.epochs;
   sc.global_batch = config.global_batch;
-  DBS_RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
-  PolicyConfig pc;
-  pc.kind = config.policy;
-  pc.global_batch = config.global_batch;
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(pc));
+  JobConfig job;
+  job.scheduler = sc;
+  job.policy = config.policy;
+  DBS_RETURN_IF_ERROR(ValidateJobConfig(job));
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(PolicyConfigOf(job)));
   FakeClock clock;
   Scheduler scheduler(sc, std::move(policy), &clock, nullptr);
   for (int i = 0; i < n; ++i) {

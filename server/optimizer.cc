@@ -97,29 +97,35 @@ absl::Status AdamOptimizer::LoadState(const OptimizerState& s, size_t model_size
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config) {
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   if (config.name == "sgd") {
     const SgdConfig& c = config.sgd;
-    if (!(c.lr > 0.0) || c.momentum < 0.0 || c.momentum >= 1.0 || c.weight_decay < 0.0) {
+    if (!(c.lr > 0.0) || !(c.momentum >= 0.0 && c.momentum < 1.0) || !(c.weight_decay >= 0.0)) {
       return absl::InvalidArgumentError(
           "sgd needs lr > 0, 0 <= momentum < 1 and weight_decay >= 0");
     }
     if (c.nesterov && c.momentum == 0.0) {
       return absl::InvalidArgumentError("nesterov momentum needs momentum > 0");
     }
-    return std::unique_ptr<Optimizer>(new SgdOptimizer(c));
+    return absl::OkStatus();
   }
   if (config.name == "adam") {
     const AdamConfig& c = config.adam;
-    if (!(c.lr > 0.0) || c.beta1 < 0.0 || c.beta1 >= 1.0 || c.beta2 < 0.0 || c.beta2 >= 1.0 ||
-        !(c.eps > 0.0) || c.weight_decay < 0.0) {
+    if (!(c.lr > 0.0) || !(c.beta1 >= 0.0 && c.beta1 < 1.0) || !(c.beta2 >= 0.0 && c.beta2 < 1.0) ||
+        !(c.eps > 0.0) || !(c.weight_decay >= 0.0)) {
       return absl::InvalidArgumentError(
           "adam needs lr > 0, betas in [0, 1), eps > 0 and weight_decay >= 0");
     }
-    return std::unique_ptr<Optimizer>(new AdamOptimizer(c));
+    return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown optimizer '", config.name, "'; use 'sgd' or 'adam'"));
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config) {
+  if (absl::Status valid = ValidateOptimizerConfig(config); !valid.ok()) return valid;
+  if (config.name == "sgd") return std::unique_ptr<Optimizer>(new SgdOptimizer(config.sgd));
+  return std::unique_ptr<Optimizer>(new AdamOptimizer(config.adam));
 }
 
 }  // namespace dbs

@@ -86,6 +86,8 @@ struct OptimizerConfig {
 };
 
 // INVALID_ARGUMENT for an unknown name or out-of-range hyper-parameters.
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+// INVALID_ARGUMENT when ValidateOptimizerConfig refuses the configuration.
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
 
 }  // namespace dbs

@@ -3,7 +3,9 @@
 // Flags are parsed here only; everything below main receives plain config structs.
 #include <signal.h>
 
-#include <cstdio>
+#include <time.h>
+
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -12,18 +14,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/flags_help.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/clock.h"
-#include "common/files.h"
+#include "common/flags_help.h"
 #include "glog/logging.h"
-#include "grpcpp/grpcpp.h"
-#include "server/checkpoint.h"
-#include "server/parameter_service.h"
-#include "server/run_summary.h"
-#include "server/scheduler_service.h"
-#include "server/training_job.h"
+#include "server/ps_server.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free port (see --port_file).");
@@ -83,18 +78,84 @@ ABSL_FLAG(double, linger_s, 10.0,
 
 namespace {
 
-// Blocks SIGINT and SIGTERM in every thread; a dedicated thread receives them with sigwait.
-sigset_t BlockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
+// Every flag is read here; ValidateServerConfig checks them all in one place.
+absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
+  dbs::ServerConfig c;
+  dbs::JobConfig& job = c.job;
+  job.scheduler.expected_workers = absl::GetFlag(FLAGS_workers);
+  job.scheduler.epochs = absl::GetFlag(FLAGS_epochs);
+  job.scheduler.global_batch = absl::GetFlag(FLAGS_global_batch);
+  job.scheduler.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<dbs::PolicyKind> policy = dbs::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) return policy.status();
+  job.policy = *policy;
+  job.speed_window = absl::GetFlag(FLAGS_speed_window);
+  job.min_batch = absl::GetFlag(FLAGS_min_batch);
+  job.max_batch = absl::GetFlag(FLAGS_max_batch);
+  job.smoothing = absl::GetFlag(FLAGS_smoothing);
+  job.deadband = absl::GetFlag(FLAGS_deadband);
+  job.optimizer.name = absl::GetFlag(FLAGS_optimizer);
+  job.optimizer.sgd.lr = job.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
+  job.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);
+  job.optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
+  job.optimizer.sgd.weight_decay = job.optimizer.adam.weight_decay =
+      absl::GetFlag(FLAGS_weight_decay);
+  job.optimizer.adam.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  job.optimizer.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
+  job.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
+  job.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
+  job.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+  job.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  job.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
+  job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
+  c.host = absl::GetFlag(FLAGS_host);
+  c.port = absl::GetFlag(FLAGS_port);
+  c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  c.summary_path = absl::GetFlag(FLAGS_summary_path);
+  c.restore = absl::GetFlag(FLAGS_restore);
+  c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  return c;
 }
 
-int Fail(const std::string& message) {
-  std::cerr << "dbs_ps: " << message << std::endl;
+// Receives SIGINT and SIGTERM on its own thread (they are blocked in every other thread) and
+// stops the server; joined on destruction.
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(dbs::PsServer* server) : set_(Block()), thread_([this, server] {
+    const timespec tick = {0, 200 * 1000 * 1000};
+    while (!done_.load()) {
+      const int sig = sigtimedwait(&set_, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
+        server->Stop(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
+      }
+    }
+  }) {}
+  ~SignalWatcher() {
+    done_.store(true);
+    thread_.join();
+  }
+
+  // Blocks SIGINT and SIGTERM in the calling thread and every thread it starts later.
+  static sigset_t Block() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    return set;
+  }
+
+ private:
+  const sigset_t set_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+int Fail(const absl::Status& status) {
+  std::cerr << "dbs_ps: " << status.message() << std::endl;
   return 2;
 }
 
@@ -108,132 +169,19 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  const sigset_t signals = BlockTerminationSignals();
+  // Before any thread starts, so that only the watcher receives them.
+  SignalWatcher::Block();
 
-  dbs::JobConfig config;
-  config.scheduler.expected_workers = absl::GetFlag(FLAGS_workers);
-  config.scheduler.epochs = absl::GetFlag(FLAGS_epochs);
-  config.scheduler.global_batch = absl::GetFlag(FLAGS_global_batch);
-  config.scheduler.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<dbs::PolicyKind> policy = dbs::ParsePolicy(absl::GetFlag(FLAGS_policy));
-  if (!policy.ok()) return Fail(absl::StrCat("--policy: ", policy.status().message()));
-  config.policy = *policy;
-  config.speed_window = absl::GetFlag(FLAGS_speed_window);
-  config.min_batch = absl::GetFlag(FLAGS_min_batch);
-  config.max_batch = absl::GetFlag(FLAGS_max_batch);
-  config.smoothing = absl::GetFlag(FLAGS_smoothing);
-  config.deadband = absl::GetFlag(FLAGS_deadband);
-  config.optimizer.name = absl::GetFlag(FLAGS_optimizer);
-  config.optimizer.sgd.lr = config.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
-  config.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);
-  config.optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
-  config.optimizer.sgd.weight_decay = config.optimizer.adam.weight_decay =
-      absl::GetFlag(FLAGS_weight_decay);
-  config.optimizer.adam.beta1 = absl::GetFlag(FLAGS_adam_beta1);
-  config.optimizer.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
-  config.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
-  config.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
-  config.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
-  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  config.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
-  if (config.checkpoint_every_steps < 1) return Fail("--checkpoint_every_steps must be >= 1");
-  if (absl::GetFlag(FLAGS_restore) && config.checkpoint_dir.empty()) {
-    return Fail("--restore needs --checkpoint_dir");
+  absl::StatusOr<dbs::ServerConfig> config = ServerConfigFromFlags();
+  if (!config.ok()) return Fail(config.status());
+  const dbs::RealClock clock;
+  absl::StatusOr<std::unique_ptr<dbs::PsServer>> server = dbs::PsServer::Start(*config, &clock);
+  if (!server.ok()) return Fail(server.status());
+  absl::Status result;
+  {
+    SignalWatcher signals(server->get());
+    result = (*server)->Run(std::cout);
   }
-  config.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
-  config.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
-  if (config.replan_window_steps < -1 || !(config.replan_threshold > 1.0)) {
-    return Fail("--replan_window_steps must be >= -1 and --replan_threshold > 1");
-  }
-  const int port = absl::GetFlag(FLAGS_port);
-  const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
-  if (port < 0 || port > 65535) return Fail("--port must be in [0, 65535]");
-  if (max_message_mb < 1 || max_message_mb > 2047) {
-    return Fail("--max_message_mb must be in [1, 2047]");
-  }
-
-  dbs::RealClock clock;
-  absl::StatusOr<std::unique_ptr<dbs::TrainingJob>> job = dbs::TrainingJob::Create(config, &clock);
-  if (!job.ok()) return Fail(absl::StrCat("bad configuration: ", job.status().message()));
-
-  if (absl::GetFlag(FLAGS_restore)) {
-    std::vector<std::string> refused;
-    std::string path;
-    absl::StatusOr<dbs::JobState> state =
-        dbs::LoadNewestCheckpoint(config.checkpoint_dir, &refused, &path);
-    for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
-    if (!state.ok()) return Fail(std::string(state.status().message()));
-    absl::Status restored = (*job)->Restore(*state);
-    if (!restored.ok()) return Fail(std::string(restored.message()));
-    LOG(INFO) << "restored " << path << ": epoch " << state->aggregator.epoch + 1 << ", step "
-              << state->aggregator.step + 1 << ", parameter version "
-              << state->aggregator.store.version;
-  }
-
-  dbs::SchedulerServiceImpl scheduler_service((*job)->scheduler());
-  dbs::Scheduler* scheduler = (*job)->scheduler();
-  dbs::TrainingJob* job_ptr = job->get();
-  dbs::ParameterServiceImpl parameter_service(
-      (*job)->store(), (*job)->aggregator(),
-      [scheduler](int id) { return scheduler->IsRegistered(id); },
-      [job_ptr](int id) { return job_ptr->Resume(id); });
-
-  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
-  int bound_port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
-  builder.SetMaxReceiveMessageSize(max_message_mb << 20);
-  builder.SetMaxSendMessageSize(max_message_mb << 20);
-  builder.RegisterService(&scheduler_service);
-  builder.RegisterService(&parameter_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", address, " (in use, or not a local address?)"));
-  }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    absl::Status written = dbs::WriteFileAtomic(port_file, absl::StrCat(bound_port, "\n"));
-    if (!written.ok()) return Fail(std::string(written.message()));
-  }
-  LOG(INFO) << "dbs_ps listening on " << absl::GetFlag(FLAGS_host) << ":" << bound_port
-            << ", waiting for " << config.scheduler.expected_workers << " workers; "
-            << config.scheduler.epochs << " epochs, global batch "
-            << config.scheduler.global_batch << ", policy " << dbs::PolicyName(config.policy);
-
-  std::thread signal_thread([&signals, job = job->get()]() {
-    int sig = 0;
-    if (sigwait(&signals, &sig) == 0) {
-      LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
-      job->Abort(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
-    }
-  });
-  signal_thread.detach();
-
-  while (!(*job)->WaitFor(absl::Milliseconds(250))) {
-    (*job)->CheckDeadWorkers();
-    (*job)->CheckStall();
-  }
-  const absl::Status result = (*job)->Wait();
-  const dbs::RunInfo run = (*job)->Run();
-  const std::string summary_path = absl::GetFlag(FLAGS_summary_path);
-  if (!summary_path.empty()) {
-    absl::Status written =
-        dbs::WriteFileAtomic(summary_path, dbs::BuildSummary(run).dump(2) + "\n");
-    if (written.ok()) {
-      LOG(INFO) << "summary written to " << summary_path;
-    } else {
-      LOG(ERROR) << written.message();
-    }
-  }
-  std::cout << dbs::HumanSummary(run) << std::flush;
-
-  // Let workers fetch their final plan and leave, then release anything still waiting.
-  const absl::Time linger_until = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  while (result.ok() && scheduler->active_workers() > 0 && absl::Now() < linger_until) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  (*job)->Abort(absl::UnavailableError("dbs_ps is shutting down"));
-  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (!result.ok()) {
     LOG(ERROR) << "training did not finish: " << result;
     return 1;

@@ -14,13 +14,6 @@ Scheduler::Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy
                      const Clock* clock, SchedulerListener* listener)
     : config_(config), policy_(std::move(policy)), clock_(clock), listener_(listener) {}
 
-absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
-  if (c.expected_workers < 1) return absl::InvalidArgumentError("need at least one worker");
-  if (c.epochs < 1) return absl::InvalidArgumentError("need at least one epoch");
-  if (c.global_batch < 1) return absl::InvalidArgumentError("global batch must be positive");
-  return absl::OkStatus();
-}
-
 void Scheduler::Run(Calls& calls) {
   for (auto& c : calls) c();
   calls.clear();

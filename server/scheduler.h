@@ -80,12 +80,10 @@ class Scheduler {
  public:
   using PlanCallback = std::function<void(const absl::StatusOr<WorkerPlan>&)>;
 
-  // `clock` and `listener` (may be null) must outlive the scheduler.
+  // `config` must be valid (see ValidateJobConfig). `clock` and `listener` (may be null) must
+  // outlive the scheduler.
   Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy, const Clock* clock,
             SchedulerListener* listener);
-
-  // INVALID_ARGUMENT for an unusable configuration.
-  static absl::Status ValidateConfig(const SchedulerConfig& config);
 
   // Joins the job. The same name gets the same id back. A new worker joining a running job is
   // planned from the next epoch (RegistrationResult::start_epoch). FAILED_PRECONDITION when the

@@ -115,18 +115,23 @@ std::vector<double> SmoothedPolicy::NextShares(
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& c) {
+absl::Status ValidatePolicyConfig(const PolicyConfig& c) {
   if (!(c.smoothing > 0.0 && c.smoothing <= 1.0)) {
-    return absl::InvalidArgumentError("smoothing (alpha) must be in (0, 1]");
+    return absl::InvalidArgumentError("smoothing must be in (0, 1]");
   }
-  if (c.deadband < 0.0 || c.deadband >= 1.0) {
+  if (!(c.deadband >= 0.0 && c.deadband < 1.0)) {
     return absl::InvalidArgumentError("deadband must be in [0, 1)");
   }
-  if (c.speed_window < 1) return absl::InvalidArgumentError("speed window must be >= 1");
-  if (c.global_batch < 1) return absl::InvalidArgumentError("global batch must be positive");
-  if (c.min_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch)) {
-    return absl::InvalidArgumentError("batch bounds need 0 <= min_batch <= max_batch");
+  if (c.speed_window < 1) return absl::InvalidArgumentError("speed_window must be >= 1");
+  if (c.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
+  if (c.min_batch < 0 || c.max_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch)) {
+    return absl::InvalidArgumentError("batch bounds need 0 <= min_batch <= max_batch (0: none)");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& c) {
+  if (absl::Status valid = ValidatePolicyConfig(c); !valid.ok()) return valid;
   std::unique_ptr<SharePolicy> inner;
   switch (c.kind) {
     case PolicyKind::kDbs: {

@@ -122,7 +122,9 @@ struct PolicyConfig {
   double deadband = 0.0;     // relative share change below which nothing moves
 };
 
-// INVALID_ARGUMENT for out-of-range settings.
+// INVALID_ARGUMENT, naming the setting, for out-of-range settings.
+absl::Status ValidatePolicyConfig(const PolicyConfig& config);
+// INVALID_ARGUMENT when ValidatePolicyConfig refuses the configuration.
 absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& config);
 
 }  // namespace dbs

@@ -11,21 +11,9 @@ namespace dbs {
 
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig& config,
                                                                  const Clock* clock) {
-  DBS_RETURN_IF_ERROR(Scheduler::ValidateConfig(config.scheduler));
-  if (config.min_batch < 0 ||
-      static_cast<int64_t>(config.min_batch) * config.scheduler.expected_workers >
-          config.scheduler.global_batch) {
-    return absl::InvalidArgumentError("--min_batch times --workers exceeds --global_batch");
-  }
-  PolicyConfig pc;
-  pc.kind = config.policy;
-  pc.speed_window = config.speed_window;
-  pc.global_batch = config.scheduler.global_batch;
-  pc.min_batch = config.min_batch;
-  pc.max_batch = config.max_batch;
-  pc.smoothing = config.smoothing;
-  pc.deadband = config.deadband;
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(pc));
+  DBS_RETURN_IF_ERROR(ValidateJobConfig(config));
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy,
+                       MakeSharePolicy(PolicyConfigOf(config)));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, MakeOptimizer(config.optimizer));
   const std::string description = optimizer->Describe();
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
@@ -245,9 +233,9 @@ absl::Status TrainingJob::Restore(const JobState& st) {
       st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
       st.policy != PolicyName(config_.policy)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint is of a job with --workers=", st.config.expected_workers, " --epochs=",
-        st.config.epochs, " --global_batch=", st.config.global_batch, " --seed=",
-        st.config.seed, " --policy=", st.policy, "; restart dbs_ps with the same flags"));
+        "the checkpoint is of a job with workers=", st.config.expected_workers, " epochs=",
+        st.config.epochs, " global_batch=", st.config.global_batch, " seed=", st.config.seed,
+        " policy=", st.policy, "; restart with the same settings"));
   }
   DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
   scheduler_->LoadState(st.scheduler);

@@ -1,0 +1,46 @@
+#include "server/job_config.h"
+
+#include <cstdint>
+
+#include "common/status_macros.h"
+
+namespace dbs {
+
+PolicyConfig PolicyConfigOf(const JobConfig& config) {
+  PolicyConfig pc;
+  pc.kind = config.policy;
+  pc.speed_window = config.speed_window;
+  pc.global_batch = config.scheduler.global_batch;
+  pc.min_batch = config.min_batch;
+  pc.max_batch = config.max_batch;
+  pc.smoothing = config.smoothing;
+  pc.deadband = config.deadband;
+  return pc;
+}
+
+absl::Status ValidateJobConfig(const JobConfig& c) {
+  const SchedulerConfig& s = c.scheduler;
+  if (s.expected_workers < 1) return absl::InvalidArgumentError("workers must be >= 1: need at least one worker");
+  if (s.epochs < 1) return absl::InvalidArgumentError("epochs must be >= 1");
+  if (s.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
+  DBS_RETURN_IF_ERROR(ValidatePolicyConfig(PolicyConfigOf(c)));
+  if (static_cast<int64_t>(c.min_batch) * s.expected_workers > s.global_batch) {
+    return absl::InvalidArgumentError("min_batch times workers exceeds global_batch");
+  }
+  DBS_RETURN_IF_ERROR(ValidateOptimizerConfig(c.optimizer));
+  if (c.stall_timeout < absl::ZeroDuration() || c.worker_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("stall_timeout and worker_timeout must be >= 0");
+  }
+  if (c.replan_window_steps < -1) {
+    return absl::InvalidArgumentError("replan_window_steps must be >= -1");
+  }
+  if (!(c.replan_threshold > 1.0)) {
+    return absl::InvalidArgumentError("replan_threshold must be > 1");
+  }
+  if (c.checkpoint_every_steps < 1) {
+    return absl::InvalidArgumentError("checkpoint_every_steps must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dbs

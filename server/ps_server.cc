@@ -1,0 +1,133 @@
+#include "server/ps_server.h"
+
+#include <ostream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "server/checkpoint.h"
+#include "server/run_summary.h"
+
+namespace dbs {
+
+absl::Status ValidateServerConfig(const ServerConfig& c) {
+  if (c.port < 0 || c.port > 65535) return absl::InvalidArgumentError("port must be in [0, 65535]");
+  if (c.max_message_mb < 1 || c.max_message_mb > 2047) {
+    return absl::InvalidArgumentError("max_message_mb must be in [1, 2047]");
+  }
+  if (c.restore && c.job.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("restore needs a checkpoint_dir");
+  }
+  if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
+  if (c.supervise_every <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("supervise_every must be > 0");
+  }
+  return ValidateJobConfig(c.job);
+}
+
+PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job)
+    : config_(config),
+      job_(std::move(job)),
+      scheduler_service_(job_->scheduler()),
+      parameter_service_(
+          job_->store(), job_->aggregator(),
+          [scheduler = job_->scheduler()](int id) { return scheduler->IsRegistered(id); },
+          [job = job_.get()](int id) { return job->Resume(id); }) {}
+
+PsServer::~PsServer() {
+  if (server_ != nullptr) Shutdown(absl::CancelledError("the server object was destroyed"));
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& config,
+                                                          const Clock* clock) {
+  DBS_RETURN_IF_ERROR(ValidateServerConfig(config));
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
+  std::unique_ptr<PsServer> server(new PsServer(config, std::move(job)));
+  if (config.restore) DBS_RETURN_IF_ERROR(server->RestoreNewestCheckpoint());
+  DBS_RETURN_IF_ERROR(server->Listen());
+  return server;
+}
+
+absl::Status PsServer::RestoreNewestCheckpoint() {
+  std::vector<std::string> refused;
+  std::string path;
+  absl::StatusOr<JobState> state = LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused,
+                                                        &path);
+  for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
+  if (!state.ok()) return state.status();
+  DBS_RETURN_IF_ERROR(job_->Restore(*state));
+  LOG(INFO) << "restored " << path << ": epoch " << state->aggregator.epoch + 1 << ", step "
+            << state->aggregator.step + 1 << ", parameter version "
+            << state->aggregator.store.version;
+  return absl::OkStatus();
+}
+
+absl::Status PsServer::Listen() {
+  const std::string address = absl::StrCat(config_.host, ":", config_.port);
+  grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second dbs_ps on the same port would then share it
+  // and split the workers between two jobs. Refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
+  builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
+  builder.RegisterService(&scheduler_service_);
+  builder.RegisterService(&parameter_service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, " (in use, or not a local address?)"));
+  }
+  if (!config_.port_file.empty()) {
+    DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
+  }
+  const SchedulerConfig& s = config_.job.scheduler;
+  LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_ << ", waiting for "
+            << s.expected_workers << " workers; " << s.epochs << " epochs, global batch "
+            << s.global_batch << ", policy " << PolicyName(config_.job.policy);
+  return absl::OkStatus();
+}
+
+absl::Status PsServer::Run(std::ostream& out) {
+  while (!job_->WaitFor(config_.supervise_every)) {
+    job_->CheckDeadWorkers();
+    job_->CheckStall();
+  }
+  const absl::Status result = job_->Wait();
+  WriteSummary(out);
+  Shutdown(result);
+  return result;
+}
+
+void PsServer::WriteSummary(std::ostream& out) {
+  const RunInfo run = job_->Run();
+  if (!config_.summary_path.empty()) {
+    const absl::Status written =
+        WriteFileAtomic(config_.summary_path, BuildSummary(run).dump(2) + "\n");
+    if (written.ok()) {
+      LOG(INFO) << "summary written to " << config_.summary_path;
+    } else {
+      LOG(ERROR) << written.message();
+    }
+  }
+  out << HumanSummary(run) << std::flush;
+}
+
+void PsServer::Shutdown(const absl::Status& result) {
+  // Let workers fetch their final plan and leave, then release anything still waiting.
+  const absl::Time linger_until = absl::Now() + config_.linger;
+  while (result.ok() && job_->scheduler()->active_workers() > 0 && absl::Now() < linger_until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  server_.reset();
+}
+
+void PsServer::Stop(const absl::Status& why) { job_->Abort(why); }
+
+}  // namespace dbs

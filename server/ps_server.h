@@ -1,0 +1,72 @@
+// PsServer: the dbs_ps process as an object (flags -> ServerConfig -> PsServer, as Ray's
+// GcsServer). It owns the training job, the two gRPC services in front of it, supervision
+// (dead workers, stalls) and shutdown; dbs_ps's main only parses flags and handles signals.
+#ifndef DBS_SERVER_PS_SERVER_H_
+#define DBS_SERVER_PS_SERVER_H_
+
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "server/job_config.h"
+#include "server/parameter_service.h"
+#include "server/scheduler_service.h"
+#include "server/training_job.h"
+
+namespace dbs {
+
+struct ServerConfig {
+  JobConfig job;
+  std::string host = "0.0.0.0";
+  int port = 50051;             // 0: any free port (see port())
+  std::string port_file;        // where the bound port is written once serving ('' : nowhere)
+  int max_message_mb = 512;     // largest gRPC message sent or accepted
+  std::string summary_path;     // the JSON run summary ('' : none)
+  bool restore = false;         // continue from the newest valid checkpoint in job.checkpoint_dir
+  absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
+  absl::Duration supervise_every = absl::Milliseconds(250);
+};
+
+// INVALID_ARGUMENT, naming the setting, for any bad part (the job's included).
+absl::Status ValidateServerConfig(const ServerConfig& config);
+
+class PsServer {
+ public:
+  // Validates the configuration, creates the job (restoring the newest valid checkpoint when
+  // asked), starts serving and writes the port file. `clock` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(const ServerConfig& config,
+                                                         const Clock* clock);
+  ~PsServer();
+
+  int port() const { return port_; }
+  TrainingJob* job() { return job_.get(); }
+
+  // Supervises the job until it ends, writes the summary, prints the human summary to `out`,
+  // lets the workers leave (at most `linger`) and stops serving. Returns how training ended.
+  absl::Status Run(std::ostream& out);
+
+  // Ends the job early (a signal): every waiting worker is released. Thread-safe.
+  void Stop(const absl::Status& why);
+
+ private:
+  PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job);
+  absl::Status RestoreNewestCheckpoint();
+  absl::Status Listen();
+  void WriteSummary(std::ostream& out);
+  void Shutdown(const absl::Status& result);
+
+  const ServerConfig config_;
+  std::unique_ptr<TrainingJob> job_;
+  SchedulerServiceImpl scheduler_service_;
+  ParameterServiceImpl parameter_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_PS_SERVER_H_

@@ -1,0 +1,143 @@
+// PsServer in-process: the configuration is checked in one place, the server serves on a port
+// picked at run time and writes it, a stop ends the job with a summary, and a checkpoint of
+// another job is refused at start.
+#include "server/ps_server.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "proto/dbs.grpc.pb.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::HasSubstr;
+
+ServerConfig SmallConfig() {
+  ServerConfig c;
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.job.scheduler.expected_workers = 2;
+  c.job.scheduler.epochs = 1;
+  c.job.scheduler.global_batch = 8;
+  c.linger = absl::ZeroDuration();
+  c.supervise_every = absl::Milliseconds(10);
+  return c;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(ValidateServerConfigTest, NamesTheSettingAndNoFlag) {
+  ServerConfig c = SmallConfig();
+  EXPECT_THAT(ValidateServerConfig(c), IsOk());
+  struct Case {
+    void (*change)(ServerConfig&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](ServerConfig& c) { c.port = 70000; }, "port must be in [0, 65535]"},
+      {[](ServerConfig& c) { c.max_message_mb = 0; }, "max_message_mb must be in [1, 2047]"},
+      {[](ServerConfig& c) { c.restore = true; }, "restore needs a checkpoint_dir"},
+      {[](ServerConfig& c) { c.job.scheduler.expected_workers = 0; }, "workers must be >= 1"},
+      {[](ServerConfig& c) { c.job.scheduler.epochs = 0; }, "epochs must be >= 1"},
+      {[](ServerConfig& c) { c.job.min_batch = 5; }, "min_batch times workers exceeds"},
+      {[](ServerConfig& c) { c.job.max_batch = -1; }, "batch bounds"},
+      {[](ServerConfig& c) { c.job.smoothing = 0; }, "smoothing must be in (0, 1]"},
+      {[](ServerConfig& c) { c.job.optimizer.sgd.lr = -1; }, "sgd needs lr > 0"},
+      {[](ServerConfig& c) { c.job.optimizer.name = "lion"; }, "unknown optimizer 'lion'"},
+      {[](ServerConfig& c) { c.job.replan_threshold = 1.0; }, "replan_threshold must be > 1"},
+      {[](ServerConfig& c) { c.job.replan_window_steps = -2; }, "replan_window_steps"},
+      {[](ServerConfig& c) { c.job.checkpoint_every_steps = 0; }, "checkpoint_every_steps"},
+      {[](ServerConfig& c) { c.job.worker_timeout = absl::Seconds(-1); }, "worker_timeout"},
+  };
+  for (const Case& k : cases) {
+    ServerConfig bad = SmallConfig();
+    k.change(bad);
+    const absl::Status s = ValidateServerConfig(bad);
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(k.message)));
+    EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("--")));
+    // Start refuses the same configuration before it listens.
+    EXPECT_THAT(PsServer::Start(bad, nullptr), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  }
+}
+
+TEST(PsServerTest, ServesOnAPickedPortAndStopsWithASummary) {
+  const std::string dir = ::testing::TempDir();
+  ServerConfig c = SmallConfig();
+  c.port_file = dir + "/ps_server_test.port";
+  c.summary_path = dir + "/ps_server_test.summary.json";
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(ReadFile(c.port_file), std::to_string(port) + "\n");
+
+  // A worker can join over gRPC.
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::SchedulerService::NewStub(channel);
+  v1::RegisterWorkerRequest req;
+  req.set_name("w0");
+  req.set_train_samples(16);
+  req.set_test_samples(4);
+  v1::RegisterWorkerReply reply;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &reply).ok());
+  EXPECT_EQ(reply.expected_workers(), 2);
+
+  // The second worker never comes; a signal stops the job.
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    (*server)->Stop(absl::CancelledError("stopped by the test"));
+  });
+  std::ostringstream out;
+  const absl::Status result = (*server)->Run(out);
+  stopper.join();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped by the test")));
+  EXPECT_THAT(out.str(), HasSubstr("dbs run summary: policy=dbs"));
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(c.summary_path));
+  EXPECT_EQ(summary.at("policy"), "dbs");
+
+  // After Run the port is closed.
+  auto probe = v1::SchedulerService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext probe_ctx;
+  probe_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+  EXPECT_EQ(probe->RegisterWorker(&probe_ctx, req, &reply).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(PsServerTest, APortInUseIsAClearError) {
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> first = PsServer::Start(SmallConfig(), &clock);
+  ASSERT_THAT(first, IsOk());
+  ServerConfig c = SmallConfig();
+  c.port = (*first)->port();
+  EXPECT_THAT(PsServer::Start(c, &clock),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen on 127.0.0.1:")));
+}
+
+TEST(PsServerTest, RestoreWithoutACheckpointSaysSo) {
+  ServerConfig c = SmallConfig();
+  c.restore = true;
+  c.job.checkpoint_dir = ::testing::TempDir() + "/ps_server_test_empty_dir";
+  const RealClock clock;
+  EXPECT_THAT(PsServer::Start(c, &clock), ::testing::Not(IsOk()));
+}
+
+}  // namespace
+}  // namespace dbs
