@@ -50,6 +50,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);
       left_.push_back(false);
+      ++events_;
       if (static_cast<int>(workers_.size()) == config_.expected_workers) {
         DBS_RETURN_IF_ERROR(PlanNextEpochLocked(&calls));
       }
@@ -295,6 +296,7 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
           plan.test_range.size(), " test samples"));
     }
     rec.reports[t.worker_id] = t;
+    ++events_;
     if (rec.reports.size() + rec.dead.size() < rec.plans.size()) return absl::OkStatus();
 
     rec.end = clock_->Now();
@@ -535,6 +537,16 @@ std::vector<EpochRecord> Scheduler::History() const {
 std::vector<WorkerRegistration> Scheduler::Workers() const {
   absl::MutexLock lock(&mu_);
   return workers_;
+}
+
+int64_t Scheduler::events() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+
+bool Scheduler::started() const {
+  absl::MutexLock lock(&mu_);
+  return !records_.empty();
 }
 
 int Scheduler::active_workers() const {

@@ -134,6 +134,10 @@ class Scheduler {
   bool IsRegistered(int worker_id) const;
   std::vector<EpochRecord> History() const;
   std::vector<WorkerRegistration> Workers() const;  // by id
+  // A count that grows with every new registration and accepted report (for liveness).
+  int64_t events() const;
+  // True once the first epoch has been planned.
+  bool started() const;
   int active_workers() const;  // registered and not left
   const SchedulerConfig& config() const { return config_; }
   std::string policy_name() const { return policy_->name(); }
@@ -179,6 +183,7 @@ class Scheduler {
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  int64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // new registrations and accepted reports
 };
 
 }  // namespace dbs

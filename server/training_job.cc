@@ -32,6 +32,7 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
       clock_(clock),
       optimizer_description_(std::move(optimizer_description)),
       start_(clock->Now()),
+      liveness_({config.stall_timeout, config.worker_timeout}, clock),
       replan_(ReplanWindowSteps(config.policy, config.replan_window_steps),
               config.replan_threshold) {}
 
@@ -72,24 +73,10 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
 }
 
 std::set<int> TrainingJob::CheckDeadWorkers() {
-  if (config_.worker_timeout <= absl::ZeroDuration() || finished_.HasBeenNotified()) return {};
+  if (finished_.HasBeenNotified()) return {};
   const StepProgress p = aggregator_->Progress();
-  const absl::Time now = clock_->Now();
-  {
-    absl::MutexLock lock(&mu_);
-    const std::pair<int, int> at = {p.epoch, p.step};
-    if (p.pushed == 0 || p.waiting_for.empty()) {
-      watched_step_ = {-1, -1};
-      return {};
-    }
-    if (watched_step_ != at) {
-      watched_step_ = at;
-      watched_since_ = now;
-      return {};
-    }
-    if (now - watched_since_ < config_.worker_timeout) return {};
-  }
-  const std::set<int> dead(p.waiting_for.begin(), p.waiting_for.end());
+  const std::set<int> dead = liveness_.Overdue({p.epoch, p.step, p.pushed, p.waiting_for});
+  if (dead.empty()) return {};
   if (!aggregator_->Evict(p.epoch, p.step, dead)) return {};  // it moved on meanwhile
   absl::StatusOr<Removal> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
   if (!removal.ok()) {
@@ -100,7 +87,7 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
   }
   LOG(WARNING) << "worker(s) " << absl::StrJoin(dead, ", ") << " missed step " << p.step + 1
                << " of epoch " << p.epoch + 1 << " by "
-               << absl::FormatDuration(config_.worker_timeout)
+               << absl::FormatDuration(liveness_.worker_timeout())
                << ": removed; the step completes with the other gradients and their samples "
                   "go to the survivors";
   aggregator_->CompleteEviction(std::move(removal->later_quotas), std::move(removal->revisions));
@@ -164,21 +151,14 @@ bool TrainingJob::WaitFor(absl::Duration timeout) {
 }
 
 bool TrainingJob::CheckStall() {
-  if (config_.stall_timeout <= absl::ZeroDuration() || finished_.HasBeenNotified()) return false;
+  if (finished_.HasBeenNotified()) return false;
   const StepProgress progress = aggregator_->Progress();
-  const std::vector<EpochRecord> history = scheduler_->History();
-  int64_t activity = progress.accepted_pushes + static_cast<int64_t>(scheduler_->Workers().size());
-  for (const EpochRecord& r : history) activity += static_cast<int64_t>(r.reports.size());
-  const absl::Time now = clock_->Now();
-  {
-    absl::MutexLock lock(&mu_);
-    if (activity != last_activity_count_ || history.empty()) {
-      last_activity_count_ = activity;
-      last_activity_ = now;
-      return false;
-    }
-    if (now - last_activity_ < config_.stall_timeout) return false;
+  if (!liveness_.Stalled(progress.accepted_pushes + scheduler_->events(),
+                         scheduler_->started())) {
+    return false;
   }
+  // Stalled: name what the job waits for.
+  const std::vector<EpochRecord> history = scheduler_->History();
   std::string waiting;
   if (!progress.waiting_for.empty()) {
     waiting = absl::StrCat("a push from worker(s) ", absl::StrJoin(progress.waiting_for, ", "),
@@ -192,7 +172,7 @@ bool TrainingJob::CheckStall() {
                            absl::StrJoin(missing, ", "));
   }
   const absl::Status stalled = absl::DeadlineExceededError(absl::StrCat(
-      "no progress for ", absl::FormatDuration(config_.stall_timeout), " while waiting for ",
+      "no progress for ", absl::FormatDuration(liveness_.stall_timeout()), " while waiting for ",
       waiting, "; the worker probably died (restart the job; recovery without restart is not "
       "part of this version)"));
   LOG(ERROR) << stalled.message();

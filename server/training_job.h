@@ -19,6 +19,7 @@
 #include "server/parameter_store.h"
 #include "server/checkpoint.h"
 #include "server/job_config.h"
+#include "server/liveness_monitor.h"
 #include "server/replan_window.h"
 #include "server/run_summary.h"
 #include "server/share_policy.h"
@@ -91,15 +92,11 @@ class TrainingJob : public SchedulerListener {
 
   mutable absl::Mutex mu_;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
-  int64_t last_activity_count_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
-  // The step the dead-worker check last saw with a first push, and since when.
-  std::pair<int, int> watched_step_ ABSL_GUARDED_BY(mu_) = {-1, -1};
-  absl::Time watched_since_ ABSL_GUARDED_BY(mu_);
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
   // After every step: record its times, checkpoint when due, re-plan the rest of the epoch when
   // the window says so.
   std::optional<StepReplan> OnStep(const StepStats& stats);
+  LivenessMonitor liveness_;  // thread-safe itself
   ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Mutex checkpoint_mu_;  // one writer at a time
