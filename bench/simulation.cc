@@ -320,7 +320,7 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
       if (s + 1 < steps) {
         std::optional<ReplanTrigger> trigger = window.Add(epoch, times);
         if (trigger.has_value()) {
-          absl::StatusOr<Removal> replan = scheduler.Rebalance(epoch, s + 1, trigger->window);
+          absl::StatusOr<PlanChange> replan = scheduler.Rebalance(epoch, s + 1, trigger->window);
           if (replan.ok()) {
             ++er.replans;
             for (size_t k = 0; k < replan->later_quotas.size(); ++k) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,27 @@ struct PlanRevision {
   int num_steps = 0;
   StepRanges steps;
   SampleRange test_range;
+};
+
+// Per step of an epoch: each participating worker's batch size (0 allowed: it still pushes).
+using StepQuotas = std::vector<std::map<int, int>>;
+
+// A change to the rest of an epoch decided at a step (a dead worker's samples shared out, or a
+// mid-epoch re-plan): the quotas of the steps after it, through the new last step, and each
+// surviving worker's revision.
+struct PlanChange {
+  StepQuotas later_quotas;
+  std::map<int, PlanRevision> revisions;  // by surviving worker
+};
+
+// Where a worker should continue after the server restarted (see ParameterService.Resume).
+struct ResumePoint {
+  bool finished = false;
+  int epoch = 0;
+  int step = 0;
+  bool has_plan = false;
+  WorkerPlan plan;
+  PlanRevision schedule;  // every step of the epoch, from_step 0
 };
 
 // One worker's account of one epoch. See proto/dbs.proto (EpochReport).

@@ -101,7 +101,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
                                                        const v1::ResumeRequest* req,
                                                        v1::ResumeReply* reply) {
   if (!resume_) return FinishUnary(ctx, absl::UnimplementedError("resume is not wired"));
-  absl::StatusOr<ResumePoint> rp = resume_(req->worker_id());
+  ParameterSnapshot parameters;
+  absl::StatusOr<ResumePoint> rp = resume_(req->worker_id(), &parameters);
   if (rp.ok()) {
     reply->set_finished(rp->finished);
     reply->set_epoch(rp->epoch);
@@ -111,7 +112,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
       ToProto(rp->plan, reply->mutable_plan());
       ToProto(rp->schedule, reply->mutable_schedule());
     }
-    FillParameters(store_->layout(), rp->parameters, reply->mutable_parameters());
+    FillParameters(store_->layout(), parameters, reply->mutable_parameters());
   }
   return FinishUnary(ctx, rp.status());
 }

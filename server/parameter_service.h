@@ -8,7 +8,7 @@
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
-#include "server/training_job.h"
+#include "common/plan.h"
 
 namespace dbs {
 
@@ -17,7 +17,8 @@ class ParameterServiceImpl final : public v1::ParameterService::CallbackService 
   // Tells whether a worker id belongs to a registered worker (the scheduler's membership).
   using IsMember = std::function<bool(int worker_id)>;
   // Where a worker should continue after a reconnect (TrainingJob::Resume).
-  using ResumeFn = std::function<absl::StatusOr<ResumePoint>(int worker_id)>;
+  using ResumeFn =
+      std::function<absl::StatusOr<ResumePoint>(int worker_id, ParameterSnapshot* parameters)>;
 
   // `store` and `aggregator` must outlive the service.
   ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, IsMember is_member,

@@ -35,7 +35,9 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job)
       parameter_service_(
           job_->store(), job_->aggregator(),
           [scheduler = job_->scheduler()](int id) { return scheduler->IsRegistered(id); },
-          [job = job_.get()](int id) { return job->Resume(id); }) {}
+          [job = job_.get()](int id, ParameterSnapshot* parameters) {
+            return job->Resume(id, parameters);
+          }) {}
 
 PsServer::~PsServer() {
   if (server_ != nullptr) Shutdown(absl::CancelledError("the server object was destroyed"));

@@ -319,7 +319,7 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Removal> Scheduler::RemoveWorkers(const std::set<int>& dead, int epoch,
+absl::StatusOr<PlanChange> Scheduler::RemoveWorkers(const std::set<int>& dead, int epoch,
                                                  int step) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
@@ -346,7 +346,7 @@ absl::StatusOr<Removal> Scheduler::RemoveWorkers(const std::set<int>& dead, int 
       orphaned.insert(orphaned.end(), it->second[step].begin(), it->second[step].end());
     }
   }
-  Removal out = ResplitLocked(rec, survivors, shares, step + 1, std::move(orphaned));
+  PlanChange out = ResplitLocked(rec, survivors, shares, step + 1, std::move(orphaned));
   for (int id : dead) {
     auto it = rec.layout.find(id);
     if (it != rec.layout.end()) {
@@ -358,7 +358,7 @@ absl::StatusOr<Removal> Scheduler::RemoveWorkers(const std::set<int>& dead, int 
   return out;
 }
 
-absl::StatusOr<Removal> Scheduler::Rebalance(int epoch, int from_step,
+absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
                                              const std::map<int, Measurement>& window) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
@@ -413,7 +413,7 @@ void Scheduler::RecordStep(int epoch, const std::map<int, std::pair<int64_t, dou
   }
 }
 
-Removal Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
+PlanChange Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
                                  const std::vector<double>& shares, int from_step,
                                  std::vector<SampleRange> extra) {
   // Each step's block: every worker's slices of it together, whoever computed them so far.
@@ -444,7 +444,7 @@ Removal Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survi
 
   const std::vector<int64_t> test = LargestRemainder(workers_[0].test_samples, shares);
   int64_t test_offset = 0;
-  Removal out;
+  PlanChange out;
   ++rec.revision;
   for (size_t k = 0; k < survivors.size(); ++k) {
     const int id = survivors[k];

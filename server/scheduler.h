@@ -58,13 +58,6 @@ struct EpochRecord {
   int64_t SamplesOf(int worker_id) const;
 };
 
-// The scheduler's answer to dead workers: the rest of the epoch, re-planned.
-struct Removal {
-  // Quotas (worker -> batch) for the steps after the current one, through the new last step.
-  std::vector<std::map<int, int>> later_quotas;
-  std::map<int, PlanRevision> revisions;  // by surviving worker
-};
-
 class SchedulerListener {
  public:
   virtual ~SchedulerListener() = default;
@@ -98,13 +91,13 @@ class Scheduler {
   // of that step goes into an extra step at the end of the epoch, and every later step's block is
   // re-split among the survivors by their shares; the survivors' test slices are re-split too.
   // The dead workers are no longer members. FAILED_PRECONDITION when nobody would survive.
-  absl::StatusOr<Removal> RemoveWorkers(const std::set<int>& dead, int epoch, int step);
+  absl::StatusOr<PlanChange> RemoveWorkers(const std::set<int>& dead, int epoch, int step);
 
   // Mid-epoch re-plan: the share policy plans the rest of the epoch from each worker's history
   // and `window` (its newest steps, by worker id), and the blocks of steps from `from_step` on
   // are re-split by the result, and so are the test slices. FAILED_PRECONDITION when the epoch
   // is not running, no step is left, or the policy keeps the current split.
-  absl::StatusOr<Removal> Rebalance(int epoch, int from_step,
+  absl::StatusOr<PlanChange> Rebalance(int epoch, int from_step,
                                     const std::map<int, Measurement>& window);
 
   // Records the compute times of one completed step: worker id -> (samples, seconds). Ignored
@@ -166,7 +159,7 @@ class Scheduler {
   WorkerPlan FinishedPlan(int epoch) const;
   // Splits each step's block from `from_step` on (and `extra`, as one more step, if not empty)
   // among `survivors` by `shares`, re-splits the test set, and builds the revisions and quotas.
-  Removal ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
+  PlanChange ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
                         const std::vector<double>& shares, int from_step,
                         std::vector<SampleRange> extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Calls& calls);

@@ -105,7 +105,7 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
   // Nobody can push the next step before these answers go out, so a re-plan made here is in
   // place for it.
   if (completed && hook_ && result.ok()) {
-    std::optional<StepReplan> replan = hook_(stats);
+    std::optional<PlanChange> replan = hook_(stats);
     if (replan.has_value() && !stats.last_of_epoch) {
       auto revisions =
           std::make_shared<const std::map<int, PlanRevision>>(std::move(replan->revisions));
@@ -174,16 +174,16 @@ bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
   return true;
 }
 
-void StepAggregator::CompleteEviction(StepQuotas later_quotas,
-                                      std::map<int, PlanRevision> revisions) {
+void StepAggregator::CompleteEviction(PlanChange change) {
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
   {
     absl::MutexLock lock(&mu_);
     for (int id : evicted_) quotas_[step_].erase(id);
     quotas_.resize(static_cast<size_t>(step_) + 1);
-    for (auto& q : later_quotas) quotas_.push_back(std::move(q));
-    revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(revisions));
+    for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
+    revisions_ =
+        std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
     if (pending_.size() < quotas_[step_].size()) return;  // the survivors are still pushing
     CompleteStepLocked(&to_run, &result);
   }

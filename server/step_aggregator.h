@@ -41,9 +41,6 @@ struct StepResult {
   std::shared_ptr<const std::map<int, PlanRevision>> revisions;
 };
 
-// Per step of an epoch: each participating worker's batch size (0 allowed: it still pushes).
-using StepQuotas = std::vector<std::map<int, int>>;
-
 // Loss totals of an epoch.
 struct EpochLoss {
   double loss_sum = 0.0;
@@ -68,13 +65,6 @@ struct StepStats {
   int step = 0;
   bool last_of_epoch = false;  // nothing is left to re-plan
   std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
-};
-
-// A re-plan of the rest of an epoch: quotas for the steps after the completed one, and each
-// worker's revision.
-struct StepReplan {
-  StepQuotas later_quotas;
-  std::map<int, PlanRevision> revisions;
 };
 
 struct GradientPush {
@@ -105,13 +95,13 @@ class StepAggregator {
   // Second half, after the scheduler re-planned: the current step completes with the gradients
   // received (their mean over the samples actually pushed), steps from step + 1 on use
   // `later_quotas` (quotas for steps step+1 ...), and every waiting worker gets `revisions`.
-  void CompleteEviction(StepQuotas later_quotas, std::map<int, PlanRevision> revisions);
+  void CompleteEviction(PlanChange change);
 
   // Called after every completed step, before the workers are answered; a re-plan it returns
   // (ignored after the last step of an epoch) applies from the next step and travels with the
   // answers.
   // It must not call back into the aggregator. Set before training starts.
-  using StepHook = std::function<std::optional<StepReplan>(const StepStats&)>;
+  using StepHook = std::function<std::optional<PlanChange>(const StepStats&)>;
   void SetStepHook(StepHook hook) { hook_ = std::move(hook); }
 
   // The (worker, step) pushes counted in `epoch`, for the sample audit.

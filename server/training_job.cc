@@ -78,7 +78,7 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
   const std::set<int> dead = liveness_.Overdue({p.epoch, p.step, p.pushed, p.waiting_for});
   if (dead.empty()) return {};
   if (!aggregator_->Evict(p.epoch, p.step, dead)) return {};  // it moved on meanwhile
-  absl::StatusOr<Removal> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
+  absl::StatusOr<PlanChange> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
   if (!removal.ok()) {
     Abort(absl::UnavailableError(absl::StrCat("cannot continue without worker(s) ",
                                               absl::StrJoin(dead, ", "), ": ",
@@ -90,7 +90,7 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
                << absl::FormatDuration(liveness_.worker_timeout())
                << ": removed; the step completes with the other gradients and their samples "
                   "go to the survivors";
-  aggregator_->CompleteEviction(std::move(removal->later_quotas), std::move(removal->revisions));
+  aggregator_->CompleteEviction(*std::move(removal));
   {
     absl::MutexLock lock(&mu_);
     replan_.Reset();
@@ -115,7 +115,7 @@ absl::Status TrainingJob::Wait() {
   return final_status_;
 }
 
-std::optional<StepReplan> TrainingJob::OnStep(const StepStats& stats) {
+std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
   if (!config_.checkpoint_dir.empty()) {
     bool due = false;
     {
@@ -136,14 +136,14 @@ std::optional<StepReplan> TrainingJob::OnStep(const StepStats& stats) {
     trigger = replan_.Add(stats.epoch, stats.workers);
   }
   if (!trigger.has_value()) return std::nullopt;
-  absl::StatusOr<Removal> replan =
+  absl::StatusOr<PlanChange> replan =
       scheduler_->Rebalance(stats.epoch, stats.step + 1, trigger->window);
   if (!replan.ok()) return std::nullopt;
   LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
             << ": slowest worker's compute over the last "
             << ReplanWindowSteps(config_.policy, config_.replan_window_steps) << " steps was "
             << trigger->imbalance << "x the fastest's";
-  return StepReplan{std::move(replan->later_quotas), std::move(replan->revisions)};
+  return *std::move(replan);
 }
 
 bool TrainingJob::WaitFor(absl::Duration timeout) {
@@ -237,12 +237,13 @@ absl::Status TrainingJob::Restore(const JobState& st) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id) const {
+absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id,
+                                                ParameterSnapshot* parameters) const {
   if (!scheduler_->IsRegistered(worker_id)) {
     return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
   }
   ResumePoint rp;
-  DBS_ASSIGN_OR_RETURN(rp.parameters, store_->Snapshot());
+  DBS_ASSIGN_OR_RETURN(*parameters, store_->Snapshot());
   const StepProgress p = aggregator_->Progress();
   const std::vector<EpochRecord> history = scheduler_->History();
   if (finished_.HasBeenNotified() || history.empty()) {

@@ -28,17 +28,6 @@
 
 namespace dbs {
 
-// Where a worker should continue (see ParameterService.Resume).
-struct ResumePoint {
-  bool finished = false;
-  int epoch = 0;
-  int step = 0;
-  bool has_plan = false;
-  WorkerPlan plan;
-  PlanRevision schedule;  // from_step 0: every step of the epoch
-  ParameterSnapshot parameters;
-};
-
 class TrainingJob : public SchedulerListener {
  public:
   // INVALID_ARGUMENT for a bad configuration. `clock` must outlive the job.
@@ -72,8 +61,8 @@ class TrainingJob : public SchedulerListener {
   absl::Status Restore(const JobState& state);
   // Writes a checkpoint now (no-op without a checkpoint directory).
   absl::Status SaveCheckpoint();
-  // Where `worker_id` should continue.
-  absl::StatusOr<ResumePoint> Resume(int worker_id) const;
+  // Where `worker_id` should continue, and the parameters to continue from.
+  absl::StatusOr<ResumePoint> Resume(int worker_id, ParameterSnapshot* parameters) const;
 
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
   void OnEpochCompleted(const EpochRecord& record) override;
@@ -95,7 +84,7 @@ class TrainingJob : public SchedulerListener {
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
   // After every step: record its times, checkpoint when due, re-plan the rest of the epoch when
   // the window says so.
-  std::optional<StepReplan> OnStep(const StepStats& stats);
+  std::optional<PlanChange> OnStep(const StepStats& stats);
   LivenessMonitor liveness_;  // thread-safe itself
   ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;

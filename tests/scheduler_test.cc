@@ -383,7 +383,7 @@ TEST_F(SchedulerTest, ThePolicySeesEachWorkersStepTimesByBatch) {
   window.by_batch[16] = {4, 0.004};
   std::map<int, Measurement> windows = {{0, window}, {1, window}};
   *shares = {0.5, 0.5};
-  absl::StatusOr<Removal> r = s.Rebalance(1, 4, windows);
+  absl::StatusOr<PlanChange> r = s.Rebalance(1, 4, windows);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*seen)[1].history.size(), 2u);
   EXPECT_EQ((*seen)[1].current_batch, 16);

@@ -188,7 +188,7 @@ TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheR
   rev.epoch = 0;
   rev.from_step = 1;
   rev.num_steps = 2;
-  agg.CompleteEviction({{{0, 2}, {1, 2}}}, {{0, rev}, {1, rev}});
+  agg.CompleteEviction({{{{0, 2}, {1, 2}}}, {{0, rev}, {1, rev}}});
   ASSERT_TRUE(r0.has_value() && r0->ok() && r1.has_value() && r1->ok());
   // The mean over the samples actually pushed: (2 + 4) / 2 = 3, not diluted by the dead worker.
   EXPECT_FLOAT_EQ((*store.Snapshot()->values)[0], -3.0f);

@@ -195,13 +195,13 @@ absl::Status FakePsClient::Leave(int worker_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ResumeInfo> FakePsClient::Resume(int worker_id, absl::Span<float> params) {
+absl::StatusOr<ResumePoint> FakePsClient::Resume(int worker_id, absl::Span<float> params) {
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
   if (params.size() != params_.size()) {
     return absl::InvalidArgumentError("the parameter buffer does not match the model");
   }
   std::copy(params_.begin(), params_.end(), params.begin());
-  ResumeInfo info;
+  ResumePoint info;
   info.finished = epoch_ >= config_.epochs;
   info.epoch = epoch_;
   info.step = step_;

@@ -66,7 +66,7 @@ class FakePsClient : public PsClient {
                                            absl::Span<float> params) override;
   absl::Status ReportEpoch(const EpochTiming& timing) override;
   absl::Status Leave(int worker_id) override;
-  absl::StatusOr<ResumeInfo> Resume(int worker_id, absl::Span<float> params) override;
+  absl::StatusOr<ResumePoint> Resume(int worker_id, absl::Span<float> params) override;
   bool TakeReconnected() override;
 
  private:

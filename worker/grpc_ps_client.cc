@@ -124,14 +124,14 @@ bool GrpcPsClient::TakeReconnected() {
   return r;
 }
 
-absl::StatusOr<ResumeInfo> GrpcPsClient::Resume(int worker_id, absl::Span<float> params) {
+absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float> params) {
   v1::ResumeRequest req;
   req.set_worker_id(worker_id);
   v1::ResumeReply reply;
   DBS_RETURN_IF_ERROR(Annotate(
       WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
       "Resume"));
-  ResumeInfo info;
+  ResumePoint info;
   info.finished = reply.finished();
   info.epoch = reply.epoch();
   info.step = reply.step();

@@ -20,16 +20,6 @@ struct StepOutcome {
   PlanRevision revision;
 };
 
-// Where to continue after the server restarted (see ParameterService.Resume).
-struct ResumeInfo {
-  bool finished = false;
-  int epoch = 0;
-  int step = 0;
-  bool has_plan = false;
-  WorkerPlan plan;
-  PlanRevision schedule;  // every step of the epoch, from_step 0
-};
-
 class PsClient {
  public:
   virtual ~PsClient() = default;
@@ -56,7 +46,7 @@ class PsClient {
   virtual absl::Status Leave(int worker_id) = 0;
 
   // Where the job stands for this worker; writes the parameters to continue from into `params`.
-  virtual absl::StatusOr<ResumeInfo> Resume(int worker_id, absl::Span<float> params) = 0;
+  virtual absl::StatusOr<ResumePoint> Resume(int worker_id, absl::Span<float> params) = 0;
   // True (once) when a call had to wait for the server to come back since the last check: the
   // server may have restarted from a checkpoint older than this worker's position.
   virtual bool TakeReconnected() = 0;

@@ -238,7 +238,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
 }
 
 bool TrainingLoop::Resync(const absl::Status& why) {
-  absl::StatusOr<ResumeInfo> r = client_->Resume(id_, absl::MakeSpan(params_));
+  absl::StatusOr<ResumePoint> r = client_->Resume(id_, absl::MakeSpan(params_));
   if (!r.ok()) return false;
   client_->TakeReconnected();  // this resume accounts for the outage
   learner_->SetParameters(params_);
