@@ -102,4 +102,36 @@ EpochTiming FromProto(const v1::EpochReport& m) {
   return t;
 }
 
+void ToProto(const WorkerRegistration& r, v1::RegisterWorkerRequest* out) {
+  out->set_name(r.name);
+  out->set_train_samples(r.train_samples);
+  out->set_test_samples(r.test_samples);
+  out->set_device(r.device);
+  out->set_max_batch(r.max_batch);
+}
+
+WorkerRegistration FromProto(const v1::RegisterWorkerRequest& m) {
+  return {m.name(), m.train_samples(), m.test_samples(), m.device(), m.max_batch()};
+}
+
+void ToProto(const RegistrationResult& r, v1::RegisterWorkerReply* out) {
+  out->set_worker_id(r.worker_id);
+  out->set_start_epoch(r.start_epoch);
+  out->set_expected_workers(r.expected_workers);
+  out->set_epochs(r.epochs);
+  out->set_global_batch(r.global_batch);
+  out->set_policy(r.policy);
+}
+
+RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
+  RegistrationResult r;
+  r.worker_id = m.worker_id();
+  r.start_epoch = m.start_epoch();
+  r.expected_workers = m.expected_workers();
+  r.epochs = m.epochs();
+  r.global_batch = m.global_batch();
+  r.policy = m.policy();
+  return r;
+}
+
 }  // namespace dbs

@@ -16,6 +16,12 @@ PlanRevision FromProto(const v1::PlanRevision& msg);
 void ToProto(const EpochTiming& timing, v1::EpochReport* out);
 EpochTiming FromProto(const v1::EpochReport& msg);
 
+void ToProto(const WorkerRegistration& registration, v1::RegisterWorkerRequest* out);
+WorkerRegistration FromProto(const v1::RegisterWorkerRequest& msg);
+
+void ToProto(const RegistrationResult& result, v1::RegisterWorkerReply* out);
+RegistrationResult FromProto(const v1::RegisterWorkerReply& msg);
+
 }  // namespace dbs
 
 #endif  // DBS_COMMON_PLAN_CODEC_H_

@@ -14,67 +14,22 @@
 #include "absl/strings/match.h"
 #include "common/files.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
+#include "common/plan_codec.h"
+#include "common/tensor_codec.h"
+#include "proto/checkpoint.pb.h"
 
 namespace dbs {
 namespace {
 
-using nlohmann::json;
-constexpr char kMagic[] = "DBSCKPT1";
+namespace ckpt = checkpoint::v2;
+
+constexpr char kMagic[] = "DBSCKPT2";
+constexpr char kOldMagicPrefix[] = "DBSCKPT";
 constexpr size_t kMagicLen = 8;
+constexpr size_t kFramingLen = kMagicLen + 8 + 4;  // magic, length, CRC-32
 
-json Ranges(const std::vector<SampleRange>& rs) {
-  json a = json::array();
-  for (const SampleRange& r : rs) a.push_back(json::array({r.begin, r.end}));
-  return a;
-}
-
-std::vector<SampleRange> RangesFrom(const json& a) {
-  std::vector<SampleRange> out;
-  for (const json& r : a) out.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
-  return out;
-}
-
-json PlanJson(const WorkerPlan& p) {
-  return {{"epoch", p.epoch},          {"batch_size", p.batch_size},
-          {"final_batch_size", p.final_batch_size}, {"num_steps", p.num_steps},
-          {"global_batch", p.global_batch}, {"seed", p.permutation_seed},
-          {"train", Ranges(p.train_ranges)}, {"test", json::array({p.test_range.begin, p.test_range.end})},
-          {"share", p.share},          {"total_epochs", p.total_epochs}};
-}
-
-WorkerPlan PlanFrom(const json& j) {
-  WorkerPlan p;
-  p.epoch = j.at("epoch");
-  p.batch_size = j.at("batch_size");
-  p.final_batch_size = j.at("final_batch_size");
-  p.num_steps = j.at("num_steps");
-  p.global_batch = j.at("global_batch");
-  p.permutation_seed = j.at("seed");
-  p.train_ranges = RangesFrom(j.at("train"));
-  p.test_range = {j.at("test").at(0).get<int64_t>(), j.at("test").at(1).get<int64_t>()};
-  p.share = j.at("share");
-  p.total_epochs = j.at("total_epochs");
-  return p;
-}
-
-json TimingJson(const EpochTiming& t) {
-  return json::array({t.worker_id, t.epoch, t.samples, t.compute_seconds, t.wait_seconds,
-                      t.eval_seconds, t.test_samples, t.test_correct, t.test_loss_sum});
-}
-
-EpochTiming TimingFrom(const json& j) {
-  EpochTiming t;
-  t.worker_id = j.at(0);
-  t.epoch = j.at(1);
-  t.samples = j.at(2);
-  t.compute_seconds = j.at(3);
-  t.wait_seconds = j.at(4);
-  t.eval_seconds = j.at(5);
-  t.test_samples = j.at(6);
-  t.test_correct = j.at(7);
-  t.test_loss_sum = j.at(8);
-  return t;
+absl::Status Corrupt(const std::string& why) {
+  return absl::DataLossError(absl::StrCat("corrupt checkpoint: ", why));
 }
 
 void PutU64(std::string* out, uint64_t v) {
@@ -87,197 +42,203 @@ uint64_t GetU64(const std::string& in, size_t at) {
   return v;
 }
 
-absl::Status Corrupt(const std::string& why) {
-  return absl::DataLossError(absl::StrCat("corrupt checkpoint: ", why));
+uint32_t Crc32(const std::string& bytes, size_t n) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n)));
+}
+
+// A flat float vector as one tensor of shape [n].
+void PutFlat(const std::string& name, const std::vector<float>& v, TensorList* out) {
+  EncodeTensors({{name, {static_cast<int64_t>(v.size())}}}, v, out);
+}
+
+void EpochToProto(const EpochRecord& r, ckpt::Epoch* out) {
+  out->set_epoch(r.epoch);
+  out->set_start_unix_nanos(absl::ToUnixNanos(r.start));
+  out->set_end_unix_nanos(absl::ToUnixNanos(r.end));
+  out->set_num_steps(r.num_steps);
+  out->set_revision(r.revision);
+  out->set_complete(r.complete);
+  for (int d : r.dead) out->add_dead(d);
+  for (const auto& [id, plan] : r.plans) ToProto(plan, &(*out->mutable_plans())[id]);
+  for (const auto& [id, steps] : r.layout) {
+    PlanRevision layout;
+    layout.epoch = r.epoch;
+    layout.num_steps = static_cast<int>(steps.size());
+    layout.steps = steps;
+    ToProto(layout, &(*out->mutable_layouts())[id]);
+  }
+  for (const auto& [id, t] : r.reports) ToProto(t, &(*out->mutable_reports())[id]);
+  for (const auto& [id, by_batch] : r.step_times) {
+    ckpt::StepTimes& times = (*out->mutable_step_times())[id];
+    for (const auto& [batch, t] : by_batch) {
+      ckpt::StepTimes::AtBatch* at = times.add_at();
+      at->set_batch(batch);
+      at->set_steps(t.steps);
+      at->set_seconds(t.seconds);
+    }
+  }
+}
+
+EpochRecord EpochFromProto(const ckpt::Epoch& m) {
+  EpochRecord r;
+  r.epoch = m.epoch();
+  r.start = absl::FromUnixNanos(m.start_unix_nanos());
+  r.end = absl::FromUnixNanos(m.end_unix_nanos());
+  r.num_steps = m.num_steps();
+  r.revision = m.revision();
+  r.complete = m.complete();
+  r.dead.insert(m.dead().begin(), m.dead().end());
+  for (const auto& [id, plan] : m.plans()) r.plans[id] = FromProto(plan);
+  for (const auto& [id, layout] : m.layouts()) r.layout[id] = FromProto(layout).steps;
+  for (const auto& [id, report] : m.reports()) r.reports[id] = FromProto(report);
+  for (const auto& [id, times] : m.step_times()) {
+    for (const ckpt::StepTimes::AtBatch& at : times.at()) {
+      r.step_times[id][at.batch()] = {at.steps(), at.seconds()};
+    }
+  }
+  return r;
+}
+
+void BarrierToProto(const StepAggregator::State& ag, ckpt::Barrier* out) {
+  out->set_epoch(ag.epoch);
+  out->set_step(ag.step);
+  for (const auto& [epoch, l] : ag.losses) {
+    ckpt::Barrier::Loss& loss = (*out->mutable_losses())[epoch];
+    loss.set_loss_sum(l.loss_sum);
+    loss.set_samples(l.samples);
+    loss.set_steps_completed(l.steps_completed);
+  }
+  for (const auto& [worker, step] : ag.accepted) {
+    ckpt::Barrier::Push* push = out->add_accepted();
+    push->set_worker_id(worker);
+    push->set_step(step);
+  }
+}
+
+void BarrierFromProto(const ckpt::Barrier& m, StepAggregator::State* ag) {
+  ag->epoch = m.epoch();
+  ag->step = m.step();
+  for (const auto& [epoch, l] : m.losses()) {
+    ag->losses[epoch] = {l.loss_sum(), l.samples(), l.steps_completed()};
+  }
+  for (const ckpt::Barrier::Push& p : m.accepted()) ag->accepted.insert({p.worker_id(), p.step()});
+}
+
+void StoreToProto(const StoreState& st, ckpt::Store* out) {
+  EncodeTensors(st.layout, st.values, out->mutable_parameters());
+  out->set_version(st.version);
+  out->set_optimizer(st.optimizer.kind);
+  out->set_optimizer_steps(st.optimizer.steps);
+  for (size_t i = 0; i < st.optimizer.buffers.size(); ++i) {
+    PutFlat(absl::StrCat("buffer", i), st.optimizer.buffers[i], out->mutable_optimizer_buffers());
+  }
+}
+
+absl::Status StoreFromProto(const ckpt::Store& m, StoreState* st) {
+  if (m.parameters_size() > 0) {
+    DBS_ASSIGN_OR_RETURN(st->layout, LayoutOf(m.parameters()));
+    st->values.resize(static_cast<size_t>(TotalElements(st->layout)));
+    DBS_RETURN_IF_ERROR(DecodeTensors(m.parameters(), st->layout, false,
+                                      absl::MakeSpan(st->values)));
+  }
+  st->version = m.version();
+  st->optimizer.kind = m.optimizer();
+  st->optimizer.steps = m.optimizer_steps();
+  for (int i = 0; i < m.optimizer_buffers_size(); ++i) {
+    const TensorList one(m.optimizer_buffers().begin() + i, m.optimizer_buffers().begin() + i + 1);
+    DBS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutOf(one));
+    std::vector<float>& buffer = st->optimizer.buffers.emplace_back(
+        static_cast<size_t>(TotalElements(layout)));
+    DBS_RETURN_IF_ERROR(DecodeTensors(one, layout, false, absl::MakeSpan(buffer)));
+  }
+  return absl::OkStatus();
+}
+
+ckpt::Checkpoint CheckpointOf(const JobState& st) {
+  ckpt::Checkpoint m;
+  ckpt::JobSettings* settings = m.mutable_settings();
+  settings->set_workers(st.config.expected_workers);
+  settings->set_epochs(st.config.epochs);
+  settings->set_global_batch(st.config.global_batch);
+  settings->set_seed(st.config.seed);
+  settings->set_policy(st.policy);
+  for (size_t i = 0; i < st.scheduler.workers.size(); ++i) {
+    ckpt::Member* member = m.add_members();
+    ToProto(st.scheduler.workers[i], member->mutable_registration());
+    member->set_left(i < st.scheduler.left.size() && st.scheduler.left[i]);
+  }
+  m.set_finished(st.scheduler.finished);
+  for (const EpochRecord& r : st.scheduler.records) EpochToProto(r, m.add_epochs());
+  BarrierToProto(st.aggregator, m.mutable_barrier());
+  StoreToProto(st.aggregator.store, m.mutable_store());
+  for (const auto& [epoch, a] : st.audits) {
+    ckpt::Audit& audit = (*m.mutable_audits())[epoch];
+    audit.set_samples(a.samples);
+    audit.set_used_once(a.used_once);
+    audit.set_missing(a.missing);
+    audit.set_duplicated(a.duplicated);
+  }
+  return m;
+}
+
+absl::StatusOr<JobState> JobStateOf(const ckpt::Checkpoint& m) {
+  JobState st;
+  st.config.expected_workers = m.settings().workers();
+  st.config.epochs = m.settings().epochs();
+  st.config.global_batch = m.settings().global_batch();
+  st.config.seed = m.settings().seed();
+  st.policy = m.settings().policy();
+  for (const ckpt::Member& member : m.members()) {
+    st.scheduler.workers.push_back(FromProto(member.registration()));
+    st.scheduler.left.push_back(member.left());
+  }
+  st.scheduler.finished = m.finished();
+  for (const ckpt::Epoch& e : m.epochs()) st.scheduler.records.push_back(EpochFromProto(e));
+  BarrierFromProto(m.barrier(), &st.aggregator);
+  absl::Status store = StoreFromProto(m.store(), &st.aggregator.store);
+  if (!store.ok()) return Corrupt(absl::StrCat("parameters: ", store.message()));
+  for (const auto& [epoch, a] : m.audits()) {
+    st.audits[epoch] = {a.samples(), a.used_once(), a.missing(), a.duplicated()};
+  }
+  return st;
 }
 
 }  // namespace
 
-std::string EncodeCheckpoint(const JobState& st) {
-  json meta;
-  meta["format"] = 1;
-  meta["config"] = {{"workers", st.config.expected_workers}, {"epochs", st.config.epochs},
-                    {"global_batch", st.config.global_batch}, {"seed", st.config.seed},
-                    {"policy", st.policy}};
-  json workers = json::array();
-  for (size_t i = 0; i < st.scheduler.workers.size(); ++i) {
-    const WorkerRegistration& w = st.scheduler.workers[i];
-    workers.push_back(json::array({w.name, w.train_samples, w.test_samples, w.device,
-                                   i < st.scheduler.left.size() && st.scheduler.left[i],
-                                   w.max_batch}));
-  }
-  meta["workers"] = workers;
-  meta["finished"] = st.scheduler.finished;
-  json records = json::array();
-  for (const EpochRecord& r : st.scheduler.records) {
-    json rec;
-    rec["epoch"] = r.epoch;
-    rec["start"] = absl::ToUnixNanos(r.start);
-    rec["end"] = absl::ToUnixNanos(r.end);
-    rec["num_steps"] = r.num_steps;
-    rec["revision"] = r.revision;
-    rec["complete"] = r.complete;
-    rec["dead"] = std::vector<int>(r.dead.begin(), r.dead.end());
-    json plans = json::object(), layout = json::object(), reports = json::object();
-    for (const auto& [id, p] : r.plans) plans[std::to_string(id)] = PlanJson(p);
-    for (const auto& [id, steps] : r.layout) {
-      json a = json::array();
-      for (const auto& step : steps) a.push_back(Ranges(step));
-      layout[std::to_string(id)] = a;
-    }
-    for (const auto& [id, t] : r.reports) reports[std::to_string(id)] = TimingJson(t);
-    json step_times = json::object();
-    for (const auto& [id, by_batch] : r.step_times) {
-      json a = json::array();
-      for (const auto& [batch, t] : by_batch) a.push_back(json::array({batch, t.steps, t.seconds}));
-      step_times[std::to_string(id)] = a;
-    }
-    rec["plans"] = plans;
-    rec["layout"] = layout;
-    rec["reports"] = reports;
-    rec["step_times"] = step_times;
-    records.push_back(rec);
-  }
-  meta["records"] = records;
-  const StepAggregator::State& ag = st.aggregator;
-  json losses = json::object();
-  for (const auto& [e, l] : ag.losses) {
-    losses[std::to_string(e)] = json::array({l.loss_sum, l.samples, l.steps_completed});
-  }
-  json accepted = json::array();
-  for (const auto& [w, s] : ag.accepted) accepted.push_back(json::array({w, s}));
-  json layout = json::array();
-  for (const TensorSpec& t : ag.store.layout) layout.push_back(json::array({t.name, t.shape}));
-  std::vector<size_t> buffer_sizes;
-  for (const auto& b : ag.store.optimizer.buffers) buffer_sizes.push_back(b.size());
-  meta["barrier"] = {{"epoch", ag.epoch}, {"step", ag.step}, {"losses", losses},
-                     {"accepted", accepted}};
-  meta["store"] = {{"layout", layout}, {"version", ag.store.version},
-                   {"optimizer", ag.store.optimizer.kind},
-                   {"optimizer_steps", ag.store.optimizer.steps},
-                   {"buffers", buffer_sizes}};
-  json audits = json::object();
-  for (const auto& [e, a] : st.audits) {
-    audits[std::to_string(e)] = json::array({a.samples, a.used_once, a.missing, a.duplicated});
-  }
-  meta["audits"] = audits;
-
-  const std::string text = meta.dump();
+std::string EncodeCheckpoint(const JobState& state) {
+  std::string body;
+  CheckpointOf(state).SerializeToString(&body);
   std::string out(kMagic, kMagicLen);
-  PutU64(&out, text.size());
-  out += text;
-  uint64_t floats = ag.store.values.size();
-  for (const auto& b : ag.store.optimizer.buffers) floats += b.size();
-  PutU64(&out, floats);
-  auto append = [&out](const std::vector<float>& v) {
-    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  };
-  append(ag.store.values);
-  for (const auto& b : ag.store.optimizer.buffers) append(b);
-  const uint32_t crc = static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+  PutU64(&out, body.size());
+  out += body;
+  const uint32_t crc = Crc32(out, out.size());
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(crc >> (8 * i)));
   return out;
 }
 
 absl::StatusOr<JobState> DecodeCheckpoint(const std::string& in) {
-  if (in.size() < kMagicLen + 8 + 8 + 4 || in.compare(0, kMagicLen, kMagic) != 0) {
-    return Corrupt("not a dbs checkpoint (bad magic or too short)");
+  if (in.compare(0, kMagicLen, kMagic) != 0) {
+    if (in.size() >= kMagicLen && in.compare(0, kMagicLen - 1, kOldMagicPrefix) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint format ", in.substr(kMagicLen - 1, 1), " was written by an older dbs; ",
+          "this one reads format 2 only. Finish that job with the dbs that wrote it, or start "
+          "the job again without --restore"));
+    }
+    return Corrupt("not a dbs checkpoint (bad magic)");
   }
+  if (in.size() < kFramingLen) return Corrupt("too short");
   uint32_t stored = 0;
-  for (int i = 3; i >= 0; --i) stored = (stored << 8) | static_cast<unsigned char>(in[in.size() - 4 + i]);
-  const uint32_t actual = static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(in.data()), static_cast<uInt>(in.size() - 4)));
-  if (stored != actual) return Corrupt("checksum mismatch (truncated or altered)");
-  const uint64_t meta_len = GetU64(in, kMagicLen);
-  if (kMagicLen + 8 + meta_len + 8 + 4 > in.size()) return Corrupt("bad length");
-  const uint64_t floats = GetU64(in, kMagicLen + 8 + meta_len);
-  const size_t blob_at = kMagicLen + 8 + meta_len + 8;
-  if (blob_at + floats * sizeof(float) + 4 != in.size()) return Corrupt("bad blob size");
-  JobState st;
-  const char* stage = "header";
-  try {
-    const json meta = json::parse(in.substr(kMagicLen + 8, meta_len));
-    if (meta.at("format") != 1) return Corrupt("unknown format version");
-    const json& c = meta.at("config");
-    st.config.expected_workers = c.at("workers");
-    st.config.epochs = c.at("epochs");
-    st.config.global_batch = c.at("global_batch");
-    st.config.seed = c.at("seed");
-    st.policy = c.at("policy");
-    stage = "workers";
-    for (const json& w : meta.at("workers")) {
-      st.scheduler.workers.push_back({w.at(0), w.at(1), w.at(2), w.at(3), w.at(5).get<int>()});
-      st.scheduler.left.push_back(w.at(4).get<bool>());
-    }
-    st.scheduler.finished = meta.at("finished");
-    stage = "records";
-    for (const json& rec : meta.at("records")) {
-      EpochRecord r;
-      r.epoch = rec.at("epoch");
-      r.start = absl::FromUnixNanos(rec.at("start").get<int64_t>());
-      r.end = absl::FromUnixNanos(rec.at("end").get<int64_t>());
-      r.num_steps = rec.at("num_steps");
-      r.revision = rec.at("revision");
-      r.complete = rec.at("complete");
-      for (int d : rec.at("dead")) r.dead.insert(d);
-      for (const auto& [k, v] : rec.at("plans").items()) r.plans[std::stoi(k)] = PlanFrom(v);
-      for (const auto& [k, v] : rec.at("layout").items()) {
-        StepRanges steps;
-        for (const json& step : v) steps.push_back(RangesFrom(step));
-        r.layout[std::stoi(k)] = std::move(steps);
-      }
-      for (const auto& [k, v] : rec.at("reports").items()) r.reports[std::stoi(k)] = TimingFrom(v);
-      if (rec.contains("step_times")) {  // absent in checkpoints of earlier versions
-        for (const auto& [k, v] : rec.at("step_times").items()) {
-          for (const json& t : v) {
-            r.step_times[std::stoi(k)][t.at(0).get<int>()] = {t.at(1).get<int>(),
-                                                             t.at(2).get<double>()};
-          }
-        }
-      }
-      st.scheduler.records.push_back(std::move(r));
-    }
-    stage = "barrier";
-    const json& b = meta.at("barrier");
-    st.aggregator.epoch = b.at("epoch");
-    st.aggregator.step = b.at("step");
-    for (const auto& [k, v] : b.at("losses").items()) {
-      st.aggregator.losses[std::stoi(k)] = {v.at(0).get<double>(), v.at(1).get<int64_t>(),
-                                           v.at(2).get<int>()};
-    }
-    for (const json& a : b.at("accepted")) {
-      st.aggregator.accepted.insert(std::make_pair(a.at(0).get<int>(), a.at(1).get<int>()));
-    }
-    stage = "store";
-    const json& s = meta.at("store");
-    for (const json& t : s.at("layout")) {
-      st.aggregator.store.layout.push_back({t.at(0), t.at(1).get<std::vector<int64_t>>()});
-    }
-    st.aggregator.store.version = s.at("version");
-    st.aggregator.store.optimizer.kind = s.at("optimizer");
-    st.aggregator.store.optimizer.steps = s.at("optimizer_steps");
-    std::vector<size_t> sizes = s.at("buffers").get<std::vector<size_t>>();
-    const size_t model = static_cast<size_t>(TotalElements(st.aggregator.store.layout));
-    size_t total = model;
-    for (size_t n : sizes) total += n;
-    if (total != floats) return Corrupt("tensor sizes disagree with the header");
-    const float* data = reinterpret_cast<const float*>(in.data() + blob_at);
-    std::vector<float> all(data, data + floats);  // copy: the string need not be aligned
-    st.aggregator.store.values.assign(all.begin(), all.begin() + model);
-    size_t at = model;
-    for (size_t n : sizes) {
-      st.aggregator.store.optimizer.buffers.emplace_back(all.begin() + at, all.begin() + at + n);
-      at += n;
-    }
-    for (const auto& [k, v] : meta.at("audits").items()) {
-      st.audits[std::stoi(k)] = {v.at(0).get<int64_t>(), v.at(1).get<int64_t>(),
-                                 v.at(2).get<int64_t>(), v.at(3).get<int64_t>()};
-    }
-  } catch (const std::exception& e) {
-    return Corrupt(absl::StrCat("unreadable contents: ", e.what(), " at ", stage));
+  for (int i = 3; i >= 0; --i) {
+    stored = (stored << 8) | static_cast<unsigned char>(in[in.size() - 4 + i]);
   }
-  return st;
+  if (stored != Crc32(in, in.size() - 4)) return Corrupt("checksum mismatch (truncated or altered)");
+  if (GetU64(in, kMagicLen) != in.size() - kFramingLen) return Corrupt("bad length");
+  ckpt::Checkpoint m;
+  if (!m.ParseFromArray(in.data() + kMagicLen + 8, static_cast<int>(in.size() - kFramingLen))) {
+    return Corrupt("unreadable contents");
+  }
+  return JobStateOf(m);
 }
 
 namespace {

@@ -5,10 +5,12 @@
 // barrier stands (epoch, step, losses, the pushes counted this epoch) and the sample audits. Data
 // permutations need no RNG state: they are a function of the job seed and the epoch.
 //
-// File format: "DBSCKPT1", u64 length and a JSON document, u64 count and that many float32 values,
-// then the CRC-32 of everything before it. A file that is truncated, altered or of another
-// version is refused with DATA_LOSS and a reason; writes go through a temporary file and a rename,
-// so a crash never leaves half a checkpoint under the final name. Pure functions plus file I/O.
+// File format: "DBSCKPT2", a u64 length and a serialized dbs.checkpoint.v2.Checkpoint
+// (proto/checkpoint.proto, which reuses the API's plans, reports, revisions and tensors), then
+// the CRC-32 of everything before it. A file that is truncated or altered is refused with
+// DATA_LOSS and a reason, one of an older format with FAILED_PRECONDITION saying so; writes go
+// through a temporary file and a rename, so a crash never leaves half a checkpoint under the final
+// name. Pure functions plus file I/O.
 #ifndef DBS_SERVER_CHECKPOINT_H_
 #define DBS_SERVER_CHECKPOINT_H_
 
@@ -32,7 +34,7 @@ struct JobState {
 };
 
 std::string EncodeCheckpoint(const JobState& state);
-// DATA_LOSS for a truncated, altered or unknown file.
+// DATA_LOSS for a truncated, altered or unknown file; FAILED_PRECONDITION for an older format.
 absl::StatusOr<JobState> DecodeCheckpoint(const std::string& bytes);
 
 // Writes `state` into `dir` as ckpt-<seq>.dbs (seq increasing), keeping the newest `keep`.

@@ -8,17 +8,8 @@ namespace dbs {
 grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
     v1::RegisterWorkerReply* reply) {
-  WorkerRegistration reg{req->name(), req->train_samples(), req->test_samples(), req->device(),
-                         req->max_batch()};
-  absl::StatusOr<RegistrationResult> r = scheduler_->Register(reg);
-  if (r.ok()) {
-    reply->set_worker_id(r->worker_id);
-    reply->set_expected_workers(r->expected_workers);
-    reply->set_epochs(r->epochs);
-    reply->set_global_batch(r->global_batch);
-    reply->set_policy(r->policy);
-    reply->set_start_epoch(r->start_epoch);
-  }
+  absl::StatusOr<RegistrationResult> r = scheduler_->Register(FromProto(*req));
+  if (r.ok()) ToProto(*r, reply);
   return FinishUnary(ctx, r.status());
 }
 

@@ -1,5 +1,7 @@
 #include "server/checkpoint.h"
 
+#include <zlib.h>
+
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -50,7 +52,8 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   FakeClock clock;
   auto job = JobAtStep2(&clock);
   const JobConfig config = Config();
-  const JobState st = StateOf(job.get(), config);
+  JobState st = StateOf(job.get(), config);
+  st.audits[0] = {16, 15, 1, 0};
   const std::string bytes = EncodeCheckpoint(st);
   absl::StatusOr<JobState> back = DecodeCheckpoint(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -65,6 +68,14 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   // The per-step times the controller models speeds from (two steps of 2 samples per worker).
   ASSERT_EQ(st.scheduler.records[0].step_times.at(1).at(2).steps, 2);
   EXPECT_EQ(back->scheduler.records[0].step_times, st.scheduler.records[0].step_times);
+  ASSERT_EQ(back->scheduler.workers.size(), 2u);
+  EXPECT_EQ(back->scheduler.workers[1].name, "b");
+  EXPECT_EQ(back->scheduler.records[0].plans.at(1).train_ranges,
+            st.scheduler.records[0].plans.at(1).train_ranges);
+  EXPECT_EQ(back->scheduler.records[0].plans.at(1).share, st.scheduler.records[0].plans.at(1).share);
+  EXPECT_EQ(back->scheduler.records[0].start, st.scheduler.records[0].start);
+  EXPECT_EQ(back->audits.at(0).missing, 1);
+  EXPECT_EQ(back->policy, "dbs");
 
   // A fresh job restored from it continues exactly like the original one.
   auto restored = *TrainingJob::Create(config, &clock);
@@ -123,11 +134,48 @@ TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
   std::string altered = bytes;
   altered[altered.size() / 3] ^= 0x01;
   EXPECT_EQ(DecodeCheckpoint(altered).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(DecodeCheckpoint("DBSCKPT1").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeCheckpoint("DBSCKPT2").status().code(), absl::StatusCode::kDataLoss);
+  // Every truncation is refused (and none crashes the decoder).
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    ASSERT_EQ(DecodeCheckpoint(bytes.substr(0, n)).status().code(), absl::StatusCode::kDataLoss)
+        << n;
+  }
   EXPECT_EQ(DecodeCheckpoint("something else entirely, long enough").status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(LoadNewestCheckpoint(dir + "/none", nullptr).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, AnOlderFormatIsRefusedWithAClearMessage) {
+  FakeClock clock;
+  auto job = JobAtStep2(&clock);
+  const std::string dir = ::testing::TempDir() + "/old_ckpts";
+  auto p1 = WriteCheckpoint(dir, StateOf(job.get(), Config()));
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  // A newer file in the JSON format of dbs before the protobuf schema.
+  std::ofstream(dir + "/ckpt-2.dbs", std::ios::binary) << "DBSCKPT1" << std::string(40, '\0');
+  std::vector<std::string> refused;
+  std::string path;
+  ASSERT_TRUE(LoadNewestCheckpoint(dir, &refused, &path).ok());
+  EXPECT_EQ(path, *p1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_THAT(refused[0], ::testing::HasSubstr("checkpoint format 1 was written by an older dbs"));
+  EXPECT_EQ(DecodeCheckpoint("DBSCKPT1 and more").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CheckpointTest, AValidFrameAroundGarbageIsRefused) {
+  // Right magic, length and CRC, but the body is not a checkpoint message.
+  std::string body = "\xff\xff\xff\xff not a protobuf";
+  std::string bytes = "DBSCKPT2";
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>(body.size() >> (8 * i)));
+  bytes += body;
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> (8 * i)));
+  const absl::Status s = DecodeCheckpoint(bytes).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("unreadable"));
 }
 
 }  // namespace

@@ -4,12 +4,13 @@ Bazel's native proto rules need @com_google_protobuf (a download); the system pr
 job offline.
 """
 
-def cc_grpc_library(name, src, deps = [], **kwargs):
+def cc_grpc_library(name, src, imports = [], deps = [], **kwargs):
+    """`imports`: the .proto files `src` imports (their cc library goes in `deps`)."""
     base = src[:-len(".proto")]
     outs = [base + ".pb.h", base + ".pb.cc", base + ".grpc.pb.h", base + ".grpc.pb.cc"]
     native.genrule(
         name = name + "_gen",
-        srcs = [src],
+        srcs = [src] + imports,
         outs = outs,
         cmd = " ".join([
             "protoc",

@@ -35,11 +35,7 @@ absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) con
 
 absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;
-  req.set_name(reg.name);
-  req.set_train_samples(reg.train_samples);
-  req.set_test_samples(reg.test_samples);
-  req.set_device(reg.device);
-  req.set_max_batch(reg.max_batch);
+  ToProto(reg, &req);
   Backoff backoff(config_.backoff, std::hash<std::string>()(reg.name));
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + config_.connect_timeout;
@@ -51,16 +47,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
     v1::RegisterWorkerReply reply;
     last = scheduler_->RegisterWorker(&ctx, req, &reply);
-    if (last.ok()) {
-      RegistrationResult r;
-      r.worker_id = reply.worker_id();
-      r.expected_workers = reply.expected_workers();
-      r.epochs = reply.epochs();
-      r.global_batch = reply.global_batch();
-      r.policy = reply.policy();
-      r.start_epoch = reply.start_epoch();
-      return r;
-    }
+    if (last.ok()) return FromProto(reply);
     const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!retryable) return Annotate(last, "registration refused");
