@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "server/replan_window.h"
 #include "server/job_config.h"
+#include "server/replan_window.h"
 #include "server/scheduler.h"
 
 namespace dbs {
@@ -109,9 +109,8 @@ std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
   while (total > B) {
     int k = -1;
     for (int i = 0; i < n; ++i) {
-      if (split[i] > 0 &&
-          (k < 0 || TrueStepSeconds(config, i, split[i], epoch) >
-                        TrueStepSeconds(config, k, split[k], epoch))) {
+      if (split[i] > 0 && (k < 0 || TrueStepSeconds(config, i, split[i], epoch) >
+                                        TrueStepSeconds(config, k, split[k], epoch))) {
         k = i;
       }
     }
@@ -135,8 +134,8 @@ SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* des
   auto uniform = [&](double lo, double hi) {
     return std::uniform_real_distribution<double>(lo, hi)(rng);
   };
-  const int n = rng() % 2 == 0 ? 4 + static_cast<int>(rng() % 13)    // 4-16
-                               : 4 + static_cast<int>(rng() % 61);   // 4-64
+  const int n = rng() % 2 == 0 ? 4 + static_cast<int>(rng() % 13)   // 4-16
+                               : 4 + static_cast<int>(rng() % 61);  // 4-64
   const double noise = rng() % 2 == 0 ? uniform(0.01, 0.05) : 0.0;
   const bool drift = rng() % 3 == 0 && allow_drift;
   // Each worker's shape, relative to the equal split's batch: its speed there (up to 10x apart),

@@ -12,9 +12,9 @@
 // Every step also costs a communication time c = c0 + c1 * n that every worker pays. A step takes
 // max_i t_i + c; an epoch is the sum of its steps. Workers send each step's compute time (as
 // dbs_worker does with its pushes) and report their epoch, and the scheduler's next plan is used;
-// the rest of an epoch is re-planned like dbs_ps does (by default with the dbs policy only). The result also
-// gives, per epoch, the best split the true (noise-free) curves allow, to judge the controller.
-// Pure computation; thread-compatible.
+// the rest of an epoch is re-planned like dbs_ps does (by default with the dbs policy only). The
+// result also gives, per epoch, the best split the true (noise-free) curves allow, to judge the
+// controller. Pure computation; thread-compatible.
 #ifndef DBS_BENCH_SIMULATION_H_
 #define DBS_BENCH_SIMULATION_H_
 

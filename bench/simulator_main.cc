@@ -36,8 +36,7 @@ int TraceCluster(uint64_t seed) {
   const std::vector<int> best = dbs::BestSplit(c, 0);
   std::printf("cluster %llu: %s\n", static_cast<unsigned long long>(seed), what.c_str());
   for (size_t i = 0; i < c.workers.size(); ++i) {
-    std::printf("  worker %2zu %-46s best batch %d\n", i, c.workers[i].Describe().c_str(),
-                best[i]);
+    std::printf("  worker %2zu %-46s best batch %d\n", i, c.workers[i].Describe().c_str(), best[i]);
   }
   for (dbs::PolicyKind p :
        {dbs::PolicyKind::kDbs, dbs::PolicyKind::kProportional, dbs::PolicyKind::kFixed}) {
@@ -65,7 +64,8 @@ int TraceCluster(uint64_t seed) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_trace_cluster) > 0) return TraceCluster(absl::GetFlag(FLAGS_trace_cluster));
+  if (absl::GetFlag(FLAGS_trace_cluster) > 0)
+    return TraceCluster(absl::GetFlag(FLAGS_trace_cluster));
   std::vector<double> pattern;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_speeds), ',')) {
     double v;

@@ -9,10 +9,10 @@
 #define DBS_CONCAT_(a, b) DBS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define DBS_RETURN_IF_ERROR(expr)                   \
-  do {                                              \
-    ::absl::Status dbs_status_ = (expr);            \
-    if (!dbs_status_.ok()) return dbs_status_;      \
+#define DBS_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status dbs_status_ = (expr);       \
+    if (!dbs_status_.ok()) return dbs_status_; \
   } while (false)
 
 // `DBS_ASSIGN_OR_RETURN(auto x, StatusOrExpr())`: unwraps or returns the error.

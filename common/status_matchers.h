@@ -19,6 +19,17 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& s) {
   return s.status();
 }
 
+// What a failed IsOk prints: the status, or for other status types (grpc::Status) its message.
+inline std::string Describe(const absl::Status& s) { return s.ToString(); }
+template <typename T>
+std::string Describe(const absl::StatusOr<T>& s) {
+  return s.status().ToString();
+}
+template <typename S>
+auto Describe(const S& s) -> decltype(s.error_message()) {
+  return s.error_message();
+}
+
 }  // namespace testing_internal
 
 MATCHER_P2(StatusIs, code, message_matcher,
@@ -27,8 +38,7 @@ MATCHER_P2(StatusIs, code, message_matcher,
                ::testing::DescribeMatcher<std::string>(message_matcher, negation)) {
   const absl::Status& s = testing_internal::GetStatus(arg);
   *result_listener << "whose status is " << s;
-  return s.code() == code &&
-         ::testing::Matches(message_matcher)(std::string(s.message()));
+  return s.code() == code && ::testing::Matches(message_matcher)(std::string(s.message()));
 }
 
 MATCHER_P(StatusCodeIs, code,
@@ -38,10 +48,10 @@ MATCHER_P(StatusCodeIs, code,
   return s.code() == code;
 }
 
+// Any status type with ok(): absl::Status, absl::StatusOr, grpc::Status.
 MATCHER(IsOk, std::string(negation ? "is not OK" : "is OK")) {
-  const absl::Status& s = testing_internal::GetStatus(arg);
-  *result_listener << "whose status is " << s;
-  return s.ok();
+  *result_listener << "whose status is " << testing_internal::Describe(arg);
+  return arg.ok();
 }
 
 }  // namespace dbs

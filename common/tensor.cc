@@ -43,8 +43,8 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
 absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& actual,
                              const std::string& what) {
   if (expected.size() != actual.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", actual.size(),
-                                                   " tensors; the model has ", expected.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", actual.size(), " tensors; the model has ", expected.size()));
   }
   for (size_t i = 0; i < expected.size(); ++i) {
     if (expected[i].name != actual[i].name) {
@@ -52,9 +52,9 @@ absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& act
                                                      "'; the model has '", expected[i].name, "'"));
     }
     if (expected[i].shape != actual[i].shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),
-          "; the model has ", expected[i].ShapeString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),
+                       "; the model has ", expected[i].ShapeString()));
     }
   }
   return absl::OkStatus();

@@ -34,9 +34,9 @@ absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors) {
   for (int i = 0; i < tensors.size(); ++i) {
     const uint64_t want = static_cast<uint64_t>(layout[i].NumElements()) * sizeof(float);
     if (tensors[i].data().size() != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", layout[i].name, "' of shape ", layout[i].ShapeString(), " carries ",
-          tensors[i].data().size(), " bytes; expected ", want));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", layout[i].name, "' of shape ", layout[i].ShapeString(),
+                       " carries ", tensors[i].data().size(), " bytes; expected ", want));
     }
   }
   return layout;
@@ -56,9 +56,9 @@ absl::Status DecodeTensors(const TensorList& tensors, const ModelLayout& layout,
         float v;
         std::memcpy(&v, data.data() + k, sizeof(float));
         if (!std::isfinite(v)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tensor '", layout[i].name, "' holds a non-finite value at element ",
-                           k / sizeof(float)));
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", layout[i].name,
+                                                         "' holds a non-finite value at element ",
+                                                         k / sizeof(float)));
         }
       }
     }

@@ -39,7 +39,8 @@ std::vector<double> Moves(const std::vector<double>& batches) {
 int Oscillations(const std::vector<double>& moves) {
   int count = 0;
   for (size_t k = 1; k < moves.size(); ++k) {
-    count += (moves[k] > 0) != (moves[k - 1] > 0) && std::abs(moves[k]) > 0.5 * std::abs(moves[k - 1]);
+    count +=
+        (moves[k] > 0) != (moves[k - 1] > 0) && std::abs(moves[k]) > 0.5 * std::abs(moves[k - 1]);
   }
   return count;
 }
@@ -332,8 +333,7 @@ BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers)
   return plan;
 }
 
-std::vector<double> BalancingPolicy::NextShares(
-    absl::Span<const WorkerObservation> workers) const {
+std::vector<double> BalancingPolicy::NextShares(absl::Span<const WorkerObservation> workers) const {
   BalancingPlan plan = Plan(workers);
   double total = 0.0;
   for (double b : plan.batches) total += b;

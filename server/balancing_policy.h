@@ -46,8 +46,8 @@ struct BalancingOptions {
 
 // The controller's decision and the reasons for it.
 struct BalancingPlan {
-  std::vector<double> batches;  // real-valued, summing to B
-  std::vector<double> gains;    // per worker, in (0, 1]
+  std::vector<double> batches;          // real-valued, summing to B
+  std::vector<double> gains;            // per worker, in (0, 1]
   double current_step_seconds = 0.0;    // slowest predicted step of the current split
   double predicted_step_seconds = 0.0;  // slowest predicted step of the new split
   bool held = false;                    // the current split was kept

@@ -61,8 +61,7 @@ absl::StatusOr<EpochAllocation> AllocateEpoch(int64_t train_samples, int64_t tes
   const int64_t full_steps = train_samples / global_batch;
   const int64_t remainder = train_samples % global_batch;
   const std::vector<int64_t> batch = LargestRemainder(global_batch, shares);
-  const std::vector<int64_t> last =
-      remainder > 0 ? LargestRemainder(remainder, shares) : batch;
+  const std::vector<int64_t> last = remainder > 0 ? LargestRemainder(remainder, shares) : batch;
   const std::vector<int64_t> test = LargestRemainder(test_samples, shares);
 
   EpochAllocation out;

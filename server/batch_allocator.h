@@ -18,7 +18,8 @@ namespace dbs {
 
 // Splits `total` into non-negative integers proportional to `shares` that sum exactly to `total`:
 // each gets floor(total * share), and the leftover units go to the largest fractional parts (ties
-// to the lower index). Shares must be non-negative with a positive sum; they need not be normalised.
+// to the lower index). Shares must be non-negative with a positive sum; they need not be
+// normalised.
 std::vector<int64_t> LargestRemainder(int64_t total, absl::Span<const double> shares);
 
 // One worker's part of an epoch.
@@ -31,7 +32,7 @@ struct WorkerAllocation {
   // worker's batch is 0 have none). Step s uses the block [s * B, s * B + B_s) of the
   // permutation, and each worker its slice of that block.
   std::vector<SampleRange> train;
-  SampleRange test;          // indices of the test set to evaluate
+  SampleRange test;  // indices of the test set to evaluate
 };
 
 struct EpochAllocation {
@@ -40,9 +41,9 @@ struct EpochAllocation {
 };
 
 // Lays out an epoch of `train_samples` samples with global batch `global_batch`:
-// num_steps = ceil(D / B); full steps use the shares' split of B, the last step the shares' split of
-// the remainder D mod B (or of B when it divides evenly). Step s always trains on the same block of
-// the permutation, whatever the split, so the global batch of every step, and hence the training
+// num_steps = ceil(D / B); full steps use the shares' split of B, the last step the shares' split
+// of the remainder D mod B (or of B when it divides evenly). Step s always trains on the same block
+// of the permutation, whatever the split, so the global batch of every step, and hence the training
 // trajectory, is the same as single-process SGD with batch B over that permutation; only who
 // computes which part of it changes. INVALID_ARGUMENT for empty data, a non-positive batch or bad
 // shares.

@@ -9,12 +9,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "common/files.h"
-#include "common/status_macros.h"
 #include "common/plan_codec.h"
+#include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "proto/checkpoint.pb.h"
 
@@ -139,8 +139,8 @@ absl::Status StoreFromProto(const ckpt::Store& m, StoreState* st) {
   if (m.parameters_size() > 0) {
     DBS_ASSIGN_OR_RETURN(st->layout, LayoutOf(m.parameters()));
     st->values.resize(static_cast<size_t>(TotalElements(st->layout)));
-    DBS_RETURN_IF_ERROR(DecodeTensors(m.parameters(), st->layout, false,
-                                      absl::MakeSpan(st->values)));
+    DBS_RETURN_IF_ERROR(
+        DecodeTensors(m.parameters(), st->layout, false, absl::MakeSpan(st->values)));
   }
   st->version = m.version();
   st->optimizer.kind = m.optimizer();
@@ -148,8 +148,8 @@ absl::Status StoreFromProto(const ckpt::Store& m, StoreState* st) {
   for (int i = 0; i < m.optimizer_buffers_size(); ++i) {
     const TensorList one(m.optimizer_buffers().begin() + i, m.optimizer_buffers().begin() + i + 1);
     DBS_ASSIGN_OR_RETURN(ModelLayout layout, LayoutOf(one));
-    std::vector<float>& buffer = st->optimizer.buffers.emplace_back(
-        static_cast<size_t>(TotalElements(layout)));
+    std::vector<float>& buffer =
+        st->optimizer.buffers.emplace_back(static_cast<size_t>(TotalElements(layout)));
     DBS_RETURN_IF_ERROR(DecodeTensors(one, layout, false, absl::MakeSpan(buffer)));
   }
   return absl::OkStatus();
@@ -232,7 +232,8 @@ absl::StatusOr<JobState> DecodeCheckpoint(const std::string& in) {
   for (int i = 3; i >= 0; --i) {
     stored = (stored << 8) | static_cast<unsigned char>(in[in.size() - 4 + i]);
   }
-  if (stored != Crc32(in, in.size() - 4)) return Corrupt("checksum mismatch (truncated or altered)");
+  if (stored != Crc32(in, in.size() - 4))
+    return Corrupt("checksum mismatch (truncated or altered)");
   if (GetU64(in, kMagicLen) != in.size() - kFramingLen) return Corrupt("bad length");
   ckpt::Checkpoint m;
   if (!m.ParseFromArray(in.data() + kMagicLen + 8, static_cast<int>(in.size() - kFramingLen))) {

@@ -20,7 +20,8 @@ PolicyConfig PolicyConfigOf(const JobConfig& config) {
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
   const SchedulerConfig& s = c.scheduler;
-  if (s.expected_workers < 1) return absl::InvalidArgumentError("workers must be >= 1: need at least one worker");
+  if (s.expected_workers < 1)
+    return absl::InvalidArgumentError("workers must be >= 1: need at least one worker");
   if (s.epochs < 1) return absl::InvalidArgumentError("epochs must be >= 1");
   if (s.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
   DBS_RETURN_IF_ERROR(ValidatePolicyConfig(PolicyConfigOf(c)));

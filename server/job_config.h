@@ -16,11 +16,11 @@ namespace dbs {
 struct JobConfig {
   SchedulerConfig scheduler;
   PolicyKind policy = PolicyKind::kDbs;
-  int speed_window = 1;        // proportional: epochs over which to take a worker's lowest speed
-  int min_batch = 0;           // dbs: per-worker batch bounds (0: none above)
+  int speed_window = 1;  // proportional: epochs over which to take a worker's lowest speed
+  int min_batch = 0;     // dbs: per-worker batch bounds (0: none above)
   int max_batch = 0;
-  double smoothing = 1.0;      // EMA alpha on shares (1: none)
-  double deadband = 0.0;       // relative share change below which the split is kept
+  double smoothing = 1.0;  // EMA alpha on shares (1: none)
+  double deadband = 0.0;   // relative share change below which the split is kept
   OptimizerConfig optimizer;
   // Abort the job when no push, report or registration arrives for this long once training has
   // started (a worker that died without leaving). Zero disables the check.

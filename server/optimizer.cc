@@ -27,8 +27,8 @@ void SgdOptimizer::Step(absl::Span<float> params, absl::Span<const float> grad) 
 
 std::string SgdOptimizer::Describe() const {
   return absl::StrCat("sgd(lr=", config_.lr, ", momentum=", config_.momentum,
-                      ", weight_decay=", config_.weight_decay,
-                      config_.nesterov ? ", nesterov" : "", ")");
+                      ", weight_decay=", config_.weight_decay, config_.nesterov ? ", nesterov" : "",
+                      ")");
 }
 
 void AdamOptimizer::Step(absl::Span<float> params, absl::Span<const float> grad) {

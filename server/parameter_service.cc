@@ -11,8 +11,7 @@
 namespace dbs {
 namespace {
 
-void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap,
-                    v1::Parameters* out) {
+void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap, v1::Parameters* out) {
   out->set_version(snap.version);
   EncodeTensors(layout, *snap.values, out->mutable_parameters());
 }
@@ -24,8 +23,9 @@ absl::Status UnknownWorker(int id) {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(
-    grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest* req, v1::Parameters* reply) {
+grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServerContext* ctx,
+                                                              const v1::RegisterModelRequest* req,
+                                                              v1::Parameters* reply) {
   if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
   if (!layout.ok()) return FinishUnary(ctx, layout.status());
@@ -37,8 +37,9 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(
   return FinishUnary(ctx, snap.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(
-    grpc::CallbackServerContext* ctx, const v1::PullParametersRequest* req, v1::Parameters* reply) {
+grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackServerContext* ctx,
+                                                               const v1::PullParametersRequest* req,
+                                                               v1::Parameters* reply) {
   if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
@@ -73,8 +74,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
     absl::Status decoded =
         DecodeTensors(req->gradients(), layout, /*require_finite=*/true, absl::MakeSpan(scratch));
     if (!decoded.ok()) {
-      return FinishUnary(ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ",
-                                                                 decoded.message())));
+      return FinishUnary(
+          ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", decoded.message())));
     }
     push.gradient = scratch;
   }

@@ -5,10 +5,10 @@
 
 #include <functional>
 
+#include "common/plan.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
-#include "common/plan.h"
 
 namespace dbs {
 

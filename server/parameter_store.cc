@@ -44,8 +44,8 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
   absl::MutexLock lock(&mu_);
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
   if (grad.size() != values_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient holds ", grad.size(),
-                                                   " floats; the model has ", values_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient holds ", grad.size(), " floats; the model has ", values_.size()));
   }
   optimizer_->Step(absl::MakeSpan(values_), grad);
   ++version_;

@@ -2,7 +2,6 @@
 //
 // Flags are parsed here only; everything below main receives plain config structs.
 #include <signal.h>
-
 #include <time.h>
 
 #include <atomic>
@@ -123,16 +122,17 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
 // stops the server; joined on destruction.
 class SignalWatcher {
  public:
-  explicit SignalWatcher(dbs::PsServer* server) : set_(Block()), thread_([this, server] {
-    const timespec tick = {0, 200 * 1000 * 1000};
-    while (!done_.load()) {
-      const int sig = sigtimedwait(&set_, nullptr, &tick);
-      if (sig == SIGINT || sig == SIGTERM) {
-        LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
-        server->Stop(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
-      }
-    }
-  }) {}
+  explicit SignalWatcher(dbs::PsServer* server)
+      : set_(Block()), thread_([this, server] {
+          const timespec tick = {0, 200 * 1000 * 1000};
+          while (!done_.load()) {
+            const int sig = sigtimedwait(&set_, nullptr, &tick);
+            if (sig == SIGINT || sig == SIGTERM) {
+              LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
+              server->Stop(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
+            }
+          }
+        }) {}
   ~SignalWatcher() {
     done_.store(true);
     thread_.join();

@@ -56,8 +56,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
 absl::Status PsServer::RestoreNewestCheckpoint() {
   std::vector<std::string> refused;
   std::string path;
-  absl::StatusOr<JobState> state = LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused,
-                                                        &path);
+  absl::StatusOr<JobState> state =
+      LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused, &path);
   for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
   if (!state.ok()) return state.status();
   DBS_RETURN_IF_ERROR(job_->Restore(*state));

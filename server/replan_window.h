@@ -5,9 +5,9 @@
 // the slowest worker's compute time is `threshold` times the fastest's or more, and the gap is
 // larger than two standard errors of the two totals (estimated from the spread of their per-step
 // times), so noise alone does not re-plan: the split no longer fits the workers' speeds (a
-// worker slowed down or sped up mid-epoch, or the plan has not converged yet). It then hands the window over
-// as one measurement per worker, for the share policy, and starts afresh so the next decision is
-// made on steps run under the new split. A new epoch, or Reset(), also starts afresh.
+// worker slowed down or sped up mid-epoch, or the plan has not converged yet). It then hands the
+// window over as one measurement per worker, for the share policy, and starts afresh so the next
+// decision is made on steps run under the new split. A new epoch, or Reset(), also starts afresh.
 // Pure arithmetic; thread-compatible.
 #ifndef DBS_SERVER_REPLAN_WINDOW_H_
 #define DBS_SERVER_REPLAN_WINDOW_H_
@@ -23,8 +23,8 @@
 namespace dbs {
 
 struct ReplanTrigger {
-  double imbalance = 0.0;                 // slowest / fastest compute over the window
-  std::map<int, Measurement> window;      // by worker id
+  double imbalance = 0.0;             // slowest / fastest compute over the window
+  std::map<int, Measurement> window;  // by worker id
 };
 
 class ReplanWindow {
@@ -33,7 +33,8 @@ class ReplanWindow {
 
   // One completed step of `epoch`: worker id -> (samples, compute seconds). Returns the window
   // when the rest of the epoch should be re-planned.
-  std::optional<ReplanTrigger> Add(int epoch, const std::map<int, std::pair<int64_t, double>>& step);
+  std::optional<ReplanTrigger> Add(int epoch,
+                                   const std::map<int, std::pair<int64_t, double>>& step);
 
   void Reset() { window_.clear(); }
 

@@ -129,8 +129,8 @@ nlohmann::json BuildSummary(const RunInfo& run) {
     for (const auto& [id, plan] : r.plans) {
       auto report = r.reports.find(id);
       if (report == r.reports.end()) {
-        ws.push_back({{"id", id}, {"dead", true}, {"share", plan.share},
-                      {"batch_size", plan.batch_size}});
+        ws.push_back(
+            {{"id", id}, {"dead", true}, {"share", plan.share}, {"batch_size", plan.batch_size}});
         continue;
       }
       const EpochTiming& t = report->second;
@@ -161,7 +161,8 @@ std::string EpochLine(const RunInfo& run, const EpochRecord& r) {
   for (const auto& [id, plan] : r.plans) {
     batches.push_back(absl::StrCat(plan.batch_size));
     auto t = r.reports.find(id);
-    compute.push_back(t == r.reports.end() ? "-" : absl::StrFormat("%.2f", t->second.compute_seconds));
+    compute.push_back(t == r.reports.end() ? "-"
+                                           : absl::StrFormat("%.2f", t->second.compute_seconds));
     wait.push_back(t == r.reports.end() ? "-" : absl::StrFormat("%.2f", t->second.wait_seconds));
   }
   auto loss = run.losses.find(r.epoch);
@@ -177,9 +178,9 @@ std::string EpochLine(const RunInfo& run, const EpochRecord& r) {
 }
 
 std::string HumanSummary(const RunInfo& run) {
-  std::string out = absl::StrFormat(
-      "dbs run summary: policy=%s, %d workers, global batch %d, %s\n", run.policy,
-      run.scheduler.expected_workers, run.scheduler.global_batch, run.optimizer);
+  std::string out =
+      absl::StrFormat("dbs run summary: policy=%s, %d workers, global batch %d, %s\n", run.policy,
+                      run.scheduler.expected_workers, run.scheduler.global_batch, run.optimizer);
   int completed = 0;
   const EpochRecord* last = nullptr;
   for (const EpochRecord& r : run.epochs) {

@@ -5,8 +5,8 @@
 
 #include <map>
 #include <set>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,7 +21,7 @@ namespace dbs {
 // Proof that an epoch used every sample exactly once: the positions of the accepted pushes'
 // slices, counted over the epoch's permutation.
 struct SampleAudit {
-  int64_t samples = 0;     // size of the permutation
+  int64_t samples = 0;  // size of the permutation
   int64_t used_once = 0;
   int64_t missing = 0;     // never trained on
   int64_t duplicated = 0;  // trained on more than once
@@ -39,7 +39,7 @@ struct RunInfo {
   SchedulerConfig scheduler;
   std::vector<WorkerRegistration> workers;  // by id
   std::vector<EpochRecord> epochs;
-  std::map<int, EpochLoss> losses;  // by epoch
+  std::map<int, EpochLoss> losses;    // by epoch
   std::map<int, SampleAudit> audits;  // by epoch
   absl::Time start;
   absl::Time end;
@@ -58,7 +58,6 @@ std::string HumanSummary(const RunInfo& run);
 
 // One line about a completed epoch, for the progress log.
 std::string EpochLine(const RunInfo& run, const EpochRecord& record);
-
 
 }  // namespace dbs
 

@@ -42,10 +42,9 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       if (!workers_.empty() && (reg.train_samples != workers_[0].train_samples ||
                                 reg.test_samples != workers_[0].test_samples)) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "worker '", reg.name, "' has ", reg.train_samples, " training and ",
-            reg.test_samples, " test samples; the job's first worker has ",
-            workers_[0].train_samples, " and ", workers_[0].test_samples,
-            ": every worker must load the same data set"));
+            "worker '", reg.name, "' has ", reg.train_samples, " training and ", reg.test_samples,
+            " test samples; the job's first worker has ", workers_[0].train_samples, " and ",
+            workers_[0].test_samples, ": every worker must load the same data set"));
       }
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);
@@ -204,8 +203,8 @@ void Scheduler::AnswerWaitersLocked(Calls* calls) {
     } else if (w.epoch < static_cast<int>(records_.size())) {
       auto plan = records_[w.epoch].plans.find(w.worker_id);
       if (plan == records_[w.epoch].plans.end() || left_[w.worker_id]) {
-        answer = absl::NotFoundError(absl::StrCat("worker ", w.worker_id, " is not part of epoch ",
-                                                  w.epoch));
+        answer = absl::NotFoundError(
+            absl::StrCat("worker ", w.worker_id, " is not part of epoch ", w.epoch));
       } else {
         answer = plan->second;
       }
@@ -233,8 +232,8 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
     } else if (epoch < 0) {
       answer = absl::InvalidArgumentError("negative epoch");
     } else if (epoch < planned && records_[epoch].plans.count(worker_id) == 0) {
-      answer = absl::NotFoundError(
-          absl::StrCat("worker ", worker_id, " is not part of epoch ", epoch));
+      answer =
+          absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not part of epoch ", epoch));
     } else if (epoch < planned) {
       answer = records_[epoch].plans.at(worker_id);  // a repeated request gets the same plan
     } else if (epoch > planned || (epoch > config_.epochs)) {
@@ -244,9 +243,9 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
       answer = FinishedPlan(epoch);
     } else if (planned > 0 && records_.back().plans.count(worker_id) > 0 &&
                records_.back().reports.count(worker_id) == 0) {
-      answer = absl::FailedPreconditionError(absl::StrCat(
-          "worker ", worker_id, " must report epoch ", planned - 1,
-          " before asking for the next plan"));
+      answer = absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
+                                                          " must report epoch ", planned - 1,
+                                                          " before asking for the next plan"));
     } else {
       waiters_.push_back(Waiter{worker_id, epoch, std::move(done)});
       return;
@@ -271,18 +270,17 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
     auto existing = rec.reports.find(t.worker_id);
     if (existing != rec.reports.end()) {
       if (existing->second == t) return absl::OkStatus();  // a retried report
-      return absl::AlreadyExistsError(absl::StrCat("worker ", t.worker_id,
-                                                   " already reported epoch ", t.epoch));
+      return absl::AlreadyExistsError(
+          absl::StrCat("worker ", t.worker_id, " already reported epoch ", t.epoch));
     }
     const WorkerPlan& plan = rec.plans.at(t.worker_id);
     if (rec.dead.count(t.worker_id) > 0) {
-      return absl::NotFoundError(absl::StrCat("worker ", t.worker_id, " was removed from epoch ",
-                                              t.epoch, " as dead"));
+      return absl::NotFoundError(
+          absl::StrCat("worker ", t.worker_id, " was removed from epoch ", t.epoch, " as dead"));
     }
     if (t.samples != rec.SamplesOf(t.worker_id)) {
-      return absl::InvalidArgumentError(absl::StrCat("report says ", t.samples,
-                                                     " samples; the plan gave ",
-                                                     rec.SamplesOf(t.worker_id)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "report says ", t.samples, " samples; the plan gave ", rec.SamplesOf(t.worker_id)));
     }
     if (!std::isfinite(t.compute_seconds) || t.compute_seconds < 0 ||
         !std::isfinite(t.wait_seconds) || t.wait_seconds < 0 || !std::isfinite(t.eval_seconds) ||
@@ -291,9 +289,9 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
     }
     if (t.test_samples != plan.test_range.size() || t.test_correct < 0 ||
         t.test_correct > t.test_samples) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "test result ", t.test_correct, "/", t.test_samples, " does not fit the plan's ",
-          plan.test_range.size(), " test samples"));
+      return absl::InvalidArgumentError(absl::StrCat("test result ", t.test_correct, "/",
+                                                     t.test_samples, " does not fit the plan's ",
+                                                     plan.test_range.size(), " test samples"));
     }
     rec.reports[t.worker_id] = t;
     ++events_;
@@ -320,7 +318,7 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
 }
 
 absl::StatusOr<PlanChange> Scheduler::RemoveWorkers(const std::set<int>& dead, int epoch,
-                                                 int step) {
+                                                    int step) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
   if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
@@ -359,7 +357,7 @@ absl::StatusOr<PlanChange> Scheduler::RemoveWorkers(const std::set<int>& dead, i
 }
 
 absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
-                                             const std::map<int, Measurement>& window) {
+                                                const std::map<int, Measurement>& window) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
   if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
@@ -414,8 +412,8 @@ void Scheduler::RecordStep(int epoch, const std::map<int, std::pair<int64_t, dou
 }
 
 PlanChange Scheduler::ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
-                                 const std::vector<double>& shares, int from_step,
-                                 std::vector<SampleRange> extra) {
+                                    const std::vector<double>& shares, int from_step,
+                                    std::vector<SampleRange> extra) {
   // Each step's block: every worker's slices of it together, whoever computed them so far.
   const int old_steps = rec.num_steps;
   std::vector<std::vector<SampleRange>> blocks(old_steps);

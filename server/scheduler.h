@@ -43,14 +43,14 @@ struct SchedulerConfig {
 struct EpochRecord {
   int epoch = 0;
   absl::Time start;
-  absl::Time end;                     // when the last report arrived
-  std::map<int, WorkerPlan> plans;    // by worker id, as first planned
-  std::map<int, StepRanges> layout;   // by worker id: the positions of each step, as revised
-  std::map<int, EpochTiming> reports; // by worker id
-  std::set<int> dead;                 // workers removed during the epoch
+  absl::Time end;                      // when the last report arrived
+  std::map<int, WorkerPlan> plans;     // by worker id, as first planned
+  std::map<int, StepRanges> layout;    // by worker id: the positions of each step, as revised
+  std::map<int, EpochTiming> reports;  // by worker id
+  std::set<int> dead;                  // workers removed during the epoch
   // Per worker, the compute time of its steps by batch size (from the times sent with pushes).
   std::map<int, std::map<int, BatchTime>> step_times;
-  int num_steps = 0;                  // as revised
+  int num_steps = 0;  // as revised
   int revision = 0;
   bool complete = false;
 
@@ -98,7 +98,7 @@ class Scheduler {
   // are re-split by the result, and so are the test slices. FAILED_PRECONDITION when the epoch
   // is not running, no step is left, or the policy keeps the current split.
   absl::StatusOr<PlanChange> Rebalance(int epoch, int from_step,
-                                    const std::map<int, Measurement>& window);
+                                       const std::map<int, Measurement>& window);
 
   // Records the compute times of one completed step: worker id -> (samples, seconds). Ignored
   // for an epoch that is not running or a worker that is not part of it.
@@ -160,8 +160,8 @@ class Scheduler {
   // Splits each step's block from `from_step` on (and `extra`, as one more step, if not empty)
   // among `survivors` by `shares`, re-splits the test set, and builds the revisions and quotas.
   PlanChange ResplitLocked(EpochRecord& rec, const std::vector<int>& survivors,
-                        const std::vector<double>& shares, int from_step,
-                        std::vector<SampleRange> extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const std::vector<double>& shares, int from_step,
+                           std::vector<SampleRange> extra) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Calls& calls);
 
   const SchedulerConfig config_;

@@ -5,9 +5,9 @@
 
 namespace dbs {
 
-grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(
-    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
-    v1::RegisterWorkerReply* reply) {
+grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                               const v1::RegisterWorkerRequest* req,
+                                                               v1::RegisterWorkerReply* reply) {
   absl::StatusOr<RegistrationResult> r = scheduler_->Register(FromProto(*req));
   if (r.ok()) ToProto(*r, reply);
   return FinishUnary(ctx, r.status());

@@ -25,8 +25,8 @@ absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name) {
   }
   std::string hint;
   if (name == "cost") hint = " ('cost' is now part of 'dbs', which models per-step overheads)";
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown policy '", name, "'; use 'dbs', 'proportional' or 'fixed'", hint));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy '", name, "'; use 'dbs', 'proportional' or 'fixed'", hint));
 }
 
 int ReplanWindowSteps(PolicyKind kind, int configured) {
@@ -87,8 +87,7 @@ std::vector<double> ProportionalPolicy::NextShares(
   return speed;
 }
 
-std::vector<double> SmoothedPolicy::NextShares(
-    absl::Span<const WorkerObservation> workers) const {
+std::vector<double> SmoothedPolicy::NextShares(absl::Span<const WorkerObservation> workers) const {
   std::vector<double> next = inner_->NextShares(workers);
   bool have_previous = true;
   double moved = 0.0;
@@ -150,7 +149,8 @@ absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig&
       break;
   }
   if (c.smoothing == 1.0 && c.deadband == 0.0) return inner;
-  return std::unique_ptr<SharePolicy>(new SmoothedPolicy(std::move(inner), c.smoothing, c.deadband));
+  return std::unique_ptr<SharePolicy>(
+      new SmoothedPolicy(std::move(inner), c.smoothing, c.deadband));
 }
 
 }  // namespace dbs

@@ -60,9 +60,9 @@ struct Measurement {
 
 // What the scheduler knows about a worker when it plans.
 struct WorkerObservation {
-  double previous_share = 0.0;  // 0: the worker was not in the last plan
-  int current_batch = 0;        // its batch in the plan it runs now
-  int max_batch = 0;            // the worker's own cap (memory); 0: none
+  double previous_share = 0.0;       // 0: the worker was not in the last plan
+  int current_batch = 0;             // its batch in the plan it runs now
+  int max_batch = 0;                 // the worker's own cap (memory); 0: none
   std::vector<Measurement> history;  // oldest first; empty for a worker never measured
 };
 
@@ -115,11 +115,11 @@ class SmoothedPolicy : public SharePolicy {
 struct PolicyConfig {
   PolicyKind kind = PolicyKind::kDbs;
   int global_batch = 128;
-  int min_batch = 0;         // dbs: per-worker bounds
-  int max_batch = 0;         // dbs: 0 = no upper bound
-  int speed_window = 1;      // proportional: lowest speed over this many measurements
-  double smoothing = 1.0;    // alpha of SmoothedPolicy (1: none)
-  double deadband = 0.0;     // relative share change below which nothing moves
+  int min_batch = 0;       // dbs: per-worker bounds
+  int max_batch = 0;       // dbs: 0 = no upper bound
+  int speed_window = 1;    // proportional: lowest speed over this many measurements
+  double smoothing = 1.0;  // alpha of SmoothedPolicy (1: none)
+  double deadband = 0.0;   // relative share change below which nothing moves
 };
 
 // INVALID_ARGUMENT, naming the setting, for out-of-range settings.

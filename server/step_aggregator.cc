@@ -32,9 +32,8 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
   const std::map<int, int>* step_quota =
       step_ < num_steps ? &quotas_[step_] : (quotas_.empty() ? nullptr : &quotas_.back());
   if (step_quota == nullptr || step_quota->count(push.worker_id) == 0) {
-    return absl::NotFoundError(absl::StrCat("worker ", push.worker_id,
-                                            " is not part of epoch ", epoch_,
-                                            "; register with the scheduler first"));
+    return absl::NotFoundError(absl::StrCat("worker ", push.worker_id, " is not part of epoch ",
+                                            epoch_, "; register with the scheduler first"));
   }
   if (push.epoch != epoch_ || push.step != step_ || step_ >= num_steps) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -45,14 +44,14 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
   }
   const int want = step_quota->at(push.worker_id);
   if (push.num_samples != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", push.worker_id, " pushed ", push.num_samples,
-                     " samples at step ", step_, "; its plan says ", want));
+    return absl::InvalidArgumentError(absl::StrCat("worker ", push.worker_id, " pushed ",
+                                                   push.num_samples, " samples at step ", step_,
+                                                   "; its plan says ", want));
   }
   const size_t model = sum_.size();
   if (push.num_samples > 0 && push.gradient.size() != model) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient holds ", push.gradient.size(),
-                                                   " floats; the model has ", model));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient holds ", push.gradient.size(), " floats; the model has ", model));
   }
   return absl::OkStatus();
 }
@@ -182,8 +181,7 @@ void StepAggregator::CompleteEviction(PlanChange change) {
     for (int id : evicted_) quotas_[step_].erase(id);
     quotas_.resize(static_cast<size_t>(step_) + 1);
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
-    revisions_ =
-        std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
+    revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
     if (pending_.size() < quotas_[step_].size()) return;  // the survivors are still pushing
     CompleteStepLocked(&to_run, &result);
   }

@@ -54,7 +54,7 @@ struct StepProgress {
   int epoch = -1;
   int step = 0;
   int num_steps = 0;
-  int64_t accepted_pushes = 0;  // pushes counted so far, over the whole job
+  int64_t accepted_pushes = 0;   // pushes counted so far, over the whole job
   std::vector<int> waiting_for;  // workers of the current step that have not pushed yet
   int pushed = 0;                // workers of the current step that have pushed
 };
@@ -63,7 +63,7 @@ struct StepProgress {
 struct StepStats {
   int epoch = 0;
   int step = 0;
-  bool last_of_epoch = false;  // nothing is left to re-plan
+  bool last_of_epoch = false;                         // nothing is left to re-plan
   std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
 };
 

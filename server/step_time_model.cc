@@ -164,7 +164,8 @@ double StepTimeModel::Predict(double batch) const {
   if (knots_.empty() || batch <= 0) return 0.0;
   const auto& first = knots_.front();
   const auto& last = knots_.back();
-  if (batch <= first.first) return std::max(0.0, first.second - slope_below_ * (first.first - batch));
+  if (batch <= first.first)
+    return std::max(0.0, first.second - slope_below_ * (first.first - batch));
   if (batch >= last.first) return last.second + slope_above_ * (batch - last.first);
   auto hi = std::lower_bound(knots_.begin(), knots_.end(), std::make_pair(batch, 0.0));
   auto lo = hi - 1;
@@ -198,10 +199,9 @@ double StepTimeModel::BatchFor(double seconds) const {
     return std::max(0.0, first.first - (first.second - seconds) / slope_below_);
   }
   if (seconds >= last.second) return last.first + (seconds - last.second) / slope_above_;
-  auto hi = std::lower_bound(knots_.begin(), knots_.end(), seconds,
-                             [](const std::pair<double, double>& k, double t) {
-                               return k.second < t;
-                             });
+  auto hi =
+      std::lower_bound(knots_.begin(), knots_.end(), seconds,
+                       [](const std::pair<double, double>& k, double t) { return k.second < t; });
   auto lo = hi - 1;
   const double f = (seconds - lo->second) / (hi->second - lo->second);
   return lo->first + f * (hi->first - lo->first);

@@ -36,8 +36,7 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
       replan_(ReplanWindowSteps(config.policy, config.replan_window_steps),
               config.replan_threshold) {}
 
-void TrainingJob::OnEpochPlanned(int epoch, int num_steps,
-                                 const std::map<int, WorkerPlan>& plans) {
+void TrainingJob::OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) {
   StepQuotas quotas(static_cast<size_t>(num_steps));
   std::string shares;
   for (const auto& [id, p] : plans) {
@@ -46,7 +45,8 @@ void TrainingJob::OnEpochPlanned(int epoch, int num_steps,
   }
   aggregator_->BeginEpoch(epoch, std::move(quotas));
   LOG(INFO) << "epoch " << epoch + 1 << "/" << config_.scheduler.epochs << " planned ("
-            << PolicyName(config_.policy) << "): " << num_steps << " steps, batch per worker" << shares;
+            << PolicyName(config_.policy) << "): " << num_steps << " steps, batch per worker"
+            << shares;
 }
 
 void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
@@ -67,8 +67,7 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
                << " missing, " << audit.duplicated << " duplicated";
   } else if (!record.dead.empty()) {
     LOG(INFO) << "sample audit of epoch " << record.epoch + 1 << ": all " << audit.samples
-              << " samples used exactly once despite " << record.dead.size()
-              << " dead worker(s)";
+              << " samples used exactly once despite " << record.dead.size() << " dead worker(s)";
   }
 }
 
@@ -153,8 +152,7 @@ bool TrainingJob::WaitFor(absl::Duration timeout) {
 bool TrainingJob::CheckStall() {
   if (finished_.HasBeenNotified()) return false;
   const StepProgress progress = aggregator_->Progress();
-  if (!liveness_.Stalled(progress.accepted_pushes + scheduler_->events(),
-                         scheduler_->started())) {
+  if (!liveness_.Stalled(progress.accepted_pushes + scheduler_->events(), scheduler_->started())) {
     return false;
   }
   // Stalled: name what the job waits for.
@@ -171,10 +169,11 @@ bool TrainingJob::CheckStall() {
     waiting = absl::StrCat("the epoch ", history.back().epoch, " report of worker(s) ",
                            absl::StrJoin(missing, ", "));
   }
-  const absl::Status stalled = absl::DeadlineExceededError(absl::StrCat(
-      "no progress for ", absl::FormatDuration(liveness_.stall_timeout()), " while waiting for ",
-      waiting, "; the worker probably died (restart the job; recovery without restart is not "
-      "part of this version)"));
+  const absl::Status stalled = absl::DeadlineExceededError(
+      absl::StrCat("no progress for ", absl::FormatDuration(liveness_.stall_timeout()),
+                   " while waiting for ", waiting,
+                   "; the worker probably died (restart the job; recovery without restart is not "
+                   "part of this version)"));
   LOG(ERROR) << stalled.message();
   Abort(stalled);
   return true;
@@ -213,9 +212,9 @@ absl::Status TrainingJob::Restore(const JobState& st) {
       st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
       st.policy != PolicyName(config_.policy)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint is of a job with workers=", st.config.expected_workers, " epochs=",
-        st.config.epochs, " global_batch=", st.config.global_batch, " seed=", st.config.seed,
-        " policy=", st.policy, "; restart with the same settings"));
+        "the checkpoint is of a job with workers=", st.config.expected_workers,
+        " epochs=", st.config.epochs, " global_batch=", st.config.global_batch,
+        " seed=", st.config.seed, " policy=", st.policy, "; restart with the same settings"));
   }
   DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
   scheduler_->LoadState(st.scheduler);

@@ -15,15 +15,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
-#include "server/optimizer.h"
-#include "server/parameter_store.h"
 #include "server/checkpoint.h"
 #include "server/job_config.h"
 #include "server/liveness_monitor.h"
+#include "server/optimizer.h"
+#include "server/parameter_store.h"
 #include "server/replan_window.h"
 #include "server/run_summary.h"
-#include "server/share_policy.h"
 #include "server/scheduler.h"
+#include "server/share_policy.h"
 #include "server/step_aggregator.h"
 
 namespace dbs {

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -52,7 +53,7 @@ TEST(LargestRemainderTest, HugeRatiosStayExact) {
 
 TEST(AllocateEpochTest, OneWorkerGetsEverything) {
   auto a = AllocateEpoch(1000, 100, 64, {1.0});
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_THAT(a, IsOk()) << a.status();
   EXPECT_EQ(a->num_steps, 16);  // 15 full steps of 64 + one of 40
   ASSERT_EQ(a->workers.size(), 1u);
   EXPECT_EQ(a->workers[0].batch_size, 64);
@@ -68,7 +69,7 @@ TEST(AllocateEpochTest, RangesCoverThePermutationExactlyOnce) {
     for (int b : {1, 7, 64, 128, 256}) {
       const std::vector<double> shares = {0.1, 0.2, 0.3, 0.4, 1e-6};
       auto a = AllocateEpoch(d, 10000, b, shares);
-      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_THAT(a, IsOk()) << a.status();
       std::vector<int> hits(d, 0);
       int64_t batch_sum = 0, last_sum = 0, test_next = 0;
       for (const WorkerAllocation& w : a->workers) {
@@ -97,7 +98,7 @@ TEST(AllocateEpochTest, EveryStepUsesTheSameBlockWhateverTheSplit) {
   for (const std::vector<double>& shares :
        {std::vector<double>{1.0}, {0.5, 0.5}, {0.1, 0.2, 0.7}, {0.0, 1.0}}) {
     auto a = AllocateEpoch(10, 0, 4, shares);
-    ASSERT_TRUE(a.ok());
+    ASSERT_THAT(a, IsOk());
     ASSERT_EQ(a->num_steps, 3);
     std::vector<std::vector<int64_t>> per_step(3);
     for (const WorkerAllocation& w : a->workers) {
@@ -121,21 +122,21 @@ TEST(AllocateEpochTest, EveryStepUsesTheSameBlockWhateverTheSplit) {
 
 TEST(AllocateEpochTest, DatasetSmallerThanBatchIsOnePartialStep) {
   auto a = AllocateEpoch(10, 0, 64, {0.5, 0.5});
-  ASSERT_TRUE(a.ok());
+  ASSERT_THAT(a, IsOk());
   EXPECT_EQ(a->num_steps, 1);
   EXPECT_EQ(a->workers[0].final_batch_size + a->workers[1].final_batch_size, 10);
 }
 
 TEST(AllocateEpochTest, RejectsBadInput) {
-  EXPECT_EQ(AllocateEpoch(0, 0, 64, {1.0}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllocateEpoch(10, 0, 0, {1.0}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllocateEpoch(10, 0, 8, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllocateEpoch(10, 0, 8, {0.0, 0.0}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllocateEpoch(10, 0, 8, {-1.0, 2.0}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(AllocateEpoch(10, 0, 8, {std::nan(""), 1.0}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(AllocateEpoch(0, 0, 64, {1.0}), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AllocateEpoch(10, 0, 0, {1.0}), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AllocateEpoch(10, 0, 8, {}), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AllocateEpoch(10, 0, 8, {0.0, 0.0}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AllocateEpoch(10, 0, 8, {-1.0, 2.0}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AllocateEpoch(10, 0, 8, {std::nan(""), 1.0}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

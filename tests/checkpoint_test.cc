@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/training_job.h"
@@ -27,9 +28,9 @@ JobConfig Config() {
 // A job two steps into its first epoch, with momentum state.
 std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
   auto job = *TrainingJob::Create(Config(), clock);
-  EXPECT_TRUE(job->scheduler()->Register({"a", 16, 4, "cpu"}).ok());
-  EXPECT_TRUE(job->scheduler()->Register({"b", 16, 4, "cpu"}).ok());
-  EXPECT_TRUE(job->store()->Register({{"w", {2}}}, std::vector<float>{1.0f, -1.0f}).ok());
+  EXPECT_THAT(job->scheduler()->Register({"a", 16, 4, "cpu"}), IsOk());
+  EXPECT_THAT(job->scheduler()->Register({"b", 16, 4, "cpu"}), IsOk());
+  EXPECT_THAT(job->store()->Register({{"w", {2}}}, std::vector<float>{1.0f, -1.0f}), IsOk());
   std::vector<float> g = {0.5f, 0.25f};
   for (int step = 0; step < 2; ++step) {
     for (int w = 0; w < 2; ++w) {
@@ -56,7 +57,7 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   st.audits[0] = {16, 15, 1, 0};
   const std::string bytes = EncodeCheckpoint(st);
   absl::StatusOr<JobState> back = DecodeCheckpoint(bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_THAT(back, IsOk()) << back.status();
   EXPECT_EQ(back->aggregator.epoch, 0);
   EXPECT_EQ(back->aggregator.step, 2);
   EXPECT_EQ(back->aggregator.store.values, st.aggregator.store.values);
@@ -72,14 +73,15 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   EXPECT_EQ(back->scheduler.workers[1].name, "b");
   EXPECT_EQ(back->scheduler.records[0].plans.at(1).train_ranges,
             st.scheduler.records[0].plans.at(1).train_ranges);
-  EXPECT_EQ(back->scheduler.records[0].plans.at(1).share, st.scheduler.records[0].plans.at(1).share);
+  EXPECT_EQ(back->scheduler.records[0].plans.at(1).share,
+            st.scheduler.records[0].plans.at(1).share);
   EXPECT_EQ(back->scheduler.records[0].start, st.scheduler.records[0].start);
   EXPECT_EQ(back->audits.at(0).missing, 1);
   EXPECT_EQ(back->policy, "dbs");
 
   // A fresh job restored from it continues exactly like the original one.
   auto restored = *TrainingJob::Create(config, &clock);
-  ASSERT_TRUE(restored->Restore(*back).ok());
+  ASSERT_THAT(restored->Restore(*back), IsOk());
   std::vector<float> g = {1.0f, 1.0f};
   for (TrainingJob* j : {job.get(), restored.get()}) {
     for (int w = 0; w < 2; ++w) {
@@ -93,7 +95,7 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   JobConfig other = config;
   other.scheduler.epochs = 9;
   auto wrong = *TrainingJob::Create(other, &clock);
-  EXPECT_EQ(wrong->Restore(*back).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong->Restore(*back), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
@@ -103,11 +105,11 @@ TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
   const std::string dir = ::testing::TempDir() + "/ckpts";
   JobState first = StateOf(job.get(), config);
   auto p1 = WriteCheckpoint(dir, first);
-  ASSERT_TRUE(p1.ok()) << p1.status();
+  ASSERT_THAT(p1, IsOk()) << p1.status();
   JobState second = first;
   second.aggregator.step = 7;
   auto p2 = WriteCheckpoint(dir, second);
-  ASSERT_TRUE(p2.ok());
+  ASSERT_THAT(p2, IsOk());
   std::string path;
   std::vector<std::string> refused;
   EXPECT_EQ(LoadNewestCheckpoint(dir, &refused, &path)->aggregator.step, 7);
@@ -124,7 +126,7 @@ TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
   }
   std::ofstream(*p2, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   auto loaded = LoadNewestCheckpoint(dir, &refused, &path);
-  ASSERT_TRUE(loaded.ok());
+  ASSERT_THAT(loaded, IsOk());
   EXPECT_EQ(loaded->aggregator.step, 2);
   EXPECT_EQ(path, *p1);
   ASSERT_EQ(refused.size(), 1u);
@@ -133,17 +135,17 @@ TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
   // One altered byte anywhere fails the checksum.
   std::string altered = bytes;
   altered[altered.size() / 3] ^= 0x01;
-  EXPECT_EQ(DecodeCheckpoint(altered).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(DecodeCheckpoint("DBSCKPT2").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(DecodeCheckpoint(altered), StatusCodeIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(DecodeCheckpoint("DBSCKPT2"), StatusCodeIs(absl::StatusCode::kDataLoss));
   // Every truncation is refused (and none crashes the decoder).
   for (size_t n = 0; n < bytes.size(); ++n) {
     ASSERT_EQ(DecodeCheckpoint(bytes.substr(0, n)).status().code(), absl::StatusCode::kDataLoss)
         << n;
   }
-  EXPECT_EQ(DecodeCheckpoint("something else entirely, long enough").status().code(),
-            absl::StatusCode::kDataLoss);
-  EXPECT_EQ(LoadNewestCheckpoint(dir + "/none", nullptr).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(DecodeCheckpoint("something else entirely, long enough"),
+              StatusCodeIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(LoadNewestCheckpoint(dir + "/none", nullptr),
+              StatusCodeIs(absl::StatusCode::kNotFound));
 }
 
 TEST(CheckpointTest, AnOlderFormatIsRefusedWithAClearMessage) {
@@ -151,17 +153,17 @@ TEST(CheckpointTest, AnOlderFormatIsRefusedWithAClearMessage) {
   auto job = JobAtStep2(&clock);
   const std::string dir = ::testing::TempDir() + "/old_ckpts";
   auto p1 = WriteCheckpoint(dir, StateOf(job.get(), Config()));
-  ASSERT_TRUE(p1.ok()) << p1.status();
+  ASSERT_THAT(p1, IsOk()) << p1.status();
   // A newer file in the JSON format of dbs before the protobuf schema.
   std::ofstream(dir + "/ckpt-2.dbs", std::ios::binary) << "DBSCKPT1" << std::string(40, '\0');
   std::vector<std::string> refused;
   std::string path;
-  ASSERT_TRUE(LoadNewestCheckpoint(dir, &refused, &path).ok());
+  ASSERT_THAT(LoadNewestCheckpoint(dir, &refused, &path), IsOk());
   EXPECT_EQ(path, *p1);
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_THAT(refused[0], ::testing::HasSubstr("checkpoint format 1 was written by an older dbs"));
-  EXPECT_EQ(DecodeCheckpoint("DBSCKPT1 and more").status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(DecodeCheckpoint("DBSCKPT1 and more"),
+              StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST(CheckpointTest, AValidFrameAroundGarbageIsRefused) {
@@ -174,7 +176,7 @@ TEST(CheckpointTest, AValidFrameAroundGarbageIsRefused) {
       crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
   for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> (8 * i)));
   const absl::Status s = DecodeCheckpoint(bytes).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s, StatusCodeIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("unreadable"));
 }
 

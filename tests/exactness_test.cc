@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
@@ -32,7 +33,7 @@ std::vector<float> AggregatedStep(torch::nn::Sequential& model, const torch::Ten
   std::vector<float> init(n);
   CopyParametersTo(model, absl::MakeSpan(init));
   ParameterStore store(std::move(optimizer));
-  EXPECT_TRUE(store.Register(layout, init).ok());
+  EXPECT_THAT(store.Register(layout, init), IsOk());
   StepAggregator agg(&store);
   StepQuotas quotas(1);
   for (size_t w = 0; w < batches.size(); ++w) quotas[0][static_cast<int>(w)] = batches[w];
@@ -42,13 +43,13 @@ std::vector<float> AggregatedStep(torch::nn::Sequential& model, const torch::Ten
   int completed = 0;
   for (size_t w = 0; w < batches.size(); ++w) {
     const int b = batches[w];
-    const double loss_sum = ComputeGradient(model, x.slice(0, offset, offset + b),
-                                            y.slice(0, offset, offset + b),
-                                            absl::MakeSpan(grads[w]));
+    const double loss_sum =
+        ComputeGradient(model, x.slice(0, offset, offset + b), y.slice(0, offset, offset + b),
+                        absl::MakeSpan(grads[w]));
     offset += b;
     GradientPush push{static_cast<int>(w), 0, 0, b, loss_sum, grads[w]};
     agg.Push(push, [&](const absl::StatusOr<StepResult>& r) {
-      EXPECT_TRUE(r.ok()) << r.status();
+      EXPECT_THAT(r, IsOk()) << r.status();
       ++completed;
     });
   }
@@ -110,9 +111,9 @@ TEST_F(ExactnessTest, UpdatedParametersMatchLibtorchSgdOnOneProcess) {
 
   // Reference: one process, 64 samples, torch::optim::SGD.
   LoadParameters(model_, init_);
-  torch::optim::SGD reference(model_->parameters(), torch::optim::SGDOptions(sgd.lr)
-                                                        .momentum(sgd.momentum)
-                                                        .weight_decay(sgd.weight_decay));
+  torch::optim::SGD reference(
+      model_->parameters(),
+      torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay));
   reference.zero_grad();
   torch::nn::functional::cross_entropy(model_->forward(x_), y_).backward();
   reference.step();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -37,7 +38,7 @@ void WriteGz(const std::string& path, const std::string& data) {
 
 TEST(ParseIdxTest, ParsesAndLimits) {
   auto d = ParseIdx(Images(5, 2, 3), Labels(5), 0);
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_THAT(d, IsOk()) << d.status();
   EXPECT_EQ(d->size, 5);
   EXPECT_EQ(d->rows, 2);
   EXPECT_EQ(d->cols, 3);
@@ -45,27 +46,26 @@ TEST(ParseIdxTest, ParsesAndLimits) {
   EXPECT_EQ(d->images[7], 7);
   EXPECT_EQ(d->labels[3], 3);
   auto limited = ParseIdx(Images(5, 2, 3), Labels(5), 2);
-  ASSERT_TRUE(limited.ok());
+  ASSERT_THAT(limited, IsOk());
   // A limited parse accepts data that stops after the samples kept.
   auto cut = ParseIdx(Images(5, 2, 3).substr(0, 16 + 12), Labels(5).substr(0, 10), 2);
-  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_THAT(cut, IsOk()) << cut.status();
   EXPECT_EQ(cut->images, limited->images);
   EXPECT_EQ(limited->size, 2);
   EXPECT_EQ(limited->images.size(), 12u);
 }
 
 TEST(ParseIdxTest, RejectsMalformedFiles) {
-  EXPECT_EQ(ParseIdx("junk", Labels(5), 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseIdx(Images(5, 2, 3), Labels(4), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ParseIdx("junk", Labels(5), 0), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseIdx(Images(5, 2, 3), Labels(4), 0),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
   std::string truncated = Images(5, 2, 3);
   truncated.pop_back();
-  EXPECT_EQ(ParseIdx(truncated, Labels(5), 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ParseIdx(truncated, Labels(5), 0), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   std::string bad_label = Labels(5);
   bad_label.back() = 12;
-  EXPECT_EQ(ParseIdx(Images(5, 2, 3), bad_label, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ParseIdx(Images(5, 2, 3), bad_label, 0),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(LoadFashionMnistTest, ReadsGzippedFilesFromADirectory) {
@@ -74,12 +74,12 @@ TEST(LoadFashionMnistTest, ReadsGzippedFilesFromADirectory) {
   WriteGz(dir + "/train-images-idx3-ubyte.gz", Images(6, 28, 28));
   WriteGz(dir + "/train-labels-idx1-ubyte.gz", Labels(6));
   auto d = LoadFashionMnist(dir, true, 0);
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_THAT(d, IsOk()) << d.status();
   EXPECT_EQ(d->size, 6);
   EXPECT_EQ(d->labels[5], 5);
   // A limit reads only what it keeps, and keeps the same first samples.
   auto first = LoadFashionMnist(dir, true, 4);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_THAT(first, IsOk()) << first.status();
   EXPECT_EQ(first->size, 4);
   EXPECT_EQ(first->labels[3], 3);
   EXPECT_EQ(first->images,
@@ -89,7 +89,7 @@ TEST(LoadFashionMnistTest, ReadsGzippedFilesFromADirectory) {
 
 TEST(LoadFashionMnistTest, MissingDataSetSaysHowToInstallIt) {
   auto d = LoadFashionMnist("/nonexistent/fashion", false, 0);
-  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(d, StatusCodeIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(std::string(d.status().message()),
               ::testing::HasSubstr("apt-get install dataset-fashion-mnist"));
 }

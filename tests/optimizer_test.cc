@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -55,20 +56,20 @@ TEST(AdamTest, FirstTwoStepsByHand) {
 
 TEST(MakeOptimizerTest, ValidatesNamesAndRanges) {
   OptimizerConfig c;
-  EXPECT_TRUE(MakeOptimizer(c).ok());
+  EXPECT_THAT(MakeOptimizer(c), IsOk());
   c.name = "adam";
-  EXPECT_TRUE(MakeOptimizer(c).ok());
+  EXPECT_THAT(MakeOptimizer(c), IsOk());
   c.name = "lamb";
-  EXPECT_EQ(MakeOptimizer(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MakeOptimizer(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   c.name = "sgd";
   c.sgd.lr = -1;
-  EXPECT_EQ(MakeOptimizer(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MakeOptimizer(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   c.sgd.lr = 0.1;
   c.sgd.momentum = 1.0;
-  EXPECT_EQ(MakeOptimizer(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MakeOptimizer(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   c.sgd.momentum = 0.0;
   c.sgd.nesterov = true;
-  EXPECT_EQ(MakeOptimizer(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MakeOptimizer(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

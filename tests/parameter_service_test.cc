@@ -1,14 +1,16 @@
 // The gRPC adapters with a real in-process server on a loopback port picked at run time:
 // bad input is refused with the right code and leaves the step unaffected.
+#include "server/parameter_service.h"
+
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status_matchers.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/parameter_service.h"
 #include "server/scheduler_service.h"
 #include "server/training_job.h"
 
@@ -52,7 +54,7 @@ class ServiceTest : public ::testing::Test {
       req.set_test_samples(2);
       v1::RegisterWorkerReply reply;
       grpc::ClientContext ctx;
-      ASSERT_TRUE(sched_->RegisterWorker(&ctx, req, &reply).ok());
+      ASSERT_THAT(sched_->RegisterWorker(&ctx, req, &reply), IsOk());
     }
     for (int id = 0; id < 2; ++id) {
       v1::RegisterModelRequest req;
@@ -62,9 +64,9 @@ class ServiceTest : public ::testing::Test {
       EncodeTensors(kLayout, init, req.mutable_parameters());
       v1::Parameters reply;
       grpc::ClientContext ctx;
-      ASSERT_TRUE(params_->RegisterModel(&ctx, req, &reply).ok());
+      ASSERT_THAT(params_->RegisterModel(&ctx, req, &reply), IsOk());
       std::vector<float> got(3);
-      ASSERT_TRUE(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)).ok());
+      ASSERT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
       EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
     }
   }
@@ -96,9 +98,9 @@ class ServiceTest : public ::testing::Test {
     req.set_worker_id(0);
     v1::Parameters reply;
     grpc::ClientContext ctx;
-    EXPECT_TRUE(params_->PullParameters(&ctx, req, &reply).ok());
+    EXPECT_THAT(params_->PullParameters(&ctx, req, &reply), IsOk());
     std::vector<float> got(3);
-    EXPECT_TRUE(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)).ok());
+    EXPECT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
     *version = reply.version();
     return got;
   }
@@ -108,9 +110,9 @@ class ServiceTest : public ::testing::Test {
     v1::PushGradientReply r0, r1;
     grpc::Status s0;
     std::thread t([&]() { s0 = Send(Push(0, 0, {2, 0, 4}), &r0); });
-    EXPECT_TRUE(Send(Push(1, 0, {0, 2, 0}), &r1).ok());
+    EXPECT_THAT(Send(Push(1, 0, {0, 2, 0}), &r1), IsOk());
     t.join();
-    EXPECT_TRUE(s0.ok()) << s0.error_message();
+    EXPECT_THAT(s0, IsOk()) << s0.error_message();
     return r0;
   }
 
@@ -154,7 +156,7 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
 
   // A stale push (step 0 again, from a worker with a different gradient) is answered as a retry
   // and changes nothing.
-  EXPECT_TRUE(Send(Push(1, 0, {100, 100, 100}), &reply).ok());
+  EXPECT_THAT(Send(Push(1, 0, {100, 100, 100}), &reply), IsOk());
   EXPECT_EQ(reply.parameters().version(), 1);
   EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
   EXPECT_EQ(version, 1);
@@ -167,8 +169,7 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::Parameters reply;
   {
     grpc::ClientContext ctx;
-    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
-              grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   req.set_worker_id(1);
   req.mutable_parameters(0)->set_name("renamed");
@@ -192,7 +193,7 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::RegisterWorkerReply late_reply;
   {
     grpc::ClientContext ctx;
-    ASSERT_TRUE(sched_->RegisterWorker(&ctx, late, &late_reply).ok());
+    ASSERT_THAT(sched_->RegisterWorker(&ctx, late, &late_reply), IsOk());
     EXPECT_EQ(late_reply.start_epoch(), 1) << "a late worker joins from the next epoch";
   }
   late.set_name("w3");
@@ -200,7 +201,8 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   {
     grpc::ClientContext ctx;
     EXPECT_EQ(sched_->RegisterWorker(&ctx, late, &late_reply).error_code(),
-              grpc::StatusCode::FAILED_PRECONDITION) << "a different data set is refused";
+              grpc::StatusCode::FAILED_PRECONDITION)
+        << "a different data set is refused";
   }
 }
 
@@ -211,11 +213,11 @@ TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {
   v1::EpochPlan a, b;
   {
     grpc::ClientContext ctx;
-    ASSERT_TRUE(sched_->GetEpochPlan(&ctx, req, &a).ok());
+    ASSERT_THAT(sched_->GetEpochPlan(&ctx, req, &a), IsOk());
   }
   {
     grpc::ClientContext ctx;
-    ASSERT_TRUE(sched_->GetEpochPlan(&ctx, req, &b).ok());
+    ASSERT_THAT(sched_->GetEpochPlan(&ctx, req, &b), IsOk());
   }
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
   EXPECT_EQ(a.batch_size(), 2);

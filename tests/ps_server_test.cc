@@ -87,8 +87,8 @@ TEST(PsServerTest, ServesOnAPickedPortAndStopsWithASummary) {
   EXPECT_EQ(ReadFile(c.port_file), std::to_string(port) + "\n");
 
   // A worker can join over gRPC.
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   auto stub = v1::SchedulerService::NewStub(channel);
   v1::RegisterWorkerRequest req;
   req.set_name("w0");
@@ -96,7 +96,7 @@ TEST(PsServerTest, ServesOnAPickedPortAndStopsWithASummary) {
   req.set_test_samples(4);
   v1::RegisterWorkerReply reply;
   grpc::ClientContext ctx;
-  ASSERT_TRUE(stub->RegisterWorker(&ctx, req, &reply).ok());
+  ASSERT_THAT(stub->RegisterWorker(&ctx, req, &reply), IsOk());
   EXPECT_EQ(reply.expected_workers(), 2);
 
   // The second worker never comes; a signal stops the job.
@@ -113,8 +113,8 @@ TEST(PsServerTest, ServesOnAPickedPortAndStopsWithASummary) {
   EXPECT_EQ(summary.at("policy"), "dbs");
 
   // After Run the port is closed.
-  auto probe = v1::SchedulerService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto probe = v1::SchedulerService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext probe_ctx;
   probe_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
   EXPECT_EQ(probe->RegisterWorker(&probe_ctx, req, &reply).error_code(),

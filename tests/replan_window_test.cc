@@ -54,8 +54,7 @@ TEST(ReplanWindowTest, NoiseAloneDoesNotFire) {
 TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
   // Worker 2 has batch 0 (no compute): the imbalance is 0.02 / 0.01, not against zero.
   ReplanWindow w(1, 1.5);
-  std::optional<ReplanTrigger> t =
-      w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, 0.0}}});
+  std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, 0.0}}});
   ASSERT_TRUE(t.has_value());
   EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
   EXPECT_TRUE(t->window.at(2).by_batch.empty());

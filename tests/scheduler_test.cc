@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -83,13 +84,13 @@ TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
   auto s = Make("dbs");
   EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
   EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
-  EXPECT_EQ(s->Register(Reg("b", 999)).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s->Register(Reg("")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s->Register(Reg("b", 999)), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s->Register(Reg("")), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(s->Register(Reg("b"))->worker_id, 1);
   EXPECT_EQ(s->Register(Reg("c"))->worker_id, 2);
   // A fourth worker joins the running job from the next epoch.
   auto d = s->Register(Reg("d"));
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_THAT(d, IsOk()) << d.status();
   EXPECT_EQ(d->worker_id, 3);
   EXPECT_EQ(d->start_epoch, 1);
   EXPECT_EQ(s->Register(Reg("b"))->start_epoch, 0);
@@ -97,19 +98,19 @@ TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
 
 TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
   auto s = Make("dbs", 2, 3);
-  ASSERT_TRUE(s->Register(Reg("a")).ok());
-  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  ASSERT_THAT(s->Register(Reg("a")), IsOk());
+  ASSERT_THAT(s->Register(Reg("b")), IsOk());
   auto late = s->Register(Reg("late"));
-  ASSERT_TRUE(late.ok());
+  ASSERT_THAT(late, IsOk());
   EXPECT_EQ(late->start_epoch, 1);
   PlanBox not_yet, plan;
   s->AwaitPlan(2, 0, not_yet.callback());
-  EXPECT_EQ(not_yet.plan->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(not_yet.plan->status(), StatusCodeIs(absl::StatusCode::kNotFound));
   s->AwaitPlan(2, 1, plan.callback());
   EXPECT_FALSE(plan.plan.has_value()) << "waits for epoch 1 like everyone else";
   const auto h = s->History();
-  ASSERT_TRUE(s->Report(Report(h[0].plans.at(0), 0, 100)).ok());
-  ASSERT_TRUE(s->Report(Report(h[0].plans.at(1), 1, 300)).ok());
+  ASSERT_THAT(s->Report(Report(h[0].plans.at(0), 0, 100)), IsOk());
+  ASSERT_THAT(s->Report(Report(h[0].plans.at(1), 1, 300)), IsOk());
   ASSERT_TRUE(plan.plan.has_value() && plan.plan->ok());
   // Speeds 100 and 300, the newcomer unmeasured: it is given the mean (200): 100:300:200,
   // in whole samples of 64.
@@ -122,7 +123,7 @@ TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
 
 TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
   auto s = Make("proportional");
-  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s->Register(Reg(n)).ok());
+  for (const char* n : {"a", "b", "c"}) ASSERT_THAT(s->Register(Reg(n)), IsOk());
   std::vector<WorkerPlan> e0;
   for (int id = 0; id < 3; ++id) {
     PlanBox b;
@@ -132,12 +133,12 @@ TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
   // Worker 2 is three times slower.
   const double speeds[] = {300, 300, 100};
   PlanBox next;
-  ASSERT_TRUE(s->Report(Report(e0[0], 0, speeds[0])).ok());
+  ASSERT_THAT(s->Report(Report(e0[0], 0, speeds[0])), IsOk());
   s->AwaitPlan(0, 1, next.callback());
   EXPECT_FALSE(next.plan.has_value());
   clock_.Advance(absl::Seconds(10));
-  ASSERT_TRUE(s->Report(Report(e0[1], 1, speeds[1])).ok());
-  ASSERT_TRUE(s->Report(Report(e0[2], 2, speeds[2])).ok());
+  ASSERT_THAT(s->Report(Report(e0[1], 1, speeds[1])), IsOk());
+  ASSERT_THAT(s->Report(Report(e0[2], 2, speeds[2])), IsOk());
   ASSERT_TRUE(next.plan.has_value() && next.plan->ok());
   EXPECT_EQ(listener_.completed, std::vector<int>{0});
   std::vector<WorkerPlan> e1;
@@ -158,7 +159,7 @@ TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
   EXPECT_EQ(s->History()[0].end - s->History()[0].start, absl::Seconds(10));
 
   PlanBox done;
-  for (int id = 0; id < 3; ++id) ASSERT_TRUE(s->Report(Report(e1[id], id, speeds[id])).ok());
+  for (int id = 0; id < 3; ++id) ASSERT_THAT(s->Report(Report(e1[id], id, speeds[id])), IsOk());
   s->AwaitPlan(1, 2, done.callback());
   ASSERT_TRUE(done.plan->ok());
   EXPECT_TRUE((*done.plan)->finished);
@@ -168,39 +169,39 @@ TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
 
 TEST_F(SchedulerTest, FixedPolicyIgnoresSpeed) {
   auto s = Make("fixed", 2, 2);
-  ASSERT_TRUE(s->Register(Reg("a")).ok());
-  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  ASSERT_THAT(s->Register(Reg("a")), IsOk());
+  ASSERT_THAT(s->Register(Reg("b")), IsOk());
   const auto h = s->History();
-  ASSERT_TRUE(s->Report(Report(h[0].plans.at(0), 0, 1000)).ok());
-  ASSERT_TRUE(s->Report(Report(h[0].plans.at(1), 1, 10)).ok());
+  ASSERT_THAT(s->Report(Report(h[0].plans.at(0), 0, 1000)), IsOk());
+  ASSERT_THAT(s->Report(Report(h[0].plans.at(1), 1, 10)), IsOk());
   EXPECT_EQ(s->History()[1].plans.at(0).batch_size, 32);
   EXPECT_EQ(s->History()[1].plans.at(1).batch_size, 32);
 }
 
 TEST_F(SchedulerTest, BadReportsAreRefusedAndChangeNothing) {
   auto s = Make("dbs", 2, 2);
-  ASSERT_TRUE(s->Register(Reg("a")).ok());
-  ASSERT_TRUE(s->Register(Reg("b")).ok());
+  ASSERT_THAT(s->Register(Reg("a")), IsOk());
+  ASSERT_THAT(s->Register(Reg("b")), IsOk());
   const WorkerPlan p0 = s->History()[0].plans.at(0);
   EpochTiming t = Report(p0, 0, 100);
   EpochTiming unknown = t;
   unknown.worker_id = 9;
-  EXPECT_EQ(s->Report(unknown).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s->Report(unknown), StatusCodeIs(absl::StatusCode::kNotFound));
   EpochTiming future = t;
   future.epoch = 1;
-  EXPECT_EQ(s->Report(future).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s->Report(future), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   EpochTiming wrong_samples = t;
   wrong_samples.samples += 1;
-  EXPECT_EQ(s->Report(wrong_samples).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s->Report(wrong_samples), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EpochTiming negative = t;
   negative.compute_seconds = -1;
-  EXPECT_EQ(s->Report(negative).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s->Report(negative), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(s->History()[0].reports.empty());
-  ASSERT_TRUE(s->Report(t).ok());
-  EXPECT_TRUE(s->Report(t).ok()) << "an identical retry is accepted once";
+  ASSERT_THAT(s->Report(t), IsOk());
+  EXPECT_THAT(s->Report(t), IsOk()) << "an identical retry is accepted once";
   EpochTiming changed = t;
   changed.compute_seconds += 1;
-  EXPECT_EQ(s->Report(changed).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(s->Report(changed), StatusCodeIs(absl::StatusCode::kAlreadyExists));
   EXPECT_EQ(s->History()[0].reports.size(), 1u);
 }
 
@@ -208,32 +209,32 @@ TEST_F(SchedulerTest, PlanRequestsAreCheckedAndRepeatable) {
   auto s = Make("dbs", 1, 3);
   PlanBox unknown;
   s->AwaitPlan(4, 0, unknown.callback());
-  EXPECT_EQ(unknown.plan->status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(s->Register(Reg("a")).ok());
+  EXPECT_THAT(unknown.plan->status(), StatusCodeIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(s->Register(Reg("a")), IsOk());
   PlanBox first, again, too_far, unreported;
   s->AwaitPlan(0, 0, first.callback());
   s->AwaitPlan(0, 0, again.callback());
   EXPECT_EQ((*first.plan)->train_ranges, (*again.plan)->train_ranges);
   s->AwaitPlan(0, 2, too_far.callback());
-  EXPECT_EQ(too_far.plan->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(too_far.plan->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   s->AwaitPlan(0, 1, unreported.callback());
-  EXPECT_EQ(unreported.plan->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unreported.plan->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(SchedulerTest, LeavingMidJobAbortsAndReleasesWaiters) {
   auto s = Make("dbs", 2, 2);
-  ASSERT_TRUE(s->Register(Reg("a")).ok());
-  ASSERT_TRUE(s->Register(Reg("b")).ok());
-  ASSERT_TRUE(s->Report(Report(s->History()[0].plans.at(0), 0, 100)).ok());
+  ASSERT_THAT(s->Register(Reg("a")), IsOk());
+  ASSERT_THAT(s->Register(Reg("b")), IsOk());
+  ASSERT_THAT(s->Report(Report(s->History()[0].plans.at(0), 0, 100)), IsOk());
   PlanBox waiting;
   s->AwaitPlan(0, 1, waiting.callback());
   EXPECT_FALSE(waiting.plan.has_value());
-  ASSERT_TRUE(s->Leave(1).ok());
+  ASSERT_THAT(s->Leave(1), IsOk());
   ASSERT_TRUE(waiting.plan.has_value());
-  EXPECT_EQ(waiting.plan->status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(waiting.plan->status(), StatusCodeIs(absl::StatusCode::kAborted));
   ASSERT_TRUE(listener_.finished.has_value());
   EXPECT_EQ(listener_.finished->code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(s->Leave(5).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s->Leave(5), StatusCodeIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace
@@ -251,10 +252,10 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
   c.epochs = 2;
   c.global_batch = 64;
   Scheduler s(c, Policy("dbs"), &clock_, &listener_);
-  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s.Register({n, 1000, 100, "cpu"}).ok());
+  for (const char* n : {"a", "b", "c"}) ASSERT_THAT(s.Register({n, 1000, 100, "cpu"}), IsOk());
   // Worker 1 dies during step 5 (it pushed steps 0-4).
   auto removal = s.RemoveWorkers({1}, 0, 5);
-  ASSERT_TRUE(removal.ok()) << removal.status();
+  ASSERT_THAT(removal, IsOk()) << removal.status();
   const EpochRecord rec = s.History()[0];
   EXPECT_EQ(rec.num_steps, 17) << "one extra step for worker 1's part of step 5";
   EXPECT_EQ(rec.dead, std::set<int>{1});
@@ -294,11 +295,11 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
     t.samples = rec.SamplesOf(id);
     t.compute_seconds = 1.0;
     t.test_samples = removal->revisions.at(id).test_range.size();
-    ASSERT_TRUE(s.Report(t).ok());
+    ASSERT_THAT(s.Report(t), IsOk());
   }
   ASSERT_EQ(s.History().size(), 2u);
   EXPECT_EQ(s.History()[1].plans.size(), 2u) << "epoch 1 is planned for the survivors only";
-  EXPECT_EQ(s.RemoveWorkers({0, 2}, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.RemoveWorkers({0, 2}, 1, 0), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace
@@ -315,11 +316,11 @@ TEST_F(SchedulerTest, DbsHonoursAWorkersRegisteredMemoryCap) {
   Scheduler s(c, Policy("dbs"), &clock_, &listener_);
   WorkerRegistration fast = Reg("fast");
   fast.max_batch = 20;
-  ASSERT_TRUE(s.Register(fast).ok());
-  ASSERT_TRUE(s.Register(Reg("slow")).ok());
+  ASSERT_THAT(s.Register(fast), IsOk());
+  ASSERT_THAT(s.Register(Reg("slow")), IsOk());
   const auto h = s.History();
-  ASSERT_TRUE(s.Report(Report(h[0].plans.at(0), 0, 1000)).ok());  // 10x faster...
-  ASSERT_TRUE(s.Report(Report(h[0].plans.at(1), 1, 100)).ok());
+  ASSERT_THAT(s.Report(Report(h[0].plans.at(0), 0, 1000)), IsOk());  // 10x faster...
+  ASSERT_THAT(s.Report(Report(h[0].plans.at(1), 1, 100)), IsOk());
   EXPECT_EQ(s.History()[1].plans.at(0).batch_size, 20) << "...but capped at its 20";
   EXPECT_EQ(s.History()[1].plans.at(1).batch_size, 44);
 }
@@ -353,15 +354,15 @@ TEST_F(SchedulerTest, ThePolicySeesEachWorkersStepTimesByBatch) {
   auto seen = policy->seen;
   auto shares = policy->shares;
   Scheduler s(c, std::move(policy), &clock_, &listener_);
-  ASSERT_TRUE(s.Register(Reg("a", 640)).ok());
-  ASSERT_TRUE(s.Register(Reg("b", 640)).ok());
+  ASSERT_THAT(s.Register(Reg("a", 640)), IsOk());
+  ASSERT_THAT(s.Register(Reg("b", 640)), IsOk());
   // Epoch 0: 10 steps of 32 each; worker 1 takes 3 ms a step, worker 0 1 ms.
   for (int step = 0; step < 10; ++step) s.RecordStep(0, {{0, {32, 0.001}}, {1, {32, 0.003}}});
   s.RecordStep(0, {{7, {32, 1.0}}, {1, {0, 1.0}}, {0, {32, -1.0}}});  // unknown, empty, bad
   s.RecordStep(5, {{0, {32, 1.0}}});                                  // not running
   const auto h = s.History();
-  ASSERT_TRUE(s.Report(Report(h[0].plans.at(0), 0, 32000)).ok());
-  ASSERT_TRUE(s.Report(Report(h[0].plans.at(1), 1, 32000 / 3.0)).ok());
+  ASSERT_THAT(s.Report(Report(h[0].plans.at(0), 0, 32000)), IsOk());
+  ASSERT_THAT(s.Report(Report(h[0].plans.at(1), 1, 32000 / 3.0)), IsOk());
   ASSERT_EQ(seen->size(), 2u);
   const WorkerObservation& w1 = (*seen)[1];
   EXPECT_EQ(w1.current_batch, 32);
@@ -384,16 +385,15 @@ TEST_F(SchedulerTest, ThePolicySeesEachWorkersStepTimesByBatch) {
   std::map<int, Measurement> windows = {{0, window}, {1, window}};
   *shares = {0.5, 0.5};
   absl::StatusOr<PlanChange> r = s.Rebalance(1, 4, windows);
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_THAT(r, IsOk()) << r.status();
   EXPECT_EQ((*seen)[1].history.size(), 2u);
   EXPECT_EQ((*seen)[1].current_batch, 16);
   EXPECT_EQ(r->later_quotas.front().at(0), 32);
   EXPECT_EQ(r->revisions.at(1).from_step, 4);
   // A window that leaves the split as it is changes nothing.
-  EXPECT_EQ(s.Rebalance(1, 5, windows).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.Rebalance(1, 4, {{0, window}}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.Rebalance(1, 10, windows).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.Rebalance(1, 5, windows), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.Rebalance(1, 4, {{0, window}}), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(s.Rebalance(1, 10, windows), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/balancing_policy.h"
@@ -27,7 +28,7 @@ TEST(PolicyNamesTest, ParseAndPrint) {
   for (PolicyKind k : {PolicyKind::kDbs, PolicyKind::kProportional, PolicyKind::kFixed}) {
     EXPECT_EQ(*ParsePolicy(PolicyName(k)), k);
   }
-  EXPECT_EQ(ParsePolicy("random").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ParsePolicy("random"), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(ParsePolicy("cost").status().message()),
               ::testing::HasSubstr("part of 'dbs'"));
   EXPECT_EQ(ReplanWindowSteps(PolicyKind::kDbs, -1), kDbsReplanWindowSteps);
@@ -131,7 +132,7 @@ TEST(MakeSharePolicyTest, ConfigValidation) {
   EXPECT_FALSE(MakeSharePolicy(c).ok());
   c.max_batch = 0;
   c.speed_window = 0;
-  EXPECT_EQ(MakeSharePolicy(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MakeSharePolicy(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   c.speed_window = 1;
   c.deadband = 1.0;
   EXPECT_FALSE(MakeSharePolicy(c).ok());
@@ -162,8 +163,8 @@ BalancingPolicy Dbs(int global_batch, int min_batch = 0, int max_batch = 0) {
 }
 
 TEST(BalancingPolicyTest, FromOnePointItIsTheProportionalRule) {
-  const BalancingPlan p = Dbs(128).Plan({Ran(0, 100, {32}), Ran(0, 100, {32}),
-                                         Ran(0, 200, {32}), Ran(0, 400, {32})});
+  const BalancingPlan p =
+      Dbs(128).Plan({Ran(0, 100, {32}), Ran(0, 100, {32}), Ran(0, 200, {32}), Ran(0, 400, {32})});
   EXPECT_THAT(p.batches, ElementsAre(16, 16, 32, 64));
   EXPECT_FALSE(p.held);
 }
@@ -180,8 +181,7 @@ TEST(BalancingPolicyTest, EqualisesStepTimesWhenOverheadsDiffer) {
 }
 
 TEST(BalancingPolicyTest, BoundsAndMemoryCapsAreKept) {
-  const std::vector<WorkerObservation> w = {Ran(0.0, 1000, {16, 32}),
-                                            Ran(0.016, 1000, {16, 32})};
+  const std::vector<WorkerObservation> w = {Ran(0.0, 1000, {16, 32}), Ran(0.016, 1000, {16, 32})};
   EXPECT_THAT(Dbs(64, 0, 35).Plan(w).batches, ElementsAre(35, 29));
   // A minimum keeps a very slow worker in the job.
   EXPECT_THAT(Dbs(64, 8).Plan({Ran(0, 10000, {16, 32}), Ran(0, 100, {16, 32})}).batches,
@@ -197,8 +197,7 @@ TEST(BalancingPolicyTest, HoldsABalancedSplit) {
   const BalancingPlan p = Dbs(64).Plan({Ran(0, 1000, {32}), Ran(0, 1030, {32})});
   EXPECT_TRUE(p.held);
   EXPECT_THAT(p.batches, ElementsAre(32, 32));
-  EXPECT_THAT(Dbs(64).NextShares({Ran(0, 1000, {32}), Ran(0, 1030, {32})}),
-              ElementsAre(0.5, 0.5));
+  EXPECT_THAT(Dbs(64).NextShares({Ran(0, 1000, {32}), Ran(0, 1030, {32})}), ElementsAre(0.5, 0.5));
   // 10% apart: moved.
   EXPECT_FALSE(Dbs(64).Plan({Ran(0, 1000, {32}), Ran(0, 1100, {32})}).held);
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_matchers.h"
 #include "gtest/gtest.h"
 
 namespace dbs {
@@ -29,21 +30,21 @@ TEST(SimulationTest, WithoutCommunicationDbsReachesTheIdealAndSsgdWaitsForTheSlo
   SimulationConfig c = Config(0, 0);
   c.policy = PolicyKind::kFixed;
   auto sgd = Simulate(c);
-  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  ASSERT_THAT(sgd, IsOk()) << sgd.status();
   // 100 steps of 32 samples at the slowest 100/s: 32 s; ideal 12800 / 800 = 16 s.
   EXPECT_NEAR(sgd->SteadyEpochSeconds(), 32.0, 1e-9);
   EXPECT_NEAR(sgd->ideal_epoch_seconds, 16.0, 1e-9);
   // The paper's rule: epoch 0 is the equal split, epoch 1 proportional to the measured speeds.
   c.policy = PolicyKind::kProportional;
   auto paper = Simulate(c);
-  ASSERT_TRUE(paper.ok());
+  ASSERT_THAT(paper, IsOk());
   EXPECT_NEAR(paper->epochs[0].seconds, 32.0, 1e-9) << "epoch 0 is the equal split";
   EXPECT_EQ(paper->epochs[1].batches, (std::vector<int>{16, 16, 32, 64}));
   EXPECT_NEAR(paper->SteadyEpochSeconds(), 16.0, 1e-9);
   // dbs re-plans epoch 0 after its first 8 steps, and has the ideal split from then on.
   c.policy = PolicyKind::kDbs;
   auto dbs_run = Simulate(c);
-  ASSERT_TRUE(dbs_run.ok());
+  ASSERT_THAT(dbs_run, IsOk());
   EXPECT_EQ(dbs_run->epochs[0].replans, 1);
   EXPECT_NEAR(dbs_run->epochs[0].seconds, 8 * 0.32 + 92 * 0.16, 1e-9);
   EXPECT_EQ(dbs_run->epochs[1].batches, (std::vector<int>{16, 16, 32, 64}));
@@ -135,13 +136,13 @@ TEST(ControllerRegressionTest, TheQuotaClusterThatMadeTheProportionalRuleOscilla
   SimulationConfig c = OscillatingQuotaCluster();
   c.policy = PolicyKind::kProportional;
   auto paper = Simulate(c);
-  ASSERT_TRUE(paper.ok());
+  ASSERT_THAT(paper, IsOk());
   c.policy = PolicyKind::kDbs;
   auto dbs_run = Simulate(c);
-  ASSERT_TRUE(dbs_run.ok());
+  ASSERT_THAT(dbs_run, IsOk());
   c.policy = PolicyKind::kFixed;
   auto fixed = Simulate(c);
-  ASSERT_TRUE(fixed.ok());
+  ASSERT_THAT(fixed, IsOk());
   int paper_unbalanced = 0;
   for (int e = 0; e < c.epochs; ++e) {
     const EpochResult& p = paper->epochs[e];
@@ -170,8 +171,8 @@ bool Converged(const SimulationConfig& c, const SimulationResult& r, int from, d
   for (int e = from; e < c.epochs; ++e) {
     const EpochResult& er = r.epochs[e];
     if (!er.Balanced(c, e, tolerance) || er.OverBest() > 1.0 + tolerance) {
-      *why = absl::StrCat("epoch ", e, ": batches [", absl::StrJoin(er.batches, " "),
-                          "], spread ", er.Spread(), ", ", er.OverBest(), "x the best");
+      *why = absl::StrCat("epoch ", e, ": batches [", absl::StrJoin(er.batches, " "), "], spread ",
+                          er.Spread(), ", ", er.OverBest(), "x the best");
       return false;
     }
   }
@@ -191,7 +192,7 @@ TEST(ControllerPropertyTest, ConvergesWithinThreeEpochsAndStaysOnRandomClusters)
     SimulationConfig c = RandomCluster(seed, /*allow_drift=*/false, &what);
     c.policy = PolicyKind::kDbs;
     auto dbs_run = Simulate(c);
-    ASSERT_TRUE(dbs_run.ok()) << dbs_run.status();
+    ASSERT_THAT(dbs_run, IsOk()) << dbs_run.status();
     const bool ok = Converged(c, *dbs_run, 3, 0.10, &why);
     dbs_ok += ok ? 1 : 0;
     EXPECT_TRUE(ok) << "seed " << seed << " (" << what << "): " << why
@@ -202,17 +203,18 @@ TEST(ControllerPropertyTest, ConvergesWithinThreeEpochsAndStaysOnRandomClusters)
     }
     c.policy = PolicyKind::kProportional;
     auto paper = Simulate(c);
-    ASSERT_TRUE(paper.ok());
+    ASSERT_THAT(paper, IsOk());
     paper_ok += Converged(c, *paper, 3, 0.10, &why) ? 1 : 0;
     c.policy = PolicyKind::kDbs;
     c.replan_window_steps = 0;
     auto epoch_only = Simulate(c);
-    ASSERT_TRUE(epoch_only.ok());
+    ASSERT_THAT(epoch_only, IsOk());
     epoch_only_ok += Converged(c, *epoch_only, 3, 0.10, &why) ? 1 : 0;
   }
-  std::printf("clusters within 10%% from epoch 3 on: dbs %d/%d (worst epoch %.3fx the best "
-              "split); without mid-epoch re-planning %d/%d; the paper's rule %d/%d\n",
-              dbs_ok, kClusters, worst_over_best, epoch_only_ok, kClusters, paper_ok, kClusters);
+  std::printf(
+      "clusters within 10%% from epoch 3 on: dbs %d/%d (worst epoch %.3fx the best "
+      "split); without mid-epoch re-planning %d/%d; the paper's rule %d/%d\n",
+      dbs_ok, kClusters, worst_over_best, epoch_only_ok, kClusters, paper_ok, kClusters);
 }
 
 // No oscillation even without mid-epoch re-planning: the epoch-boundary controller alone settles
@@ -225,7 +227,7 @@ TEST(ControllerPropertyTest, EpochBoundaryControllerSettlesOnRandomClusters) {
     c.epochs = 16;
     c.replan_window_steps = 0;
     auto r = Simulate(c);
-    ASSERT_TRUE(r.ok());
+    ASSERT_THAT(r, IsOk());
     int settled = c.epochs;
     while (settled > 0 && Converged(c, *r, settled - 1, 0.10, &why)) --settled;
     latest = std::max(latest, settled);
@@ -246,7 +248,7 @@ TEST(ControllerPropertyTest, FollowsSlowDrifts) {
     ++drifting;
     c.epochs = 16;
     auto r = Simulate(c);
-    ASSERT_TRUE(r.ok());
+    ASSERT_THAT(r, IsOk());
     for (int e = 3; e < c.epochs; ++e) {
       worst_over_best = std::max(worst_over_best, r->epochs[e].OverBest());
       worst_spread = std::max(worst_spread, r->epochs[e].Spread());
@@ -269,7 +271,7 @@ TEST(ControllerPropertyTest, FollowsADisturbanceAndRecovers) {
   c.disturbances = {{2, 4, 7, 3.0}};
   c.policy = PolicyKind::kDbs;
   auto r = Simulate(c);
-  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(r, IsOk());
   for (int e = 0; e < c.epochs; ++e) {
     std::printf("epoch %d [%s] spread %.2f, %.3fx best\n", e,
                 absl::StrJoin(r->epochs[e].batches, " ").c_str(), r->epochs[e].Spread(),
@@ -288,7 +290,7 @@ TEST(ControllerPropertyTest, MidEpochReplanningUsesTheModel) {
   c.replan_window_steps = 4;
   c.policy = PolicyKind::kDbs;
   auto r = Simulate(c);
-  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(r, IsOk());
   EXPECT_GE(r->epochs[4].replans, 1) << "the slowdown is noticed within the epoch";
   for (int e = 5; e < c.epochs; ++e) {
     EXPECT_LE(r->epochs[e].OverBest(), 1.10) << "epoch " << e;

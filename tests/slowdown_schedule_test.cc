@@ -1,5 +1,6 @@
 #include "worker/slowdown_schedule.h"
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -8,14 +9,14 @@ namespace {
 
 TEST(SlowdownScheduleTest, BaseOnly) {
   auto s = SlowdownSchedule::Create(2.0, "");
-  ASSERT_TRUE(s.ok());
+  ASSERT_THAT(s, IsOk());
   EXPECT_EQ(s->FactorAt(0, 0), 2.0);
   EXPECT_EQ(s->FactorAt(9, 12345), 2.0);
 }
 
 TEST(SlowdownScheduleTest, EpochAndStepWindowsMultiply) {
   auto s = SlowdownSchedule::Create(2.0, "e2:4:3; s100:200:1.5");
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_THAT(s, IsOk()) << s.status();
   EXPECT_EQ(s->FactorAt(1, 50), 2.0);
   EXPECT_EQ(s->FactorAt(2, 50), 6.0);
   EXPECT_EQ(s->FactorAt(3, 150), 9.0);

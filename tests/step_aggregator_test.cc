@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,7 +28,7 @@ class StepAggregatorTest : public ::testing::Test {
     // Plain SGD with lr 1 so the update equals the aggregated gradient: p' = p - g.
     store_ = std::make_unique<ParameterStore>(
         std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
-    ASSERT_TRUE(store_->Register({{"w", {2}}}, std::vector<float>{0.0f, 0.0f}).ok());
+    ASSERT_THAT(store_->Register({{"w", {2}}}, std::vector<float>{0.0f, 0.0f}), IsOk());
     agg_ = std::make_unique<StepAggregator>(store_.get());
     // Worker 0: batch 1 (final 1); worker 1: batch 3 (final 0); two steps.
     agg_->BeginEpoch(0, {{{0, 1}, {1, 3}}, {{0, 1}, {1, 0}}});
@@ -91,17 +92,17 @@ TEST_F(StepAggregatorTest, BadPushesChangeNothing) {
   grads_.reserve(16);
   Outcome unknown, stale, future, wrong_count, wrong_size;
   agg_->Push(Push(7, 0, 1, {1.0f, 1.0f}), unknown.callback());
-  EXPECT_EQ(unknown.result->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.result->status(), StatusCodeIs(absl::StatusCode::kNotFound));
   agg_->Push(Push(0, 1, 1, {1.0f, 1.0f}), future.callback());
-  EXPECT_EQ(future.result->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(future.result->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   agg_->Push(Push(0, 0, 2, {1.0f, 1.0f}), wrong_count.callback());
-  EXPECT_EQ(wrong_count.result->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_count.result->status(), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   agg_->Push(Push(0, 0, 1, {1.0f, 1.0f, 1.0f}), wrong_size.callback());
-  EXPECT_EQ(wrong_size.result->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_size.result->status(), StatusCodeIs(absl::StatusCode::kInvalidArgument));
   GradientPush old_epoch = Push(0, 0, 1, {1.0f, 1.0f});
   old_epoch.epoch = -1;
   agg_->Push(old_epoch, stale.callback());
-  EXPECT_EQ(stale.result->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.result->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 
   // The step is untouched: a correct round gives exactly the expected update.
   Outcome a, b;
@@ -134,9 +135,9 @@ TEST_F(StepAggregatorTest, AbortReleasesPendingPushes) {
   agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
   agg_->Abort(absl::AbortedError("stop"));
   ASSERT_TRUE(a.result.has_value());
-  EXPECT_EQ(a.result->status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(a.result->status(), StatusCodeIs(absl::StatusCode::kAborted));
   agg_->Push(Push(1, 0, 3, {1.0f, 1.0f}), later.callback());
-  EXPECT_EQ(later.result->status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(later.result->status(), StatusCodeIs(absl::StatusCode::kAborted));
   EXPECT_EQ(store_->Snapshot()->version, 0);
 }
 
@@ -156,7 +157,7 @@ TEST_F(StepAggregatorTest, PushForAnOlderStepIsStale) {
   ASSERT_TRUE(d.result->ok());
   // Step 0 is two steps old: not a retry of the latest step, so it is refused.
   agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), stale.callback());
-  EXPECT_EQ(stale.result->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.result->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(store_->Snapshot()->version, 2);
 }
 
@@ -168,7 +169,7 @@ namespace {
 
 TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheRevision) {
   ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
-  ASSERT_TRUE(store.Register({{"w", {1}}}, std::vector<float>{0.0f}).ok());
+  ASSERT_THAT(store.Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
   StepAggregator agg(&store);
   // Three workers, two steps of 1 + 1 + 2 samples.
   agg.BeginEpoch(0, {{{0, 1}, {1, 1}, {2, 2}}, {{0, 1}, {1, 1}, {2, 2}}});
@@ -181,7 +182,7 @@ TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheR
   ASSERT_TRUE(agg.Evict(0, 0, {2}));
   agg.Push({2, 0, 0, 2, 0.0, g2}, [&](const absl::StatusOr<StepResult>& r) { late = r; });
   ASSERT_TRUE(late.has_value());
-  EXPECT_EQ(late->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(late->status(), StatusCodeIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(r0.has_value());
 
   PlanRevision rev;
@@ -204,8 +205,7 @@ TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheR
   agg.Push({1, 0, 1, 2, 0.0, g1}, [&](const absl::StatusOr<StepResult>& r) { b = r; });
   ASSERT_TRUE(b.has_value() && b->ok());
   EXPECT_EQ((*b)->global_samples, 4);
-  EXPECT_EQ(agg.AcceptedPushes(0),
-            (std::set<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));
+  EXPECT_EQ(agg.AcceptedPushes(0), (std::set<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));
 }
 
 }  // namespace

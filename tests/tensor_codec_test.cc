@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,10 +23,10 @@ TEST(TensorCodecTest, RoundTripIsBitExact) {
   EXPECT_THAT(msg[0].shape(), ::testing::ElementsAre(2, 1, 2));
   EXPECT_EQ(msg[0].data().size(), 16u);
   auto layout = LayoutOf(msg);
-  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_THAT(layout, IsOk()) << layout.status();
   EXPECT_EQ(*layout, kLayout);
   std::vector<float> back(values.size());
-  ASSERT_TRUE(DecodeTensors(msg, kLayout, true, absl::MakeSpan(back)).ok());
+  ASSERT_THAT(DecodeTensors(msg, kLayout, true, absl::MakeSpan(back)), IsOk());
   EXPECT_EQ(0, std::memcmp(back.data(), values.data(), values.size() * sizeof(float)));
 }
 
@@ -62,7 +63,7 @@ TEST(TensorCodecTest, MismatchesAreInvalidArgumentAndLeaveTheDestinationAlone) {
   expect_refused(nan, "NaN");
   TensorList dup = ok;
   dup[1].set_name("conv.weight");
-  EXPECT_EQ(LayoutOf(dup).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(LayoutOf(dup), StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(TensorCodecTest, NonFiniteValuesPassWhenNotChecked) {
@@ -70,20 +71,20 @@ TEST(TensorCodecTest, NonFiniteValuesPassWhenNotChecked) {
   TensorList msg;
   EncodeTensors(kLayout, values, &msg);
   std::vector<float> back(7);
-  EXPECT_TRUE(DecodeTensors(msg, kLayout, false, absl::MakeSpan(back)).ok());
+  EXPECT_THAT(DecodeTensors(msg, kLayout, false, absl::MakeSpan(back)), IsOk());
   EXPECT_TRUE(std::isinf(back[3]));
 }
 
 TEST(TensorLayoutTest, ValidateAndCompare) {
-  EXPECT_TRUE(ValidateLayout(kLayout).ok());
+  EXPECT_THAT(ValidateLayout(kLayout), IsOk());
   EXPECT_FALSE(ValidateLayout({}).ok());
   EXPECT_FALSE(ValidateLayout({{"a", {0}}}).ok());
   EXPECT_FALSE(ValidateLayout({{"", {1}}}).ok());
-  EXPECT_TRUE(CheckSameLayout(kLayout, kLayout, "x").ok());
+  EXPECT_THAT(CheckSameLayout(kLayout, kLayout, "x"), IsOk());
   ModelLayout other = kLayout;
   other[1].shape = {3};
   const absl::Status s = CheckSameLayout(kLayout, other, "gradient");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("conv.bias"));
   EXPECT_EQ(TotalElements(kLayout), 7);
 }

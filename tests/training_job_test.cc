@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -18,9 +19,9 @@ class TrainingJobTest : public ::testing::Test {
     config.stall_timeout = absl::Minutes(5);
     job_ = *TrainingJob::Create(config, &clock_);
     for (const char* name : {"a", "b"}) {
-      ASSERT_TRUE(job_->scheduler()->Register({name, 8, 2, "cpu"}).ok());
+      ASSERT_THAT(job_->scheduler()->Register({name, 8, 2, "cpu"}), IsOk());
     }
-    ASSERT_TRUE(job_->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}).ok());
+    ASSERT_THAT(job_->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
   }
 
   void PushFromWorker0() {
@@ -51,7 +52,7 @@ TEST_F(TrainingJobTest, StallAbortsNamingTheMissingWorker) {
   ASSERT_TRUE(job_->CheckStall());
   ASSERT_TRUE(job_->WaitFor(absl::ZeroDuration()));
   const absl::Status s = job_->Wait();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("worker(s) 1 at epoch 0 step 0"));
   EXPECT_NE(job_->Run().status, "ok");
 }
@@ -61,7 +62,7 @@ TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {
   config.scheduler.expected_workers = 1;
   config.stall_timeout = absl::ZeroDuration();
   auto job = *TrainingJob::Create(config, &clock_);
-  ASSERT_TRUE(job->scheduler()->Register({"a", 8, 2, "cpu"}).ok());
+  ASSERT_THAT(job->scheduler()->Register({"a", 8, 2, "cpu"}), IsOk());
   clock_.Advance(absl::Hours(10));
   EXPECT_FALSE(job->CheckStall());
   EXPECT_FALSE(job->WaitFor(absl::ZeroDuration()));
@@ -84,9 +85,9 @@ TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
   config.replan_threshold = 1.5;
   auto job = *TrainingJob::Create(config, &clock);
   for (const char* name : {"a", "b"}) {
-    ASSERT_TRUE(job->scheduler()->Register({name, 64, 8, "cpu"}).ok());
+    ASSERT_THAT(job->scheduler()->Register({name, 64, 8, "cpu"}), IsOk());
   }
-  ASSERT_TRUE(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}).ok());
+  ASSERT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
   std::vector<float> g = {1.0f};
   std::map<int, int> batch = {{0, 2}, {1, 2}};
   int replanned_after = -1;

@@ -37,7 +37,9 @@ class FakeLearner : public Learner {
   int64_t test_size() const override { return kTest; }
   std::string device() const override { return "fake"; }
   const ModelLayout& layout() const override { return layout_; }
-  void GetParameters(absl::Span<float> out) override { std::copy(w_.begin(), w_.end(), out.begin()); }
+  void GetParameters(absl::Span<float> out) override {
+    std::copy(w_.begin(), w_.end(), out.begin());
+  }
   void SetParameters(absl::Span<const float> v) override { w_.assign(v.begin(), v.end()); }
 
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
@@ -231,8 +233,8 @@ TEST_F(TrainingLoopTest, RefusesAnInconsistentRevision) {
   rev.num_steps = 4;
   rev.steps = {{{8, 22}}};
   client.ReviseAfter(0, 1, rev);
-  EXPECT_THAT(Run(&client),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inconsistent plan revision")));
+  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("inconsistent plan revision")));
   EXPECT_EQ(client.pushes().size(), 2u);
 }
 
@@ -244,16 +246,15 @@ TEST_F(TrainingLoopTest, RefusesSamplesOutsideTheDataSet) {
   rev.num_steps = 3;
   rev.steps = {{{8, 40}}};
   client.ReviseAfter(0, 1, rev);
-  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kInvalidArgument,
-                                     HasSubstr("outside the data set")));
+  EXPECT_THAT(Run(&client),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the data set")));
   EXPECT_EQ(learner_.seen().size(), 2u);  // nothing was computed on the bad range
 }
 
 TEST_F(TrainingLoopTest, AnEvictedWorkerStopsWithTheServersReason) {
   FakePsClient client(job_, &clock_);
   client.EvictAt(0, 3);
-  EXPECT_THAT(Run(&client),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
+  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
   EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2));
   EXPECT_TRUE(client.reports().empty());
   EXPECT_FALSE(client.left());

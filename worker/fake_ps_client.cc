@@ -125,9 +125,9 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
   MaybeRestart(epoch, step);
   const int num_steps = static_cast<int>(schedule_.size());
   if (epoch != epoch_ || step != step_ || step_ >= num_steps) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "push for epoch ", epoch, " step ", step, " does not match the current step (epoch ",
-        epoch_, " step ", step_, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("push for epoch ", epoch, " step ", step,
+                                                      " does not match the current step (epoch ",
+                                                      epoch_, " step ", step_, ")"));
   }
   if (num_samples != CountSamples(schedule_[step])) {
     return absl::InvalidArgumentError(absl::StrCat("pushed ", num_samples, " samples at step ",
@@ -157,7 +157,8 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
     out.revision.revision = ++revision_;
     // The server follows its own revision (when it is well-formed).
     if (rev->second.from_step == step + 1 &&
-        rev->second.num_steps == rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
+        rev->second.num_steps ==
+            rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
       schedule_.resize(rev->second.num_steps);
       std::copy(rev->second.steps.begin(), rev->second.steps.end(),
                 schedule_.begin() + rev->second.from_step);
@@ -174,15 +175,15 @@ absl::Status FakePsClient::ReportEpoch(const EpochTiming& timing) {
   if (absl::Status s = CheckWorker(timing.worker_id); !s.ok()) return s;
   MaybeRestart(timing.epoch, static_cast<int>(schedule_.size()));
   if (timing.epoch != epoch_ || step_ != static_cast<int>(schedule_.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "report for epoch ", timing.epoch, " before its steps are done (epoch ", epoch_,
-        " step ", step_, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("report for epoch ", timing.epoch,
+                                                      " before its steps are done (epoch ", epoch_,
+                                                      " step ", step_, ")"));
   }
   int64_t samples = 0;
   for (const auto& step : schedule_) samples += CountSamples(step);
   if (timing.samples != samples) {
-    return absl::InvalidArgumentError(absl::StrCat("report of ", timing.samples,
-                                                   " samples; the epoch had ", samples));
+    return absl::InvalidArgumentError(
+        absl::StrCat("report of ", timing.samples, " samples; the epoch had ", samples));
   }
   reports_.push_back(timing);
   StartEpoch(epoch_ + 1);

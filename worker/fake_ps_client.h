@@ -23,9 +23,9 @@ namespace dbs {
 struct FakeJobConfig {
   int epochs = 2;
   int global_batch = 4;
-  int start_epoch = 0;          // the epoch the worker joins at (later: joining a running job)
+  int start_epoch = 0;  // the epoch the worker joins at (later: joining a running job)
   float learning_rate = 0.5f;
-  absl::Duration push_time;     // simulated time of each push on the clock (if any)
+  absl::Duration push_time;  // simulated time of each push on the clock (if any)
 };
 
 class FakePsClient : public PsClient {

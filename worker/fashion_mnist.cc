@@ -1,10 +1,10 @@
 #include "worker/fashion_mnist.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <fstream>
-#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -93,7 +93,8 @@ absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, bool train
   for (const std::string& p : {images_path, labels_path}) {
     if (!Exists(p)) {
       return absl::NotFoundError(absl::StrCat(
-          "Fashion-MNIST not found: ", p, "(.gz) is missing. Install Debian's copy with "
+          "Fashion-MNIST not found: ", p,
+          "(.gz) is missing. Install Debian's copy with "
           "'sudo apt-get install dataset-fashion-mnist' (files land in ",
           kDefaultFashionMnistDir, "), or point --data_dir at a folder holding the IDX files."));
     }

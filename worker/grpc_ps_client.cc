@@ -29,8 +29,8 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config) : config_(config) {
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
   absl::Status st = FromGrpcStatus(s);
   if (st.ok()) return st;
-  return absl::Status(st.code(), absl::StrCat(what, " at dbs_ps ", config_.address, ": ",
-                                              st.message()));
+  return absl::Status(st.code(),
+                      absl::StrCat(what, " at dbs_ps ", config_.address, ": ", st.message()));
 }
 
 absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
@@ -58,8 +58,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
   return absl::UnavailableError(absl::StrFormat(
       "could not reach dbs_ps at %s after %d attempts over %.1f s (last error: %s). Is dbs_ps "
       "running there, and are --server and the port right?",
-      config_.address, attempts, absl::ToDoubleSeconds(absl::Now() - start),
-      last.error_message()));
+      config_.address, attempts, absl::ToDoubleSeconds(absl::Now() - start), last.error_message()));
 }
 
 absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layout,

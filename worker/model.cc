@@ -53,8 +53,8 @@ void LoadParameters(nn::Sequential& model, absl::Span<const float> values) {
   size_t offset = 0;
   for (torch::Tensor& p : model->parameters()) {
     const int64_t n = p.numel();
-    torch::Tensor src = torch::from_blob(const_cast<float*>(values.data() + offset), p.sizes(),
-                                         torch::kFloat32);
+    torch::Tensor src =
+        torch::from_blob(const_cast<float*>(values.data() + offset), p.sizes(), torch::kFloat32);
     p.copy_(src);
     offset += n;
   }
@@ -87,8 +87,8 @@ torch::Tensor LabelsTensor(const ImageDataset& data) {
       .to(torch::kInt64);
 }
 
-EvalResult Evaluate(nn::Sequential& model, const torch::Tensor& images,
-                    const torch::Tensor& labels, int64_t begin, int64_t end) {
+EvalResult Evaluate(nn::Sequential& model, const torch::Tensor& images, const torch::Tensor& labels,
+                    int64_t begin, int64_t end) {
   torch::NoGradGuard no_grad;
   EvalResult r;
   constexpr int64_t kChunk = 1000;
@@ -96,10 +96,10 @@ EvalResult Evaluate(nn::Sequential& model, const torch::Tensor& images,
     const int64_t e = std::min(end, b + kChunk);
     torch::Tensor logits = model->forward(images.slice(0, b, e));
     torch::Tensor y = labels.slice(0, b, e);
-    r.loss_sum += torch::nn::functional::cross_entropy(
-                      logits, y,
-                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                      .item<double>();
+    r.loss_sum +=
+        torch::nn::functional::cross_entropy(
+            logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
     r.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
     r.samples += e - b;
   }

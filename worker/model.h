@@ -3,10 +3,10 @@
 #ifndef DBS_WORKER_MODEL_H_
 #define DBS_WORKER_MODEL_H_
 
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <string>
-
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"

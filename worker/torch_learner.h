@@ -13,14 +13,14 @@
 namespace dbs {
 
 struct LearnerConfig {
-  std::string model = "cnn";        // "cnn" or "mlp"
-  std::string device = "auto";      // "auto", "cpu" or "cuda"
-  std::string data_dir;             // folder with the Fashion-MNIST IDX files
-  int64_t train_limit = 0;          // use the first N training samples (0: all)
-  int64_t test_limit = 0;           // use the first N test samples (0: all)
-  int threads = 1;                  // intra-op threads of libtorch on CPU
-  uint64_t seed = 1;                // seed of the initial parameters
-  std::string init_params_path;     // optional raw float32 initial parameters (layout order)
+  std::string model = "cnn";     // "cnn" or "mlp"
+  std::string device = "auto";   // "auto", "cpu" or "cuda"
+  std::string data_dir;          // folder with the Fashion-MNIST IDX files
+  int64_t train_limit = 0;       // use the first N training samples (0: all)
+  int64_t test_limit = 0;        // use the first N test samples (0: all)
+  int threads = 1;               // intra-op threads of libtorch on CPU
+  uint64_t seed = 1;             // seed of the initial parameters
+  std::string init_params_path;  // optional raw float32 initial parameters (layout order)
 };
 
 // Loads the data onto the device and builds the model. Errors name the flag or file at fault

@@ -33,9 +33,7 @@ TrainingLoop::TrainingLoop(LoopConfig config, Learner* learner, PsClient* client
                            const Clock* clock)
     : config_(std::move(config)), learner_(learner), client_(client), clock_(clock) {}
 
-double TrainingLoop::Since(absl::Time t) const {
-  return absl::ToDoubleSeconds(clock_->Now() - t);
-}
+double TrainingLoop::Since(absl::Time t) const { return absl::ToDoubleSeconds(clock_->Now() - t); }
 
 void TrainingLoop::Say(const std::string& line) const {
   absl::FPrintF(config_.out, "[%s] %s\n", config_.name, line);
@@ -67,11 +65,11 @@ absl::Status TrainingLoop::Join() {
                                learner_->device(), config_.max_batch};
   DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client_->RegisterWorker(reg));
   id_ = joined.worker_id;
-  Say(absl::StrFormat("joined as worker %d on %s: %d train / %d test samples, model %s "
-                      "(%d parameters), policy %s, %d epochs, global batch %d",
-                      id_, learner_->device(), learner_->train_size(), learner_->test_size(),
-                      config_.model, model_size, joined.policy, joined.epochs,
-                      joined.global_batch));
+  Say(absl::StrFormat(
+      "joined as worker %d on %s: %d train / %d test samples, model %s "
+      "(%d parameters), policy %s, %d epochs, global batch %d",
+      id_, learner_->device(), learner_->train_size(), learner_->test_size(), config_.model,
+      model_size, joined.policy, joined.epochs, joined.global_batch));
   DBS_RETURN_IF_ERROR(client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_)));
   learner_->SetParameters(params_);
   epoch_ = joined.start_epoch;
@@ -123,8 +121,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
   }
   if (resumed_samples > 0 && timing.samples > 0) {
     // Only part of the epoch was timed here: scale to the whole for the speed estimate.
-    timing.compute_seconds *= static_cast<double>(timing.samples + resumed_samples) /
-                              static_cast<double>(timing.samples);
+    timing.compute_seconds *=
+        static_cast<double>(timing.samples + resumed_samples) / static_cast<double>(timing.samples);
   }
   timing.samples += resumed_samples;
   return EvaluateAndReport(timing);
@@ -144,8 +142,7 @@ absl::Status TrainingLoop::IndicesOf(const std::vector<SampleRange>& ranges) {
 absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming* timing) {
   if (step >= static_cast<int>(schedule_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("the plan has ", schedule_.size(),
-                                                   " steps of samples but ", num_steps_,
-                                                   " steps"));
+                                                   " steps of samples but ", num_steps_, " steps"));
   }
   DBS_RETURN_IF_ERROR(IndicesOf(schedule_[step]));
   const int b = static_cast<int>(step_index_.size());
@@ -200,11 +197,11 @@ void TrainingLoop::LogProgress(int step, int batch, double loss, const EpochTimi
   const double per_step = elapsed / (step - first_step_ + 1);
   const double epoch_eta = per_step * (num_steps_ - step - 1);
   const double job_eta = epoch_eta + per_step * num_steps_ * (plan_.total_epochs - epoch_ - 1);
-  Say(absl::StrFormat("epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
-                      "| epoch ETA %s | job ETA %s",
-                      epoch_ + 1, plan_.total_epochs, step + 1, num_steps_, loss, batch,
-                      timing.samples / std::max(elapsed, 1e-9), MinSec(epoch_eta),
-                      MinSec(job_eta)));
+  Say(absl::StrFormat(
+      "epoch %d/%d step %d/%d | loss %.4f | batch %d | %.0f samples/s "
+      "| epoch ETA %s | job ETA %s",
+      epoch_ + 1, plan_.total_epochs, step + 1, num_steps_, loss, batch,
+      timing.samples / std::max(elapsed, 1e-9), MinSec(epoch_eta), MinSec(job_eta)));
 }
 
 absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming timing) {
@@ -226,13 +223,12 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
     }
     return reported;
   }
-  const double accuracy =
-      eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
-  Say(absl::StrFormat("epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
-                      "wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%",
-                      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size,
-                      plan_.share, timing.compute_seconds, timing.wait_seconds,
-                      timing.eval_seconds, 100.0 * accuracy));
+  const double accuracy = eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
+  Say(absl::StrFormat(
+      "epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
+      "wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%",
+      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
+      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, 100.0 * accuracy));
   epochs_.push_back({plan_.batch_size, plan_.share, timing});
   return Next::kGoOn;
 }

@@ -33,13 +33,13 @@
 namespace dbs {
 
 struct LoopConfig {
-  std::string name;            // worker name (unique in the job)
-  std::string model;           // the model's name, for the log
-  int max_batch = 0;           // the largest batch this worker can hold (0: no limit)
-  SlowdownSchedule slowdown;   // emulated slowness: compute takes this many times longer
+  std::string name;           // worker name (unique in the job)
+  std::string model;          // the model's name, for the log
+  int max_batch = 0;          // the largest batch this worker can hold (0: no limit)
+  SlowdownSchedule slowdown;  // emulated slowness: compute takes this many times longer
   absl::Duration log_every = absl::Seconds(5);
-  std::string record_path;     // optional JSON record of this worker's epochs
-  std::FILE* out = stdout;     // progress lines
+  std::string record_path;  // optional JSON record of this worker's epochs
+  std::FILE* out = stdout;  // progress lines
 };
 
 // One reported epoch of this worker.

@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
         dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
                           config->measure_speed_samples, config->measure_batch);
     if (!speed.ok()) return Fail("dbs_worker", speed.status());
-    std::cout << "{\"samples_per_second\": " << *speed << ", \"slowdown\": "
-              << config->loop.slowdown.base() << ", \"batch\": " << config->measure_batch << "}"
-              << std::endl;
+    std::cout << "{\"samples_per_second\": " << *speed
+              << ", \"slowdown\": " << config->loop.slowdown.base()
+              << ", \"batch\": " << config->measure_batch << "}" << std::endl;
     return 0;
   }
 
