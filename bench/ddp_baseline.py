@@ -75,9 +75,10 @@ def factor_at(base, windows, epoch, step):
     return f
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dump_init", default="")
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump_init", default="", help="write the initial parameters here and exit")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world_size", type=int, default=1)
     ap.add_argument("--master_port", type=int, default=29500)
@@ -93,8 +94,100 @@ def main():
     ap.add_argument("--slowdown", type=float, default=1.0)
     ap.add_argument("--slow_windows", default="")
     ap.add_argument("--out", default="")
-    args = ap.parse_args()
+    return ap
 
+
+def load_init_params(model, path):
+    """Overwrites the model's parameters with raw float32 values written in parameter order."""
+    flat = torch.from_numpy(np.fromfile(path, dtype="<f4"))
+    total = sum(p.numel() for p in model.parameters())
+    if flat.numel() != total:
+        sys.exit(f"{path} holds {flat.numel()} floats; the model has {total}")
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+class Trainer:
+    """One DDP rank: its data, model, optimizer and emulated slowness."""
+
+    def __init__(self, args, model):
+        self.args = args
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(args.master_port)
+        dist.init_process_group("gloo", rank=args.rank, world_size=args.world_size,
+                                timeout=datetime.timedelta(seconds=300))
+        self.ddp = nn.parallel.DistributedDataParallel(model)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr, momentum=args.momentum)
+        self.train_x, self.train_y = load_idx(args.data_dir, "train", args.train_limit)
+        self.test_x, self.test_y = load_idx(args.data_dir, "t10k", args.test_limit)
+        self.batch = args.global_batch // args.world_size
+        self.sampler = torch.utils.data.distributed.DistributedSampler(
+            range(len(self.train_x)), num_replicas=args.world_size, rank=args.rank, shuffle=True,
+            seed=args.seed)
+        self.windows = parse_windows(args.slow_windows)
+        n_test = len(self.test_x)
+        self.test_lo = n_test * args.rank // args.world_size
+        self.test_hi = n_test * (args.rank + 1) // args.world_size
+        self.step = 0
+
+    def train_epoch(self, epoch):
+        """Returns (busy seconds, loss sum, samples) of this rank's steps."""
+        self.sampler.set_epoch(epoch)
+        order = torch.tensor(list(iter(self.sampler)))
+        busy, loss_sum, samples = 0.0, 0.0, 0
+        self.ddp.train()
+        for b in range(0, len(order), self.batch):
+            idx = order[b:b + self.batch]
+            t0 = time.time()
+            out = self.ddp(self.train_x[idx])
+            loss = F.cross_entropy(out, self.train_y[idx])
+            f = factor_at(self.args.slowdown, self.windows, epoch, self.step)
+            if f > 1.0:
+                # Emulated slowness: forward time x 3 approximates forward + backward compute,
+                # which cannot be timed apart from DDP's all-reduce inside backward.
+                time.sleep((f - 1.0) * 3.0 * (time.time() - t0))
+            self.opt.zero_grad()
+            loss.backward()  # includes the gloo all-reduce (and waiting for the slowest rank)
+            self.opt.step()
+            busy += time.time() - t0
+            loss_sum += loss.item() * len(idx)
+            samples += len(idx)
+            self.step += 1
+        return busy, loss_sum, samples
+
+    def evaluate(self):
+        """Returns (correct, evaluated, seconds) on this rank's slice of the test set."""
+        self.ddp.eval()
+        t0 = time.time()
+        with torch.no_grad():
+            logits = self.ddp.module(self.test_x[self.test_lo:self.test_hi])
+            correct = (logits.argmax(1) == self.test_y[self.test_lo:self.test_hi]).sum().item()
+        return correct, self.test_hi - self.test_lo, time.time() - t0
+
+    def run_epoch(self, epoch, start):
+        """Trains and evaluates one epoch; returns its record, gathered from every rank."""
+        epoch_start = time.time()
+        busy, loss_sum, samples = self.train_epoch(epoch)
+        correct, evaluated, eval_s = self.evaluate()
+        stats = torch.tensor([correct, evaluated, loss_sum, samples], dtype=torch.float64)
+        dist.all_reduce(stats)
+        now = time.time()
+        mine = {"id": self.args.rank, "batch_size": self.batch, "samples": samples,
+                "step_seconds": busy, "eval_seconds": eval_s}
+        gathered = [None] * self.args.world_size
+        dist.all_gather_object(gathered, mine)
+        return {"epoch": epoch, "start_seconds": epoch_start - start,
+                "wall_seconds": now - epoch_start,
+                "test_accuracy": stats[0].item() / stats[1].item(),
+                "train_loss": stats[2].item() / stats[3].item(),
+                "workers": gathered}
+
+
+def main():
+    args = build_parser().parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     model = make_cnn()
@@ -104,87 +197,21 @@ def main():
         print(json.dumps({"parameters": int(flat.numel()), "path": args.dump_init}))
         return 0
     if args.init_params:
-        flat = torch.from_numpy(np.fromfile(args.init_params, dtype="<f4"))
-        total = sum(p.numel() for p in model.parameters())
-        if flat.numel() != total:
-            sys.exit(f"{args.init_params} holds {flat.numel()} floats; the model has {total}")
-        offset = 0
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(args.master_port)
-    dist.init_process_group("gloo", rank=args.rank, world_size=args.world_size,
-                            timeout=datetime.timedelta(seconds=300))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
-    train_x, train_y = load_idx(args.data_dir, "train", args.train_limit)
-    test_x, test_y = load_idx(args.data_dir, "t10k", args.test_limit)
-    batch = args.global_batch // args.world_size
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        range(len(train_x)), num_replicas=args.world_size, rank=args.rank, shuffle=True,
-        seed=args.seed)
-    windows = parse_windows(args.slow_windows)
-    n_test = len(test_x)
-    test_lo = n_test * args.rank // args.world_size
-    test_hi = n_test * (args.rank + 1) // args.world_size
-
+        load_init_params(model, args.init_params)
+    trainer = Trainer(args, model)
     dist.barrier()
     start = time.time()
     epochs = []
-    step = 0
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(iter(sampler)))
-        epoch_start = time.time()
-        busy = 0.0
-        loss_sum, samples = 0.0, 0
-        ddp.train()
-        for b in range(0, len(order), batch):
-            idx = order[b:b + batch]
-            t0 = time.time()
-            out = ddp(train_x[idx])
-            loss = F.cross_entropy(out, train_y[idx])
-            f = factor_at(args.slowdown, windows, epoch, step)
-            if f > 1.0:
-                # Emulated slowness: forward time x 3 approximates forward + backward compute,
-                # which cannot be timed apart from DDP's all-reduce inside backward.
-                time.sleep((f - 1.0) * 3.0 * (time.time() - t0))
-            opt.zero_grad()
-            loss.backward()  # includes the gloo all-reduce (and waiting for the slowest rank)
-            opt.step()
-            busy += time.time() - t0
-            loss_sum += loss.item() * len(idx)
-            samples += len(idx)
-            step += 1
-        ddp.eval()
-        t_eval = time.time()
-        with torch.no_grad():
-            logits = ddp.module(test_x[test_lo:test_hi])
-            correct = (logits.argmax(1) == test_y[test_lo:test_hi]).sum().item()
-        eval_s = time.time() - t_eval
-        stats = torch.tensor([correct, test_hi - test_lo, loss_sum, samples], dtype=torch.float64)
-        dist.all_reduce(stats)
-        now = time.time()
-        mine = {"id": args.rank, "batch_size": batch, "samples": samples,
-                "step_seconds": busy, "eval_seconds": eval_s}
-        gathered = [None] * args.world_size
-        dist.all_gather_object(gathered, mine)
-        epochs.append({"epoch": epoch, "start_seconds": epoch_start - start,
-                       "wall_seconds": now - epoch_start,
-                       "test_accuracy": stats[0].item() / stats[1].item(),
-                       "train_loss": stats[2].item() / stats[3].item(),
-                       "workers": gathered})
+        epochs.append(trainer.run_epoch(epoch, start))
         if args.rank == 0:
-            print(f"[ddp] epoch {epoch + 1}/{args.epochs} | {now - epoch_start:.1f} s | "
+            print(f"[ddp] epoch {epoch + 1}/{args.epochs} | {epochs[-1]['wall_seconds']:.1f} s | "
                   f"train loss {epochs[-1]['train_loss']:.4f} | test acc "
                   f"{100 * epochs[-1]['test_accuracy']:.2f}%", flush=True)
     wall = time.time() - start
     if args.rank == 0 and args.out:
         record = {"format": "dbs.run_summary.v1", "status": "ok", "policy": "ddp",
-                  "workers": args.world_size, "global_batch": batch * args.world_size,
+                  "workers": args.world_size, "global_batch": trainer.batch * args.world_size,
                   "epochs": epochs, "epochs_completed": len(epochs),
                   "final_test_accuracy": epochs[-1]["test_accuracy"], "wall_seconds": wall}
         with open(args.out, "w") as f:

@@ -138,7 +138,7 @@ def wait_for_port(port_file, proc, timeout):
     raise RuntimeError(f"dbs_ps did not report its port within {timeout} s")
 
 
-def main(argv=None):
+def build_parser():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
@@ -190,26 +190,20 @@ def main(argv=None):
     ap.add_argument("--worker_bin", default="")
     ap.add_argument("--quiet", action="store_true", help="only log to files and print the summary")
     ap.add_argument("--timeout_s", type=float, default=0, help="stop everything after this long")
-    args = ap.parse_args(argv)
+    return ap
 
-    if args.workers < 1:
-        ap.error("--workers must be >= 1")
-    try:
-        quotas = hetero.parse_floats(args.cpu_quota, args.workers, "--cpu_quota", 0.0)
-        quotas_given = bool(args.cpu_quota)
-        slowdowns = parse_slowdowns(args.slowdown, args.workers, quotas_given)
-        windows = hetero.parse_disturbance(args.disturb, args.workers)
-        if args.random_disturb > 0:
-            drawn = hetero.random_disturbances(args.workers, args.epochs, args.random_disturb,
-                                               args.disturb_factor, args.disturb_max_epochs,
-                                               args.seed)
-            windows = [";".join(filter(None, [a, b])) for a, b in zip(windows, drawn)]
-        ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")
-        worker_bin = find_binary(args.worker_bin, args.bin_dir, "worker/dbs_worker")
-    except (ValueError, FileNotFoundError) as e:
-        print(f"local_cluster: {e}", file=sys.stderr)
-        return 2
 
+def resolve_emulation(args):
+    """Per-worker slowdown factors, slow windows, CPU quotas and cgroups (None without root)."""
+    quotas = hetero.parse_floats(args.cpu_quota, args.workers, "--cpu_quota", 0.0)
+    quotas_given = bool(args.cpu_quota)
+    slowdowns = parse_slowdowns(args.slowdown, args.workers, quotas_given)
+    windows = hetero.parse_disturbance(args.disturb, args.workers)
+    if args.random_disturb > 0:
+        drawn = hetero.random_disturbances(args.workers, args.epochs, args.random_disturb,
+                                           args.disturb_factor, args.disturb_max_epochs,
+                                           args.seed)
+        windows = [";".join(filter(None, [a, b])) for a, b in zip(windows, drawn)]
     cgroups = [None] * args.workers
     if quotas_given:
         why = hetero.quota_unavailable_reason()
@@ -221,14 +215,62 @@ def main(argv=None):
             slowdowns = [a * b for a, b in zip(slowdowns, emulated)]
             print(f"local_cluster: {why}; emulating the quotas with slowdown factors "
                   f"{','.join(f'{s:.3g}' for s in emulated)}", file=sys.stderr)
+    return slowdowns, windows, quotas, cgroups
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    port_file = os.path.join(args.out_dir, "ps.port")
-    summary = os.path.join(args.out_dir, "summary.json")
-    for stale in (port_file, summary):
-        if os.path.exists(stale):
-            os.remove(stale)
 
+def ps_argv(args, ps_bin, port_file, summary):
+    return [
+        ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+        f"--workers={args.workers}", f"--epochs={args.epochs}",
+        f"--global_batch={args.global_batch}", f"--policy={args.policy}",
+        f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
+        f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
+        f"--summary_path={summary}", f"--stall_timeout_s={args.stall_timeout_s}",
+        f"--speed_window={args.speed_window}", f"--min_batch={args.min_batch}",
+        f"--max_batch={args.max_batch}",
+        f"--replan_window_steps={args.replan_window_steps}",
+        f"--replan_threshold={args.replan_threshold}"]
+
+
+def worker_argv(args, worker_bin, port, i, slowdown, window):
+    return [
+        worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
+        f"--model={args.model}", f"--device={args.device}",
+        f"--data_dir={args.data_dir}", f"--train_limit={args.train_limit}",
+        f"--test_limit={args.test_limit}", f"--slowdown={slowdown}",
+        f"--threads={args.threads}", f"--seed={args.seed}",
+        f"--log_every_s={args.log_every_s}",
+        f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
+        f"--slow_windows={window}", f"--init_params={args.init_params}"]
+
+
+def describe_emulation(slowdowns, windows, quotas, cgroups):
+    described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
+    if any(cgroups):
+        described += f", CPU quota {','.join(f'{q:g}' for q in quotas)} cores"
+    if any(windows):
+        described += f", slow windows {windows}"
+    return described
+
+
+def supervise(everyone, start, timeout_s):
+    """Waits until every process exits 0 (returns []) or one fails or time runs out (reasons)."""
+    while True:
+        codes = {label: p.poll() for label, p in everyone}
+        bad = [f"{label} exited with code {c}" for label, c in codes.items()
+               if c not in (None, 0)]
+        if bad:
+            return bad
+        if all(c == 0 for c in codes.values()):
+            return []
+        if timeout_s and time.time() - start > timeout_s:
+            return [f"timed out after {timeout_s} s"]
+        time.sleep(0.1)
+
+
+def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
+    """Starts dbs_ps and the workers, waits for them, stops them all; returns failure reasons."""
+    slowdowns, windows, quotas, cgroups = emulation
     cluster = Cluster(args.out_dir, args.quiet)
     failure = []
 
@@ -239,51 +281,16 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     start = time.time()
     try:
-        ps = cluster.start("ps", [
-            ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
-            f"--workers={args.workers}", f"--epochs={args.epochs}",
-            f"--global_batch={args.global_batch}", f"--policy={args.policy}",
-            f"--optimizer={args.optimizer}", f"--lr={args.lr}", f"--momentum={args.momentum}",
-            f"--weight_decay={args.weight_decay}", f"--seed={args.seed}",
-            f"--summary_path={summary}", f"--stall_timeout_s={args.stall_timeout_s}",
-            f"--speed_window={args.speed_window}", f"--min_batch={args.min_batch}",
-            f"--max_batch={args.max_batch}",
-            f"--replan_window_steps={args.replan_window_steps}",
-            f"--replan_threshold={args.replan_threshold}"])
+        ps = cluster.start("ps", ps_argv(args, ps_bin, port_file, summary))
         port = wait_for_port(port_file, ps, timeout=30)
-        described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
-        if any(cgroups):
-            described += f", CPU quota {','.join(f'{q:g}' for q in quotas)} cores"
-        if any(windows):
-            described += f", slow windows {windows}"
         print(f"local_cluster: dbs_ps on 127.0.0.1:{port}; starting {args.workers} workers "
-              f"({described}); logs in {args.out_dir}", flush=True)
-        workers = []
-        for i, slow in enumerate(slowdowns):
-            workers.append(cluster.start(f"worker-{i}", [
-                worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
-                f"--model={args.model}", f"--device={args.device}",
-                f"--data_dir={args.data_dir}", f"--train_limit={args.train_limit}",
-                f"--test_limit={args.test_limit}", f"--slowdown={slow}",
-                f"--threads={args.threads}", f"--seed={args.seed}",
-                f"--log_every_s={args.log_every_s}",
-                f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
-                f"--slow_windows={windows[i]}", f"--init_params={args.init_params}"],
-                cgroup=cgroups[i]))
+              f"({describe_emulation(*emulation)}); logs in {args.out_dir}", flush=True)
+        workers = [cluster.start(f"worker-{i}",
+                                 worker_argv(args, worker_bin, port, i, slow, windows[i]),
+                                 cgroup=cgroups[i])
+                   for i, slow in enumerate(slowdowns)]
         everyone = [("ps", ps)] + [(f"worker-{i}", w) for i, w in enumerate(workers)]
-        while True:
-            codes = {label: p.poll() for label, p in everyone}
-            bad = [f"{label} exited with code {c}" for label, c in codes.items()
-                   if c not in (None, 0)]
-            if bad:
-                failure.extend(bad)
-                break
-            if all(c == 0 for c in codes.values()):
-                break
-            if args.timeout_s and time.time() - start > args.timeout_s:
-                failure.append(f"timed out after {args.timeout_s} s")
-                break
-            time.sleep(0.1)
+        failure.extend(supervise(everyone, start, args.timeout_s))
     except KeyboardInterrupt:
         if not failure:
             failure.append("interrupted (Ctrl-C)")
@@ -294,7 +301,30 @@ def main(argv=None):
         for cg in cgroups:
             if cg is not None:
                 cg.remove()
+    return failure
 
+
+def main(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
+    try:
+        emulation = resolve_emulation(args)
+        ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")
+        worker_bin = find_binary(args.worker_bin, args.bin_dir, "worker/dbs_worker")
+    except (ValueError, FileNotFoundError) as e:
+        print(f"local_cluster: {e}", file=sys.stderr)
+        return 2
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    port_file = os.path.join(args.out_dir, "ps.port")
+    summary = os.path.join(args.out_dir, "summary.json")
+    for stale in (port_file, summary):
+        if os.path.exists(stale):
+            os.remove(stale)
+    start = time.time()
+    failure = run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary)
     wall = time.time() - start
     if failure:
         print(f"local_cluster: FAILED after {wall:.1f} s: {'; '.join(failure)}. "

@@ -77,8 +77,78 @@ double TestAccuracy(const EpochRecord& r) {
   return n > 0 ? static_cast<double>(correct) / n : 0.0;
 }
 
+namespace {
+
+using nlohmann::json;
+
+json WorkerInfo(const std::vector<WorkerRegistration>& workers) {
+  json out = json::array();
+  for (size_t id = 0; id < workers.size(); ++id) {
+    const WorkerRegistration& w = workers[id];
+    out.push_back({{"id", id},
+                   {"name", w.name},
+                   {"device", w.device},
+                   {"train_samples", w.train_samples},
+                   {"test_samples", w.test_samples}});
+  }
+  return out;
+}
+
+json AuditJson(const SampleAudit& a) {
+  return {{"samples", a.samples},
+          {"used_once", a.used_once},
+          {"missing", a.missing},
+          {"duplicated", a.duplicated},
+          {"every_sample_once", a.ok()}};
+}
+
+// Each planned worker of the epoch: its plan and report, or that it died.
+json EpochWorkers(const EpochRecord& r) {
+  json out = json::array();
+  for (const auto& [id, plan] : r.plans) {
+    auto report = r.reports.find(id);
+    if (report == r.reports.end()) {
+      out.push_back(
+          {{"id", id}, {"dead", true}, {"share", plan.share}, {"batch_size", plan.batch_size}});
+      continue;
+    }
+    const EpochTiming& t = report->second;
+    out.push_back({{"id", id},
+                   {"share", plan.share},
+                   {"batch_size", plan.batch_size},
+                   {"final_batch_size", plan.final_batch_size},
+                   {"samples", t.samples},
+                   {"compute_seconds", t.compute_seconds},
+                   {"wait_seconds", t.wait_seconds},
+                   {"eval_seconds", t.eval_seconds},
+                   {"test_samples", t.test_samples},
+                   {"test_correct", t.test_correct}});
+  }
+  return out;
+}
+
+json EpochJson(const RunInfo& run, const EpochRecord& r) {
+  json e;
+  e["epoch"] = r.epoch;
+  e["wall_seconds"] = Seconds(r.start, r.end);
+  e["start_seconds"] = Seconds(run.start, r.start);
+  auto loss = run.losses.find(r.epoch);
+  e["train_loss"] = loss == run.losses.end() ? 0.0 : loss->second.mean();
+  e["steps"] = r.num_steps;
+  e["revisions"] = r.revision;
+  e["dead_workers"] = std::vector<int>(r.dead.begin(), r.dead.end());
+  auto audit = run.audits.find(r.epoch);
+  if (audit != run.audits.end()) e["audit"] = AuditJson(audit->second);
+  e["test_accuracy"] = TestAccuracy(r);
+  e["test_loss"] = TestLoss(r);
+  e["compute_seconds_max_over_min"] = ComputeSpread(r).ratio();
+  e["workers"] = EpochWorkers(r);
+  return e;
+}
+
+}  // namespace
+
 nlohmann::json BuildSummary(const RunInfo& run) {
-  using nlohmann::json;
   json out;
   out["format"] = "dbs.run_summary.v1";
   out["status"] = run.status;
@@ -88,69 +158,16 @@ nlohmann::json BuildSummary(const RunInfo& run) {
   out["epochs_planned"] = run.scheduler.epochs;
   out["global_batch"] = run.scheduler.global_batch;
   out["seed"] = run.scheduler.seed;
-  json workers = json::array();
-  for (size_t id = 0; id < run.workers.size(); ++id) {
-    const WorkerRegistration& w = run.workers[id];
-    workers.push_back({{"id", id},
-                       {"name", w.name},
-                       {"device", w.device},
-                       {"train_samples", w.train_samples},
-                       {"test_samples", w.test_samples}});
-  }
-  out["worker_info"] = workers;
+  out["worker_info"] = WorkerInfo(run.workers);
   json epochs = json::array();
   double final_accuracy = 0.0;
-  int completed = 0;
   for (const EpochRecord& r : run.epochs) {
     if (!r.complete) continue;
-    ++completed;
-    json e;
-    e["epoch"] = r.epoch;
-    e["wall_seconds"] = Seconds(r.start, r.end);
-    e["start_seconds"] = Seconds(run.start, r.start);
-    auto loss = run.losses.find(r.epoch);
-    e["train_loss"] = loss == run.losses.end() ? 0.0 : loss->second.mean();
-    e["steps"] = r.num_steps;
-    e["revisions"] = r.revision;
-    e["dead_workers"] = std::vector<int>(r.dead.begin(), r.dead.end());
-    auto audit = run.audits.find(r.epoch);
-    if (audit != run.audits.end()) {
-      e["audit"] = {{"samples", audit->second.samples},
-                    {"used_once", audit->second.used_once},
-                    {"missing", audit->second.missing},
-                    {"duplicated", audit->second.duplicated},
-                    {"every_sample_once", audit->second.ok()}};
-    }
-    e["test_accuracy"] = TestAccuracy(r);
-    e["test_loss"] = TestLoss(r);
-    const Spread s = ComputeSpread(r);
-    e["compute_seconds_max_over_min"] = s.ratio();
-    json ws = json::array();
-    for (const auto& [id, plan] : r.plans) {
-      auto report = r.reports.find(id);
-      if (report == r.reports.end()) {
-        ws.push_back(
-            {{"id", id}, {"dead", true}, {"share", plan.share}, {"batch_size", plan.batch_size}});
-        continue;
-      }
-      const EpochTiming& t = report->second;
-      ws.push_back({{"id", id},
-                    {"share", plan.share},
-                    {"batch_size", plan.batch_size},
-                    {"final_batch_size", plan.final_batch_size},
-                    {"samples", t.samples},
-                    {"compute_seconds", t.compute_seconds},
-                    {"wait_seconds", t.wait_seconds},
-                    {"eval_seconds", t.eval_seconds},
-                    {"test_samples", t.test_samples},
-                    {"test_correct", t.test_correct}});
-    }
-    e["workers"] = ws;
-    epochs.push_back(e);
+    epochs.push_back(EpochJson(run, r));
     final_accuracy = TestAccuracy(r);
   }
-  out["epochs"] = epochs;
-  out["epochs_completed"] = completed;
+  out["epochs_completed"] = epochs.size();
+  out["epochs"] = std::move(epochs);
   out["final_test_accuracy"] = final_accuracy;
   out["wall_seconds"] = Seconds(run.start, run.end);
   return out;
