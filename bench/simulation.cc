@@ -245,7 +245,9 @@ double SimulationResult::SteadyEpochSeconds() const {
   return sum / static_cast<double>(epochs.size() - 1);
 }
 
-absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
+namespace {
+
+absl::Status ValidateSimulation(const SimulationConfig& config) {
   const int n = static_cast<int>(config.workers.size());
   if (n == 0) return absl::InvalidArgumentError("no workers");
   for (const SpeedModel& m : config.workers) {
@@ -259,17 +261,141 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
       return absl::InvalidArgumentError("bad disturbance");
     }
   }
-  SchedulerConfig sc;
-  sc.expected_workers = n;
-  sc.epochs = config.epochs;
-  sc.global_batch = config.global_batch;
+  return absl::OkStatus();
+}
+
+// Every worker's plan for `epoch` as a table of batches: quota[step][worker].
+absl::StatusOr<std::vector<std::vector<int>>> PlannedBatches(Scheduler& scheduler, int n,
+                                                             int epoch) {
+  std::vector<std::vector<int>> quota;
+  for (int i = 0; i < n; ++i) {
+    std::optional<absl::StatusOr<WorkerPlan>> got;
+    scheduler.AwaitPlan(i, epoch, [&got](const absl::StatusOr<WorkerPlan>& p) { got = p; });
+    if (!got.has_value()) return absl::InternalError("plan not ready");
+    DBS_RETURN_IF_ERROR(got->status());
+    const WorkerPlan& plan = **got;
+    quota.resize(plan.num_steps, std::vector<int>(n));
+    for (int s = 0; s < plan.num_steps; ++s) quota[s][i] = plan.BatchAt(s);
+  }
+  return quota;
+}
+
+// The batch each worker trained on most often in an epoch.
+std::vector<int> ModeBatches(const std::vector<std::map<int, int>>& batch_count) {
+  std::vector<int> out;
+  for (const auto& counts : batch_count) {
+    int mode = 0, best = -1;
+    for (const auto& [b, count] : counts) {
+      if (count > best) {
+        mode = b;
+        best = count;
+      }
+    }
+    out.push_back(mode);
+  }
+  return out;
+}
+
+// One simulated epoch: its steps (with mid-epoch re-planning), then every worker's report.
+class EpochSimulation {
+ public:
+  // `rng` and `normal` carry on from epoch to epoch.
+  EpochSimulation(const SimulationConfig& config, Scheduler& scheduler, std::mt19937_64& rng,
+                  std::normal_distribution<double>& normal, double comm_seconds)
+      : config_(config),
+        scheduler_(scheduler),
+        rng_(rng),
+        normal_(normal),
+        comm_seconds_(comm_seconds),
+        n_(static_cast<int>(config.workers.size())),
+        compute_(n_, 0.0),
+        samples_(n_, 0),
+        batch_count_(n_) {}
+
+  absl::StatusOr<EpochResult> Run(int epoch, std::vector<std::vector<int>> quota) {
+    ReplanWindow window(ReplanWindowSteps(config_.policy, config_.replan_window_steps),
+                        config_.replan_threshold);
+    const int steps = static_cast<int>(quota.size());
+    for (int s = 0; s < steps; ++s) {
+      const std::map<int, std::pair<int64_t, double>> times = Step(epoch, quota[s]);
+      scheduler_.RecordStep(epoch, times);
+      if (s + 1 == steps) continue;
+      std::optional<ReplanTrigger> trigger = window.Add(epoch, times);
+      if (!trigger.has_value()) continue;
+      absl::StatusOr<PlanChange> replan = scheduler_.Rebalance(epoch, s + 1, trigger->window);
+      if (!replan.ok()) continue;
+      ++result_.replans;
+      for (size_t k = 0; k < replan->later_quotas.size(); ++k) {
+        for (const auto& [id, b] : replan->later_quotas[k]) quota[s + 1 + k][id] = b;
+      }
+    }
+    result_.batches = ModeBatches(batch_count_);
+    for (int i = 0; i < n_; ++i) {
+      result_.step_seconds.push_back(TrueStepSeconds(config_, i, result_.batches[i], epoch));
+    }
+    result_.best_step_seconds = BestStepSeconds(config_, epoch);
+    return result_;
+  }
+
+  // Reports the epoch to the scheduler (after the clock has moved past it).
+  absl::Status Report(int epoch) {
+    for (int i = 0; i < n_; ++i) {
+      EpochTiming t;
+      t.worker_id = i;
+      t.epoch = epoch;
+      t.samples = samples_[i];
+      t.compute_seconds = compute_[i];
+      DBS_RETURN_IF_ERROR(scheduler_.Report(t));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Every worker's noisy compute time at one step; the step lasts as long as the slowest.
+  std::map<int, std::pair<int64_t, double>> Step(int epoch, const std::vector<int>& batches) {
+    double slowest = 0.0;
+    std::map<int, std::pair<int64_t, double>> times;
+    for (int i = 0; i < n_; ++i) {
+      const int b = batches[i];
+      double t = TrueStepSeconds(config_, i, b, epoch);
+      const double sigma = config_.workers[i].noise;
+      if (sigma > 0 && t > 0) t *= std::exp(sigma * normal_(rng_) - 0.5 * sigma * sigma);
+      compute_[i] += t;
+      samples_[i] += b;
+      ++batch_count_[i][b];
+      slowest = std::max(slowest, t);
+      times[i] = {b, t};
+    }
+    result_.seconds += slowest + comm_seconds_;
+    return times;
+  }
+
+  const SimulationConfig& config_;
+  Scheduler& scheduler_;
+  std::mt19937_64& rng_;
+  std::normal_distribution<double>& normal_;
+  const double comm_seconds_;
+  const int n_;
+  std::vector<double> compute_;
+  std::vector<int64_t> samples_;
+  std::vector<std::map<int, int>> batch_count_;
+  EpochResult result_;
+};
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
+  DBS_RETURN_IF_ERROR(ValidateSimulation(config));
+  const int n = static_cast<int>(config.workers.size());
   JobConfig job;
-  job.scheduler = sc;
+  job.scheduler.expected_workers = n;
+  job.scheduler.epochs = config.epochs;
+  job.scheduler.global_batch = config.global_batch;
   job.policy = config.policy;
   DBS_RETURN_IF_ERROR(ValidateJobConfig(job));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(PolicyConfigOf(job)));
   FakeClock clock;
-  Scheduler scheduler(sc, std::move(policy), &clock, nullptr);
+  Scheduler scheduler(job.scheduler, std::move(policy), &clock, nullptr);
   for (int i = 0; i < n; ++i) {
     DBS_RETURN_IF_ERROR(
         scheduler.Register({absl::StrCat("sim-", i), config.train_samples, 0, "sim"}).status());
@@ -278,80 +404,15 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
   std::normal_distribution<double> normal(0.0, 1.0);
   SimulationResult result;
   result.step_comm_seconds = config.comm_base_seconds + config.comm_per_worker_seconds * n;
-
   for (int epoch = 0; epoch < config.epochs; ++epoch) {
-    std::vector<WorkerPlan> plans(n);
-    for (int i = 0; i < n; ++i) {
-      std::optional<absl::StatusOr<WorkerPlan>> got;
-      scheduler.AwaitPlan(i, epoch, [&got](const absl::StatusOr<WorkerPlan>& p) { got = p; });
-      if (!got.has_value()) return absl::InternalError("plan not ready");
-      DBS_RETURN_IF_ERROR(got->status());
-      plans[i] = **got;
-    }
-    const int steps = plans[0].num_steps;
-    result.steps = steps;
-    std::vector<std::vector<int>> quota(steps, std::vector<int>(n));
-    for (int s = 0; s < steps; ++s) {
-      for (int i = 0; i < n; ++i) quota[s][i] = plans[i].BatchAt(s);
-    }
-    ReplanWindow window(ReplanWindowSteps(config.policy, config.replan_window_steps),
-                        config.replan_threshold);
-    EpochResult er;
-    std::vector<double> compute(n, 0.0);
-    std::vector<int64_t> samples(n, 0);
-    std::vector<std::map<int, int>> batch_count(n);
-    for (int s = 0; s < steps; ++s) {
-      double slowest = 0.0;
-      std::map<int, std::pair<int64_t, double>> times;
-      for (int i = 0; i < n; ++i) {
-        const int b = quota[s][i];
-        double t = TrueStepSeconds(config, i, b, epoch);
-        const double sigma = config.workers[i].noise;
-        if (sigma > 0 && t > 0) t *= std::exp(sigma * normal(rng) - 0.5 * sigma * sigma);
-        compute[i] += t;
-        samples[i] += b;
-        ++batch_count[i][b];
-        slowest = std::max(slowest, t);
-        times[i] = {b, t};
-      }
-      er.seconds += slowest + result.step_comm_seconds;
-      scheduler.RecordStep(epoch, times);
-      if (s + 1 < steps) {
-        std::optional<ReplanTrigger> trigger = window.Add(epoch, times);
-        if (trigger.has_value()) {
-          absl::StatusOr<PlanChange> replan = scheduler.Rebalance(epoch, s + 1, trigger->window);
-          if (replan.ok()) {
-            ++er.replans;
-            for (size_t k = 0; k < replan->later_quotas.size(); ++k) {
-              for (const auto& [id, b] : replan->later_quotas[k]) quota[s + 1 + k][id] = b;
-            }
-          }
-        }
-      }
-    }
-    for (int i = 0; i < n; ++i) {
-      int mode = 0, best = -1;
-      for (const auto& [b, count] : batch_count[i]) {
-        if (count > best) {
-          mode = b;
-          best = count;
-        }
-      }
-      er.batches.push_back(mode);
-      er.step_seconds.push_back(TrueStepSeconds(config, i, mode, epoch));
-    }
-    er.best_step_seconds = BestStepSeconds(config, epoch);
-    if (epoch == 0) result.ideal_epoch_seconds = steps * er.best_step_seconds;
-    result.epochs.push_back(er);
+    DBS_ASSIGN_OR_RETURN(std::vector<std::vector<int>> quota, PlannedBatches(scheduler, n, epoch));
+    result.steps = static_cast<int>(quota.size());
+    EpochSimulation sim(config, scheduler, rng, normal, result.step_comm_seconds);
+    DBS_ASSIGN_OR_RETURN(EpochResult er, sim.Run(epoch, std::move(quota)));
+    if (epoch == 0) result.ideal_epoch_seconds = result.steps * er.best_step_seconds;
     clock.Advance(absl::Seconds(er.seconds));
-    for (int i = 0; i < n; ++i) {
-      EpochTiming t;
-      t.worker_id = i;
-      t.epoch = epoch;
-      t.samples = samples[i];
-      t.compute_seconds = compute[i];
-      DBS_RETURN_IF_ERROR(scheduler.Report(t));
-    }
+    result.epochs.push_back(er);
+    DBS_RETURN_IF_ERROR(sim.Report(epoch));
   }
   return result;
 }
