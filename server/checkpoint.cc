@@ -223,7 +223,7 @@ absl::StatusOr<JobState> DecodeCheckpoint(const std::string& in) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint format ", in.substr(kMagicLen - 1, 1), " was written by an older dbs; ",
           "this one reads format 2 only. Finish that job with the dbs that wrote it, or start "
-          "the job again without --restore"));
+          "the job again without restoring"));
     }
     return Corrupt("not a dbs checkpoint (bad magic)");
   }

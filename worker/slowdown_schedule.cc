@@ -11,7 +11,7 @@ namespace dbs {
 
 absl::StatusOr<SlowdownSchedule> SlowdownSchedule::Create(double base, const std::string& windows) {
   if (!(base >= 1.0) || !std::isfinite(base)) {
-    return absl::InvalidArgumentError("--slowdown must be >= 1");
+    return absl::InvalidArgumentError("slowdown must be >= 1");
   }
   SlowdownSchedule s;
   s.base_ = base;

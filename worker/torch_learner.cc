@@ -26,13 +26,14 @@ absl::StatusOr<torch::Device> ChooseDevice(const std::string& want) {
     return torch::Device(torch::kCUDA, 0);
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown --device '", want, "'; use auto, cpu or cuda"));
+      absl::StrCat("unknown device '", want, "'; use auto, cpu or cuda"));
 }
 
 // Reads `n` little-endian float32 values written in layout order (e.g. by bench/ddp_baseline.py).
 absl::Status ReadRawParams(const std::string& path, absl::Span<float> out) {
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open --init_params ", path));
+  if (f == nullptr)
+    return absl::NotFoundError(absl::StrCat("cannot open the initial parameters ", path));
   const size_t got = std::fread(out.data(), sizeof(float), out.size(), f);
   const bool trailing = std::fgetc(f) != EOF;
   std::fclose(f);
@@ -90,7 +91,7 @@ class TorchLearner : public Learner {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& config) {
-  if (config.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (config.threads < 1) return absl::InvalidArgumentError("threads must be >= 1");
   torch::set_num_threads(config.threads);
   DBS_ASSIGN_OR_RETURN(torch::Device device, ChooseDevice(config.device));
   DBS_ASSIGN_OR_RETURN(ImageDataset train,
