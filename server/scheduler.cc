@@ -255,6 +255,10 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
 }
 
 absl::Status Scheduler::Report(const EpochTiming& t) {
+  if (listener_ != nullptr) {
+    absl::Status allowed = listener_->CanReport(t.worker_id, t.epoch);
+    if (!allowed.ok()) return allowed;
+  }
   Calls calls;
   {
     absl::MutexLock lock(&mu_);
@@ -295,22 +299,69 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
     }
     rec.reports[t.worker_id] = t;
     ++events_;
-    if (rec.reports.size() + rec.dead.size() < rec.plans.size()) return absl::OkStatus();
+    MaybeCompleteEpochLocked(rec, &calls);
+  }
+  Run(calls);
+  return absl::OkStatus();
+}
 
-    rec.end = clock_->Now();
-    rec.complete = true;
+void Scheduler::MaybeCompleteEpochLocked(EpochRecord& rec, Calls* calls) {
+  // Reported or removed (a worker may be both): the union must cover every planned worker.
+  size_t accounted = rec.reports.size();
+  for (int id : rec.dead) accounted += rec.reports.count(id) == 0 ? 1 : 0;
+  if (rec.complete || accounted < rec.plans.size()) return;
+  rec.end = clock_->Now();
+  rec.complete = true;
+  if (listener_ != nullptr) {
+    calls->push_back([this, rec]() { listener_->OnEpochCompleted(rec); });
+  }
+  if (static_cast<int>(records_.size()) < config_.epochs) {
+    absl::Status planned = PlanNextEpochLocked(calls);
+    if (!planned.ok()) AbortLocked(planned, calls);
+  } else {
+    finished_ = true;
+    AnswerWaitersLocked(calls);
     if (listener_ != nullptr) {
-      calls.push_back([this, rec]() { listener_->OnEpochCompleted(rec); });
+      calls->push_back([this]() { listener_->OnJobFinished(absl::OkStatus()); });
     }
-    if (static_cast<int>(records_.size()) < config_.epochs) {
-      absl::Status planned = PlanNextEpochLocked(&calls);
-      if (!planned.ok()) AbortLocked(planned, &calls);
+  }
+}
+
+std::vector<int> Scheduler::Unreported(int epoch, int* reported) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> missing;
+  *reported = 0;
+  if (epoch < 0 || epoch >= static_cast<int>(records_.size())) return missing;
+  const EpochRecord& rec = records_[epoch];
+  if (rec.complete) return missing;
+  *reported = static_cast<int>(rec.reports.size());
+  for (const auto& [id, plan] : rec.plans) {
+    if (rec.reports.count(id) == 0 && rec.dead.count(id) == 0) missing.push_back(id);
+  }
+  return missing;
+}
+
+absl::Status Scheduler::DropUnreported(int epoch, const std::set<int>& ids) {
+  Calls calls;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) {
+      return absl::FailedPreconditionError(absl::StrCat("epoch ", epoch, " is not running"));
+    }
+    EpochRecord& rec = records_[epoch];
+    for (int id : ids) {
+      if (rec.plans.count(id) == 0 || rec.reports.count(id) > 0) continue;
+      rec.dead.insert(id);
+      if (id >= 0 && id < static_cast<int>(left_.size())) left_[id] = true;
+    }
+    if (rec.reports.empty() && rec.dead.size() >= rec.plans.size()) {
+      // Every worker of the epoch is gone and none reported.
+      AbortLocked(absl::UnavailableError(absl::StrCat("every worker of epoch ", epoch,
+                                                      " is gone before reporting it")),
+                  &calls);
     } else {
-      finished_ = true;
-      AnswerWaitersLocked(&calls);
-      if (listener_ != nullptr) {
-        calls.push_back([this]() { listener_->OnJobFinished(absl::OkStatus()); });
-      }
+      MaybeCompleteEpochLocked(rec, &calls);
     }
   }
   Run(calls);
@@ -474,12 +525,10 @@ absl::Status Scheduler::Leave(int worker_id) {
     }
     if (left_[worker_id]) return absl::OkStatus();
     left_[worker_id] = true;
-    if (!finished_ && aborted_.ok()) {
-      AbortLocked(absl::AbortedError(absl::StrCat(
-                      "worker ", worker_id, " ('", workers_[worker_id].name,
-                      "') left before training finished; this version does not re-plan "
-                      "without it")),
-                  &calls);
+    ++events_;
+    if (!finished_ && aborted_.ok() && listener_ != nullptr) {
+      // Not planned again; removed from the running epoch like a dead worker, without waiting.
+      calls.push_back([this, worker_id]() { listener_->OnWorkerLeft(worker_id); });
     }
   }
   Run(calls);

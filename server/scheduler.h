@@ -67,6 +67,11 @@ class SchedulerListener {
   virtual void OnEpochCompleted(const EpochRecord& record) = 0;
   // The job ended: OK after the last epoch, an error when it was aborted.
   virtual void OnJobFinished(const absl::Status& status) = 0;
+  // May `worker_id` report `epoch` now? (Called without the scheduler's lock.) A report is only
+  // meaningful once every step of the epoch is done.
+  virtual absl::Status CanReport(int worker_id, int epoch) { return absl::OkStatus(); }
+  // `worker_id` left while training ran: it is to be removed like a dead worker.
+  virtual void OnWorkerLeft(int worker_id) {}
 };
 
 class Scheduler {
@@ -83,9 +88,16 @@ class Scheduler {
   // job has finished or the worker's data set size differs from the first worker's.
   absl::StatusOr<RegistrationResult> Register(const WorkerRegistration& registration);
 
-  // A worker leaves. Leaving before the job has finished aborts the job (elastic membership is
-  // not part of this version): every waiting worker is told why.
+  // A worker leaves. It is not planned again; while training runs, the listener is told
+  // (OnWorkerLeft) so the running epoch goes on without it.
   absl::Status Leave(int worker_id);
+
+  // The workers of running `epoch` that have neither reported nor been removed; `reported`
+  // receives how many have reported. Empty when the epoch is complete or unknown.
+  std::vector<int> Unreported(int epoch, int* reported) const;
+  // Removes `ids` from running `epoch` after its steps are done (they will never report): the
+  // epoch completes with the others' reports. FAILED_PRECONDITION when it is not running.
+  absl::Status DropUnreported(int epoch, const std::set<int>& ids);
 
   // Removes workers that died during step `step` of `epoch` (they did not push it): their part
   // of that step goes into an extra step at the end of the epoch, and every later step's block is
@@ -155,6 +167,9 @@ class Scheduler {
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `rec` when every planned worker has reported or been removed: plans the next
+  // epoch, or finishes the job.
+  void MaybeCompleteEpochLocked(EpochRecord& rec, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const absl::Status& status, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerPlan FinishedPlan(int epoch) const;
   // Splits each step's block from `from_step` on (and `extra`, as one more step, if not empty)

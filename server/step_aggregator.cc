@@ -11,8 +11,29 @@ namespace dbs {
 StepAggregator::StepAggregator(ParameterStore* store) : store_(store) {}
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
-  absl::MutexLock lock(&mu_);
-  CHECK(pending_.empty()) << "epoch " << epoch << " begun while step " << step_ << " is pending";
+  std::vector<Done> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    // Cannot happen while reports wait for the steps (TrainingJob::CanReport); if it did, the
+    // pushes still waiting are answered with an error rather than crashing the server.
+    if (!pending_.empty()) {
+      LOG(ERROR) << "epoch " << epoch << " begun while step " << step_ << " of epoch " << epoch_
+                 << " had " << pending_.size() << " pushes waiting; they are refused";
+      for (auto& [id, p] : pending_) {
+        for (Done& d : p.callbacks) orphans.push_back(std::move(d));
+      }
+      pending_.clear();
+      std::fill(sum_.begin(), sum_.end(), 0.0f);
+      stats_.workers.clear();
+    }
+    BeginEpochLocked(epoch, std::move(quotas));
+  }
+  for (Done& d : orphans) {
+    d(absl::FailedPreconditionError("the epoch ended while this push waited for its step"));
+  }
+}
+
+void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
   epoch_ = epoch;
   step_ = 0;
   quotas_ = std::move(quotas);

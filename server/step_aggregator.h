@@ -139,6 +139,7 @@ class StepAggregator {
   };
 
   absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -74,7 +74,17 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
 std::set<int> TrainingJob::CheckDeadWorkers() {
   if (finished_.HasBeenNotified()) return {};
   const StepProgress p = aggregator_->Progress();
-  const std::set<int> dead = liveness_.Overdue({p.epoch, p.step, p.pushed, p.waiting_for});
+  if (p.epoch < 0) return {};
+  std::set<int> leavers;
+  {
+    absl::MutexLock lock(&mu_);
+    leavers = leavers_;
+  }
+  if (p.step >= p.num_steps) return DropMissingReports(p.epoch, p.num_steps, leavers);
+  std::set<int> dead = liveness_.Overdue({p.epoch, p.step, p.pushed, p.waiting_for});
+  for (int id : p.waiting_for) {
+    if (leavers.count(id) > 0) dead.insert(id);  // left: no need to wait for it
+  }
   if (dead.empty()) return {};
   if (!aggregator_->Evict(p.epoch, p.step, dead)) return {};  // it moved on meanwhile
   absl::StatusOr<PlanChange> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
@@ -84,7 +94,7 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
                                               removal.status().message())));
     return dead;
   }
-  LOG(WARNING) << "worker(s) " << absl::StrJoin(dead, ", ") << " missed step " << p.step + 1
+  LOG(WARNING) << "worker(s) " << absl::StrJoin(dead, ", ") << " left or missed step " << p.step + 1
                << " of epoch " << p.epoch + 1 << " by "
                << absl::FormatDuration(liveness_.worker_timeout())
                << ": removed; the step completes with the other gradients and their samples "
@@ -97,14 +107,59 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
   return dead;
 }
 
+std::set<int> TrainingJob::DropMissingReports(int epoch, int num_steps,
+                                              const std::set<int>& leavers) {
+  // Every step is done; the epoch waits for reports. A worker that left will never report; one
+  // that has not reported a worker timeout after the first report did probably died.
+  int reported = 0;
+  const std::vector<int> missing = scheduler_->Unreported(epoch, &reported);
+  std::set<int> gone = liveness_.Overdue({epoch, num_steps, reported, missing});
+  for (int id : missing) {
+    if (leavers.count(id) > 0) gone.insert(id);
+  }
+  if (gone.empty()) return {};
+  LOG(WARNING) << "worker(s) " << absl::StrJoin(gone, ", ") << " left or did not report epoch "
+               << epoch + 1 << ": the epoch completes with the others' reports";
+  const absl::Status dropped = scheduler_->DropUnreported(epoch, gone);
+  if (!dropped.ok()) LOG(WARNING) << "could not drop them: " << dropped;
+  return gone;
+}
+
+void TrainingJob::OnWorkerLeft(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  leavers_.insert(worker_id);
+}
+
+absl::Status TrainingJob::CanReport(int worker_id, int epoch) {
+  const StepProgress p = aggregator_->Progress();
+  if (p.epoch > epoch || (p.epoch == epoch && p.step >= p.num_steps)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " reported epoch ", epoch,
+                                                    " before its steps were done (the job is "
+                                                    "at epoch ",
+                                                    p.epoch, " step ", p.step, " of ", p.num_steps,
+                                                    ")"));
+}
+
 void TrainingJob::OnJobFinished(const absl::Status& status) {
+  absl::Status final_status = status;
   {
     absl::MutexLock lock(&mu_);
-    if (finished_.HasBeenNotified()) return;
-    final_status_ = status;
+    if (finish_claimed_) return;  // only the first ending counts, and notifies once
+    finish_claimed_ = true;
+    if (final_status.ok()) {
+      // A job whose audit failed did not train on what it says: it must not end as ok.
+      for (const auto& [epoch, audit] : audits_) {
+        if (audit.ok()) continue;
+        final_status = absl::DataLossError(absl::StrCat(
+            "the sample audit of epoch ", epoch + 1, " failed: ", audit.missing,
+            " samples never trained on, ", audit.duplicated, " trained on more than once"));
+        break;
+      }
+    }
+    final_status_ = final_status;
     end_ = clock_->Now();
   }
-  if (!status.ok()) aggregator_->Abort(status);
+  if (!final_status.ok()) aggregator_->Abort(final_status);
   finished_.Notify();
 }
 

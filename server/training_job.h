@@ -67,6 +67,8 @@ class TrainingJob : public SchedulerListener {
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
   void OnEpochCompleted(const EpochRecord& record) override;
   void OnJobFinished(const absl::Status& status) override;
+  absl::Status CanReport(int worker_id, int epoch) override;
+  void OnWorkerLeft(int worker_id) override;
 
  private:
   TrainingJob(const JobConfig& config, const Clock* clock, std::string optimizer_description);
@@ -90,6 +92,9 @@ class TrainingJob : public SchedulerListener {
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Mutex checkpoint_mu_;  // one writer at a time
   absl::Time end_ ABSL_GUARDED_BY(mu_);
+  bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
+  std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
   absl::Notification finished_;
 };
 

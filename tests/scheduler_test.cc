@@ -18,8 +18,9 @@ class RecordingListener : public SchedulerListener {
   }
   void OnEpochCompleted(const EpochRecord& r) override { completed.push_back(r.epoch); }
   void OnJobFinished(const absl::Status& s) override { finished = s; }
+  void OnWorkerLeft(int id) override { left.push_back(id); }
 
-  std::vector<int> planned, completed;
+  std::vector<int> planned, completed, left;
   int steps = 0;
   std::optional<absl::Status> finished;
 };
@@ -221,7 +222,8 @@ TEST_F(SchedulerTest, PlanRequestsAreCheckedAndRepeatable) {
   EXPECT_THAT(unreported.plan->status(), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 }
 
-TEST_F(SchedulerTest, LeavingMidJobAbortsAndReleasesWaiters) {
+TEST_F(SchedulerTest, LeavingMidJobTellsTheListenerAndIsNotPlannedAgain) {
+  // (Until issue 8, leaving mid-job aborted the whole job.)
   auto s = Make("dbs", 2, 2);
   ASSERT_THAT(s->Register(Reg("a")), IsOk());
   ASSERT_THAT(s->Register(Reg("b")), IsOk());
@@ -230,10 +232,14 @@ TEST_F(SchedulerTest, LeavingMidJobAbortsAndReleasesWaiters) {
   s->AwaitPlan(0, 1, waiting.callback());
   EXPECT_FALSE(waiting.plan.has_value());
   ASSERT_THAT(s->Leave(1), IsOk());
+  EXPECT_THAT(listener_.left, ::testing::ElementsAre(1));
+  EXPECT_FALSE(listener_.finished.has_value()) << "the job goes on";
+  // Worker 1 never reports epoch 0; once it is dropped, epoch 1 is planned for worker 0 alone.
+  ASSERT_THAT(s->DropUnreported(0, {1}), IsOk());
   ASSERT_TRUE(waiting.plan.has_value());
-  EXPECT_THAT(waiting.plan->status(), StatusCodeIs(absl::StatusCode::kAborted));
-  ASSERT_TRUE(listener_.finished.has_value());
-  EXPECT_EQ(listener_.finished->code(), absl::StatusCode::kAborted);
+  ASSERT_THAT(*waiting.plan, IsOk());
+  EXPECT_EQ((*waiting.plan)->share, 1.0);
+  EXPECT_EQ(s->History()[1].plans.count(1), 0u);
   EXPECT_THAT(s->Leave(5), StatusCodeIs(absl::StatusCode::kNotFound));
 }
 

@@ -1,0 +1,214 @@
+// Call sequences a hostile or unlucky peer can produce (issue 8): none may crash the server, end
+// the job early, or let a wrong run end as ok. Each test but the race of item 3 failed on the
+// code before its fix.
+#include <list>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/training_job.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Three workers on 12 samples, global batch 6: 2 steps of 2 + 2 + 2 samples, 1 test sample
+// each.
+class HardeningTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    JobConfig config;
+    config.scheduler.expected_workers = 3;
+    config.scheduler.epochs = 2;
+    config.scheduler.global_batch = 6;
+    config.policy = PolicyKind::kFixed;
+    config.worker_timeout = absl::Seconds(10);
+    job_ = *TrainingJob::Create(config, &clock_);
+    for (const char* name : {"a", "b", "c"}) {
+      ASSERT_THAT(job_->scheduler()->Register({name, 12, 3, "cpu"}), IsOk());
+    }
+    ASSERT_THAT(job_->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  }
+
+  // Pushes (epoch, step) for `worker`; returns the outcome once the step completes (or at once
+  // when refused), or nullopt while it waits.
+  std::optional<absl::StatusOr<StepResult>>* Push(int worker, int epoch, int step, int samples) {
+    auto* out = &outcomes_.emplace_back();
+    job_->aggregator()->Push({worker, epoch, step, samples, 1.0, grad_},
+                             [out](const absl::StatusOr<StepResult>& r) { *out = r; });
+    return out;
+  }
+
+  // The report a worker that trained its whole plan would send.
+  EpochTiming ReportOf(int worker, int epoch) {
+    std::optional<absl::StatusOr<WorkerPlan>> plan;
+    job_->scheduler()->AwaitPlan(worker, epoch,
+                                 [&plan](const absl::StatusOr<WorkerPlan>& p) { plan = p; });
+    EXPECT_TRUE(plan.has_value() && plan->ok());
+    EpochTiming t;
+    t.worker_id = worker;
+    t.epoch = epoch;
+    t.samples = (*plan)->TrainSamples();
+    t.compute_seconds = 1.0;
+    t.test_samples = (*plan)->test_range.size();
+    return t;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TrainingJob> job_;
+  std::vector<float> grad_ = {1.0f};
+  std::list<std::optional<absl::StatusOr<StepResult>>> outcomes_;
+};
+
+// Item 1: reports for every worker while a push waits used to complete the epoch, plan the
+// next one and hit CHECK(pending_.empty()) in BeginEpoch: SIGABRT.
+TEST_F(HardeningTest, ReportsWhileAPushWaitsAreRefusedAndNothingCrashes) {
+  auto* pending = Push(0, 0, 0, 2);
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_THAT(
+        job_->scheduler()->Report(ReportOf(w, 0)),
+        StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("before its steps were done")));
+  }
+  EXPECT_FALSE(pending->has_value()) << "the push still waits for its step";
+  EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration()));
+  // The job goes on normally.
+  Push(1, 0, 0, 2);
+  Push(2, 0, 0, 2);
+  ASSERT_TRUE(pending->has_value());
+  EXPECT_THAT(**pending, IsOk());
+}
+
+// Item 1: reports sent between two steps used to cut the epoch short (samples never trained on,
+// yet status ok).
+TEST_F(HardeningTest, ReportsBetweenStepsCannotCutTheEpochShort) {
+  for (int w = 0; w < 3; ++w) Push(w, 0, 0, 2);
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_THAT(job_->scheduler()->Report(ReportOf(w, 0)),
+                StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  }
+  EXPECT_EQ(job_->aggregator()->Progress().epoch, 0);
+  EXPECT_EQ(job_->aggregator()->Progress().step, 1);
+  for (int w = 0; w < 3; ++w) Push(w, 0, 1, 2);
+  for (int w = 0; w < 3; ++w) EXPECT_THAT(job_->scheduler()->Report(ReportOf(w, 0)), IsOk());
+  EXPECT_EQ(job_->aggregator()->Progress().epoch, 1);
+  EXPECT_TRUE(job_->Run().audits.at(0).ok());
+}
+
+// Item 1: a run whose audit failed ended as `status: ok`.
+TEST_F(HardeningTest, AFailedAuditNeverEndsAsOk) {
+  // Epoch 0 is reported complete without a single accepted push: every sample is missing.
+  EpochRecord record = job_->scheduler()->History().at(0);
+  job_->OnEpochCompleted(record);
+  job_->OnJobFinished(absl::OkStatus());
+  EXPECT_THAT(job_->Wait(), StatusIs(absl::StatusCode::kDataLoss,
+                                     HasSubstr("sample audit of epoch 1 failed: 12 samples")));
+  EXPECT_NE(job_->Run().status, "ok");
+}
+
+// Item 2: a worker that reported and was then removed counted twice towards completion.
+TEST(SchedulerCountTest, AReportedThenRemovedWorkerCountsOnce) {
+  FakeClock clock;
+  SchedulerConfig sc;
+  sc.expected_workers = 3;
+  sc.epochs = 2;
+  sc.global_batch = 6;
+  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 6}), &clock, nullptr);
+  for (const char* name : {"a", "b", "c"}) ASSERT_THAT(s.Register({name, 12, 3, "cpu"}), IsOk());
+  auto report = [&](int w) {
+    EpochTiming t;
+    t.worker_id = w;
+    t.epoch = 0;
+    const EpochRecord rec = s.History().at(0);
+    t.samples = rec.SamplesOf(w);
+    t.compute_seconds = 1.0;
+    t.test_samples = rec.plans.at(w).test_range.size();
+    return s.Report(t);
+  };
+  ASSERT_THAT(report(0), IsOk());
+  ASSERT_THAT(s.RemoveWorkers({0}, 0, 1), IsOk());
+  ASSERT_THAT(report(1), IsOk());
+  EXPECT_FALSE(s.History().at(0).complete) << "worker 2 has not reported";
+  int reported = 0;
+  EXPECT_THAT(s.Unreported(0, &reported), ElementsAre(2));
+}
+
+// Item 3: two endings (a Leave-abort and a signal, say) both notified: Abseil aborts on the
+// second Notify().
+TEST_F(HardeningTest, TwoEndingsAtOnceNotifyOnce) {
+  // The old window (between the check under the lock and Notify() outside it) is a few
+  // instructions wide, and this stress did not hit it on the 2-core VM in 2,000 rounds; the fix
+  // claims the ending under the lock, so it holds by construction. This test keeps it so.
+  for (int round = 0; round < 2000; ++round) {
+    JobConfig config;
+    config.scheduler.expected_workers = 1;
+    auto job = *TrainingJob::Create(config, &clock_);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&job, i] {
+        if (i % 2 == 0) {
+          job->Abort(absl::CancelledError(absl::StrCat("signal ", i)));
+        } else {
+          job->OnJobFinished(absl::AbortedError(absl::StrCat("left ", i)));
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ASSERT_FALSE(job->Wait().ok());
+  }
+}
+
+// Item 5: Leave from any worker id aborted the whole job.
+TEST_F(HardeningTest, ALeavingWorkerIsRemovedAndTheJobGoesOn) {
+  Push(0, 0, 0, 2);
+  Push(1, 0, 0, 2);
+  ASSERT_THAT(job_->scheduler()->Leave(2), IsOk());
+  EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration())) << "the job was not aborted";
+  // Removed at once, without waiting for the worker timeout.
+  EXPECT_THAT(job_->CheckDeadWorkers(), ElementsAre(2));
+  // Its part of step 0 becomes an extra step; the others finish the epoch and report.
+  const int num_steps = job_->aggregator()->Progress().num_steps;
+  EXPECT_EQ(num_steps, 3);
+  const EpochRecord revised = job_->scheduler()->History().at(0);
+  for (int step = 1; step < num_steps; ++step) {
+    for (int w = 0; w < 2; ++w) {
+      Push(w, 0, step, static_cast<int>(CountSamples(revised.layout.at(w).at(step))));
+    }
+  }
+  for (int w = 0; w < 2; ++w) {
+    EpochTiming t = ReportOf(w, 0);
+    t.samples = revised.SamplesOf(w);
+    t.test_samples = revised.reports.count(w) ? 0 : t.test_samples;
+    EXPECT_THAT(job_->scheduler()->Report(t), IsOk());
+  }
+  ASSERT_EQ(job_->aggregator()->Progress().epoch, 1) << "epoch 0 completed without worker 2";
+  EXPECT_TRUE(job_->Run().audits.at(0).ok()) << "every sample trained on exactly once";
+  EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 1));
+}
+
+// Item 7: a worker that died between its last push and its report was never removed: the job
+// waited for its report until the stall timeout ended it.
+TEST_F(HardeningTest, AWorkerThatNeverReportsIsRemovedAfterTheWorkerTimeout) {
+  for (int step = 0; step < 2; ++step) {
+    for (int w = 0; w < 3; ++w) Push(w, 0, step, 2);
+  }
+  ASSERT_THAT(job_->scheduler()->Report(ReportOf(0, 0)), IsOk());
+  ASSERT_THAT(job_->scheduler()->Report(ReportOf(1, 0)), IsOk());
+  EXPECT_TRUE(job_->CheckDeadWorkers().empty());
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_TRUE(job_->CheckDeadWorkers().empty());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_THAT(job_->CheckDeadWorkers(), ElementsAre(2));
+  EXPECT_EQ(job_->aggregator()->Progress().epoch, 1) << "epoch 0 completed with two reports";
+  EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 1));
+  EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration()));
+}
+
+}  // namespace
+}  // namespace dbs
