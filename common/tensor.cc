@@ -24,17 +24,39 @@ int64_t TotalElements(const ModelLayout& layout) {
 
 absl::Status ValidateLayout(const ModelLayout& layout) {
   if (layout.empty()) return absl::InvalidArgumentError("the model has no tensors");
+  if (layout.size() > kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model has ", layout.size(), " tensors; at most ", kMaxTensors));
+  }
   absl::flat_hash_set<std::string> names;
+  int64_t total = 0;
   for (const TensorSpec& t : layout) {
     if (t.name.empty()) return absl::InvalidArgumentError("a tensor has an empty name");
     if (!names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("tensor name '", t.name, "' appears twice"));
     }
+    if (t.name.size() > kMaxTensorNameLength) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a tensor name is ", t.name.size(), " bytes long; at most ", kMaxTensorNameLength));
+    }
+    if (t.shape.size() > kMaxTensorRank) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has ", t.shape.size(),
+                                                     " dimensions; at most ", kMaxTensorRank));
+    }
+    // Checked products: a peer's shape must not overflow into a small size.
+    int64_t elements = 1;
     for (int64_t d : t.shape) {
-      if (d <= 0 || d > (int64_t{1} << 31)) {
+      if (d <= 0 || d > kMaxModelElements / elements) {
         return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", t.name, "' has invalid shape ", t.ShapeString()));
+            absl::StrCat("tensor '", t.name, "' has invalid shape ", t.ShapeString(),
+                         " (every dimension > 0, at most ", kMaxModelElements, " elements)"));
       }
+      elements *= d;
+    }
+    total += elements;
+    if (total > kMaxModelElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model has more than ", kMaxModelElements, " elements"));
     }
   }
   return absl::OkStatus();

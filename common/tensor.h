@@ -29,7 +29,14 @@ using ModelLayout = std::vector<TensorSpec>;
 // Total number of floats in a layout.
 int64_t TotalElements(const ModelLayout& layout);
 
-// Checks names are non-empty and unique and dimensions positive; INVALID_ARGUMENT otherwise.
+// Limits on what a peer may declare (checked by ValidateLayout).
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 29;  // 2 GiB of float32
+inline constexpr size_t kMaxTensors = 100000;
+inline constexpr size_t kMaxTensorRank = 8;
+inline constexpr size_t kMaxTensorNameLength = 1024;
+
+// Checks names are non-empty, unique and not too long, dimensions positive, and the sizes within
+// the limits above (with checked multiplication); INVALID_ARGUMENT otherwise.
 absl::Status ValidateLayout(const ModelLayout& layout);
 
 // OK when `actual` has the same names and shapes in the same order as `expected`; otherwise

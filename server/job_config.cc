@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace dbs {
@@ -20,10 +21,18 @@ PolicyConfig PolicyConfigOf(const JobConfig& config) {
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
   const SchedulerConfig& s = c.scheduler;
-  if (s.expected_workers < 1)
+  if (s.expected_workers < 1) {
     return absl::InvalidArgumentError("workers must be >= 1: need at least one worker");
-  if (s.epochs < 1) return absl::InvalidArgumentError("epochs must be >= 1");
-  if (s.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
+  }
+  if (s.expected_workers > static_cast<int>(kMaxWorkers)) {
+    return absl::InvalidArgumentError(absl::StrCat("workers must be at most ", kMaxWorkers));
+  }
+  if (s.epochs < 1 || s.epochs > 1000000) {
+    return absl::InvalidArgumentError("epochs must be in [1, 1000000]");
+  }
+  if (s.global_batch < 1 || s.global_batch > (1 << 24)) {
+    return absl::InvalidArgumentError("global_batch must be in [1, 16777216]");
+  }
   DBS_RETURN_IF_ERROR(ValidatePolicyConfig(PolicyConfigOf(c)));
   if (static_cast<int64_t>(c.min_batch) * s.expected_workers > s.global_batch) {
     return absl::InvalidArgumentError("min_batch times workers exceeds global_batch");

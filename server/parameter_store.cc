@@ -47,7 +47,19 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
     return absl::InvalidArgumentError(
         absl::StrCat("gradient holds ", grad.size(), " floats; the model has ", values_.size()));
   }
+  // The values before the step (the snapshot every step hands out, so usually no copy).
+  const ParameterSnapshot before = SnapshotLocked();
   optimizer_->Step(absl::MakeSpan(values_), grad);
+  for (size_t i = 0; i < values_.size(); ++i) {
+    if (std::isfinite(values_[i])) continue;
+    // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
+    // has moved, so the job must end.
+    values_ = *before.values;
+    return absl::DataLossError(absl::StrCat(
+        "the update of parameter version ", version_ + 1, " made element ", i,
+        " non-finite (the gradients were finite but too large for this learning rate); the "
+        "parameters of version ", version_, " are kept"));
+  }
   ++version_;
   cached_.reset();
   return SnapshotLocked();

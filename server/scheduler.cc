@@ -21,8 +21,23 @@ void Scheduler::Run(Calls& calls) {
 
 absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration& reg) {
   if (reg.name.empty()) return absl::InvalidArgumentError("worker name is empty");
+  if (reg.name.size() > kMaxNameLength || reg.device.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker name and device must be at most ", kMaxNameLength, " bytes"));
+  }
   if (reg.train_samples <= 0) {
     return absl::InvalidArgumentError("worker reports an empty training set");
+  }
+  if (reg.train_samples > kMaxSamples || reg.test_samples > kMaxSamples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a data set of more than ", kMaxSamples, " samples is not supported"));
+  }
+  // ceil(D / B) steps per epoch, each with a layout per worker: bounded.
+  const int64_t steps = (reg.train_samples + config_.global_batch - 1) / config_.global_batch;
+  if (steps > kMaxStepsPerEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        reg.train_samples, " training samples in global batches of ", config_.global_batch,
+        " make ", steps, " steps per epoch; at most ", kMaxStepsPerEpoch, " (raise the batch)"));
   }
   if (reg.test_samples < 0) return absl::InvalidArgumentError("negative test set size");
   if (reg.max_batch < 0) return absl::InvalidArgumentError("negative max batch");
@@ -45,6 +60,10 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
             "worker '", reg.name, "' has ", reg.train_samples, " training and ", reg.test_samples,
             " test samples; the job's first worker has ", workers_[0].train_samples, " and ",
             workers_[0].test_samples, ": every worker must load the same data set"));
+      }
+      if (workers_.size() >= kMaxWorkers) {
+        return absl::ResourceExhaustedError(absl::StrCat("the job already has ", workers_.size(),
+                                                         " workers; at most ", kMaxWorkers));
       }
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);

@@ -1,6 +1,7 @@
 #include "server/step_aggregator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -97,14 +98,11 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
     } else {
       if (sum_.empty()) sum_.assign(static_cast<size_t>(store_->num_elements()), 0.0f);
       absl::Status valid = Validate(push);
+      if (valid.ok()) valid = AddToSumLocked(push);
       if (!valid.ok()) {
         result = valid;
         to_run.push_back(std::move(done));
       } else {
-        if (push.num_samples > 0) {
-          const float w = static_cast<float>(push.num_samples);
-          for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * push.gradient[i];
-        }
         loss_sum_ += push.loss_sum;
         samples_ += push.num_samples;
         ++accepted_pushes_;
@@ -122,6 +120,7 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
       }
     }
   }
+  if (completed && !result.ok() && failure_hook_) failure_hook_(result.status());
   // Nobody can push the next step before these answers go out, so a re-plan made here is in
   // place for it.
   if (completed && hook_ && result.ok()) {
@@ -137,6 +136,22 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
     }
   }
   for (Done& d : to_run) d(result);
+}
+
+absl::Status StepAggregator::AddToSumLocked(const GradientPush& push) {
+  if (push.num_samples == 0) return absl::OkStatus();
+  const float w = static_cast<float>(push.num_samples);
+  // Each value is finite (checked when decoded), but a sum can still overflow: check first,
+  // so a refused push leaves the step's sum as it was.
+  for (size_t i = 0; i < sum_.size(); ++i) {
+    if (!std::isfinite(sum_[i] + w * push.gradient[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", push.worker_id, "'s gradient is out of range: element ", i, " (",
+          push.gradient[i], ") overflows the step's sum; the push is refused"));
+    }
+  }
+  for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * push.gradient[i];
+  return absl::OkStatus();
 }
 
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,

@@ -103,6 +103,9 @@ class StepAggregator {
   // It must not call back into the aggregator. Set before training starts.
   using StepHook = std::function<std::optional<PlanChange>(const StepStats&)>;
   void SetStepHook(StepHook hook) { hook_ = std::move(hook); }
+  // Called (outside the lock) when a complete step cannot be applied; the job cannot go on.
+  using FailureHook = std::function<void(const absl::Status&)>;
+  void SetFailureHook(FailureHook hook) { failure_hook_ = std::move(hook); }
 
   // The (worker, step) pushes counted in `epoch`, for the sample audit.
   std::set<std::pair<int, int>> AcceptedPushes(int epoch) const;
@@ -139,6 +142,8 @@ class StepAggregator {
   };
 
   absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds b_i * g_i to the step's sum; INVALID_ARGUMENT (and nothing added) if it would overflow.
+  absl::Status AddToSumLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
@@ -146,6 +151,7 @@ class StepAggregator {
 
   ParameterStore* const store_;
   StepHook hook_;
+  FailureHook failure_hook_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;

@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
   job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
+  job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
   return job;
 }
 

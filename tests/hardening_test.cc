@@ -1,6 +1,7 @@
 // Call sequences a hostile or unlucky peer can produce (issue 8): none may crash the server, end
 // the job early, or let a wrong run end as ok. Each test but the race of item 3 failed on the
 // code before its fix.
+#include <cmath>
 #include <list>
 #include <optional>
 #include <set>
@@ -9,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_matchers.h"
+#include "common/tensor.h"
+#include "common/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/training_job.h"
@@ -208,6 +211,109 @@ TEST_F(HardeningTest, AWorkerThatNeverReportsIsRemovedAfterTheWorkerTimeout) {
   EXPECT_EQ(job_->aggregator()->Progress().epoch, 1) << "epoch 0 completed with two reports";
   EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 1));
   EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration()));
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Item 4: shape products overflowed int64 silently: [2^31, 2^31, 2^31] wrapped to 0 elements,
+// so a tensor with no data passed the size check.
+TEST(LimitsTest, OverflowingShapesAreRefused) {
+  TensorList tensors;
+  v1::Tensor* t = tensors.Add();
+  t->set_name("w");
+  for (int i = 0; i < 3; ++i) t->add_shape(int64_t{1} << 31);
+  EXPECT_THAT(LayoutOf(tensors),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid shape")));
+  // Large but not overflowing shapes beyond the model limit are refused too.
+  t->clear_shape();
+  t->add_shape(int64_t{1} << 30);
+  EXPECT_THAT(LayoutOf(tensors), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  // A layout of many tensors whose total exceeds the limit.
+  ModelLayout layout;
+  for (int i = 0; i < 3; ++i) layout.push_back({absl::StrCat("t", i), {int64_t{1} << 28}});
+  EXPECT_THAT(ValidateLayout(layout),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
+}
+
+// Items 4 and 10: the first caller could declare any data set size (tens of GB of layouts under
+// the scheduler's lock, or a negative step count), and any name length or number of workers.
+TEST(LimitsTest, RegistrationsAreBounded) {
+  FakeClock clock;
+  SchedulerConfig sc;
+  sc.expected_workers = 2000;  // more than may register: nothing is planned
+  sc.epochs = 1;
+  sc.global_batch = 6;
+  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 6}), &clock, nullptr);
+  EXPECT_THAT(s.Register({"huge", int64_t{1} << 40, 10, "cpu"}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(s.Register({"steps", int64_t{1} << 30, 10, "cpu"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps per epoch")));
+  EXPECT_THAT(s.Register({std::string(64 << 10, 'n'), 12, 3, "cpu"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 256 bytes")));
+  EXPECT_THAT(s.Register({"a", 12, 3, std::string(1 << 20, 'd')}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  for (size_t i = 0; i < kMaxWorkers; ++i) {
+    ASSERT_THAT(s.Register({absl::StrCat("w", i), 12, 3, "cpu"}), IsOk());
+  }
+  EXPECT_THAT(s.Register({"one-too-many", 12, 3, "cpu"}),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(s.Workers().size(), kMaxWorkers);
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Item 8: each push was checked for NaN/Inf but the weighted sum was not: values near 1e38
+// overflowed to Inf, and every worker and checkpoint got Inf/NaN parameters.
+TEST_F(HardeningTest, APushThatWouldOverflowTheSumIsRefusedNamingItsWorker) {
+  auto* a = Push(0, 0, 0, 2);
+  std::vector<float> huge = {3e38f};
+  std::optional<absl::StatusOr<StepResult>> refused;
+  job_->aggregator()->Push({1, 0, 0, 2, 1.0, huge},
+                           [&refused](const absl::StatusOr<StepResult>& r) { refused = r; });
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("worker 1's gradient is out of range")));
+  EXPECT_FALSE(a->has_value()) << "the step still waits for a valid push from worker 1";
+  Push(1, 0, 0, 2);
+  Push(2, 0, 0, 2);
+  ASSERT_TRUE(a->has_value());
+  ASSERT_THAT(**a, IsOk());
+  for (float v : *(**a)->parameters.values) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(PoisonTest, AnUpdateThatOverflowsKeepsTheParametersAndEndsTheJob) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 1;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 2;
+  config.optimizer.sgd = SgdConfig{1e30, 0.0, 0.0, false};
+  auto job = *TrainingJob::Create(config, &clock);
+  ASSERT_THAT(job->scheduler()->Register({"a", 4, 1, "cpu"}), IsOk());
+  ASSERT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{1.0f}), IsOk());
+  std::optional<absl::StatusOr<StepResult>> r;
+  job->aggregator()->Push({0, 0, 0, 2, 1.0, std::vector<float>{1e10f}},
+                          [&r](const absl::StatusOr<StepResult>& x) { r = x; });
+  ASSERT_TRUE(r.has_value());
+  EXPECT_THAT(*r, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("non-finite")));
+  const absl::StatusOr<ParameterSnapshot> kept = job->store()->Snapshot();
+  ASSERT_THAT(kept, IsOk());
+  EXPECT_EQ(kept->version, 0);
+  EXPECT_EQ((*kept->values)[0], 1.0f);
+  ASSERT_TRUE(job->WaitFor(absl::ZeroDuration())) << "the job ended";
+  EXPECT_THAT(job->Wait(), StatusCodeIs(absl::StatusCode::kDataLoss));
 }
 
 }  // namespace
