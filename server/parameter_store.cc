@@ -58,7 +58,8 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
     return absl::DataLossError(absl::StrCat(
         "the update of parameter version ", version_ + 1, " made element ", i,
         " non-finite (the gradients were finite but too large for this learning rate); the "
-        "parameters of version ", version_, " are kept"));
+        "parameters of version ",
+        version_, " are kept"));
   }
   ++version_;
   cached_.reset();

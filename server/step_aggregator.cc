@@ -145,9 +145,9 @@ absl::Status StepAggregator::AddToSumLocked(const GradientPush& push) {
   // so a refused push leaves the step's sum as it was.
   for (size_t i = 0; i < sum_.size(); ++i) {
     if (!std::isfinite(sum_[i] + w * push.gradient[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker ", push.worker_id, "'s gradient is out of range: element ", i, " (",
-          push.gradient[i], ") overflows the step's sum; the push is refused"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", push.worker_id, "'s gradient is out of range: element ", i, " (",
+                       push.gradient[i], ") overflows the step's sum; the push is refused"));
     }
   }
   for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * push.gradient[i];
