@@ -45,6 +45,7 @@ class FakeLearner : public Learner {
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
     clock_->Advance(absl::Seconds(kSecondsPerSample * static_cast<double>(indices.size())));
     seen_.emplace_back(indices.begin(), indices.end());
+    trained_from_.push_back(w_);
     double loss = 0.0;
     for (int i = 0; i < kParams; ++i) {
       grad[i] = w_[i] - Target(i);
@@ -67,6 +68,8 @@ class FakeLearner : public Learner {
   // The batches trained, in order.
   const std::vector<std::vector<int64_t>>& seen() const { return seen_; }
   const std::vector<SampleRange>& evaluated() const { return evaluated_; }
+  // The parameters each gradient was computed at, in order.
+  const std::vector<std::vector<float>>& trained_from() const { return trained_from_; }
 
  private:
   FakeClock* clock_;
@@ -74,6 +77,7 @@ class FakeLearner : public Learner {
   std::vector<float> w_;
   std::vector<std::vector<int64_t>> seen_;
   std::vector<SampleRange> evaluated_;
+  std::vector<std::vector<float>> trained_from_;
 };
 
 class TrainingLoopTest : public ::testing::Test {
@@ -270,6 +274,18 @@ TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {
   ASSERT_EQ(epochs_.size(), 1u);
   EXPECT_EQ(epochs_[0].timing.epoch, 2);
   EXPECT_THAT(Log(), HasSubstr("joining a running job: training from epoch 3 on"));
+}
+
+// Issue 8 item 11: a worker joining a running job trained its first step on the parameters of
+// its registration, which the others had moved on from meanwhile.
+TEST_F(TrainingLoopTest, AWorkerJoiningLateTrainsFromTheCurrentParameters) {
+  job_.epochs = 3;
+  job_.start_epoch = 2;
+  FakePsClient client(job_, &clock_);
+  client.MoveParametersAfterRegistration({0.5f, 0.25f, 0.125f});
+  ASSERT_THAT(Run(&client), IsOk());
+  ASSERT_FALSE(learner_.trained_from().empty());
+  EXPECT_THAT(learner_.trained_from()[0], ElementsAre(0.5f, 0.25f, 0.125f));
 }
 
 TEST_F(TrainingLoopTest, ShowsProgressAndWritesItsRecord) {

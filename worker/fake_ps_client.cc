@@ -85,8 +85,21 @@ absl::Status FakePsClient::RegisterModel(int worker_id, const ModelLayout& layou
   }
   if (params_.empty()) params_.assign(initial.begin(), initial.end());
   std::copy(params_.begin(), params_.end(), params.begin());
+  if (!moved_after_registration_.empty()) {
+    params_ = moved_after_registration_;
+    ++version_;
+  }
   StartEpoch(config_.start_epoch);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> FakePsClient::PullParameters(int worker_id, absl::Span<float> params) {
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  if (params.size() != params_.size()) {
+    return absl::InvalidArgumentError("the parameter buffer does not match the model");
+  }
+  std::copy(params_.begin(), params_.end(), params.begin());
+  return version_;
 }
 
 absl::StatusOr<WorkerPlan> FakePsClient::GetEpochPlan(int worker_id, int epoch) {

@@ -49,6 +49,11 @@ class FakePsClient : public PsClient {
   void ReviseAfter(int epoch, int step, PlanRevision revision);
   // From the push of (epoch, step) on, the worker is dead to the server.
   void EvictAt(int epoch, int step);
+  // Right after the worker registers its model, the job's parameters become `values` (other
+  // workers trained meanwhile, as when joining a running job).
+  void MoveParametersAfterRegistration(std::vector<float> values) {
+    moved_after_registration_ = std::move(values);
+  }
 
   const std::vector<Push>& pushes() const { return pushes_; }
   const std::vector<EpochTiming>& reports() const { return reports_; }
@@ -59,6 +64,7 @@ class FakePsClient : public PsClient {
   absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
   absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
                              absl::Span<const float> initial, absl::Span<float> params) override;
+  absl::StatusOr<int64_t> PullParameters(int worker_id, absl::Span<float> params) override;
   absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) override;
   absl::StatusOr<StepOutcome> PushGradient(int worker_id, int epoch, int step, int num_samples,
                                            double loss_sum, double compute_seconds,
@@ -84,6 +90,7 @@ class FakePsClient : public PsClient {
   bool reconnected_ = false;
   int restarts_ = 0;
   std::vector<float> params_;
+  std::vector<float> moved_after_registration_;
   int64_t version_ = 0;
   // The job's position and the current epoch's steps (revisions applied).
   int epoch_ = 0;

@@ -130,6 +130,19 @@ absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float
   return info;
 }
 
+absl::StatusOr<int64_t> GrpcPsClient::PullParameters(int worker_id, absl::Span<float> params) {
+  if (layout_.empty()) return absl::FailedPreconditionError("RegisterModel first");
+  v1::PullParametersRequest req;
+  req.set_worker_id(worker_id);
+  v1::Parameters reply;
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
+                                 return parameters_->PullParameters(ctx, req, &reply);
+                               }),
+                               "PullParameters"));
+  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout_, false, params));
+  return reply.version();
+}
+
 absl::StatusOr<WorkerPlan> GrpcPsClient::GetEpochPlan(int worker_id, int epoch) {
   v1::GetEpochPlanRequest req;
   req.set_worker_id(worker_id);

@@ -31,6 +31,7 @@ class GrpcPsClient : public PsClient {
   absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
   absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
                              absl::Span<const float> initial, absl::Span<float> params) override;
+  absl::StatusOr<int64_t> PullParameters(int worker_id, absl::Span<float> params) override;
   absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) override;
   absl::StatusOr<StepOutcome> PushGradient(int worker_id, int epoch, int step, int num_samples,
                                            double loss_sum, double compute_seconds,

@@ -31,6 +31,9 @@ class PsClient {
   virtual absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
                                      absl::Span<const float> initial, absl::Span<float> params) = 0;
 
+  // The job's current parameters, written into `params`; returns their version.
+  virtual absl::StatusOr<int64_t> PullParameters(int worker_id, absl::Span<float> params) = 0;
+
   // The worker's plan for `epoch`; returns when the plan exists.
   virtual absl::StatusOr<WorkerPlan> GetEpochPlan(int worker_id, int epoch) = 0;
 

@@ -73,6 +73,7 @@ absl::Status TrainingLoop::Join() {
   DBS_RETURN_IF_ERROR(client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_)));
   learner_->SetParameters(params_);
   epoch_ = joined.start_epoch;
+  pull_before_training_ = joined.start_epoch > 0;
   if (joined.start_epoch > 0) {
     Say(absl::StrCat("joining a running job: training from epoch ", joined.start_epoch + 1,
                      " on, from the current parameters"));
@@ -95,6 +96,12 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::FetchPlan() {
   num_steps_ = plan_.num_steps;
   test_range_ = plan_.test_range;
   first_step_ = 0;
+  if (pull_before_training_) {
+    // Joined a running job: the others trained between our registration and this epoch.
+    DBS_RETURN_IF_ERROR(client_->PullParameters(id_, absl::MakeSpan(params_)).status());
+    learner_->SetParameters(params_);
+    pull_before_training_ = false;
+  }
   return Next::kGoOn;
 }
 

@@ -90,6 +90,7 @@ class TrainingLoop {
   bool need_plan_ = true;
   bool finished_ = false;
   int first_step_ = 0;
+  bool pull_before_training_ = false;  // joined a running job: fetch its parameters first
   WorkerPlan plan_;
   StepRanges schedule_;
   int num_steps_ = 0;
