@@ -1,24 +1,70 @@
 #include "common/files.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace dbs {
+namespace {
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat("cannot ", what, " ", path, ": ", strerror(errno)));
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    f << contents;
-    f.flush();
-    if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  // A name no other writer (thread or process) uses at the same time.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("write", tmp);
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const absl::Status failed = Errno("write", tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return failed;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    const absl::Status failed = Errno("sync", tmp);
+    close(fd);
+    unlink(tmp.c_str());
+    return failed;
+  }
+  if (close(fd) != 0) {
+    unlink(tmp.c_str());
+    return Errno("close", tmp);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    const absl::Status failed = Errno(absl::StrCat("rename ", tmp, " to"), path);
+    unlink(tmp.c_str());
+    return failed;
   }
+  // The rename itself must survive a crash: sync the directory entry.
+  const std::string dir = DirOf(path);
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Errno("open directory", dir);
+  const bool synced = fsync(dfd) == 0;
+  close(dfd);
+  if (!synced) return Errno("sync directory", dir);
   return absl::OkStatus();
 }
 

@@ -8,7 +8,8 @@
 
 namespace dbs {
 
-// Writes `contents` to `path` via a temporary file and rename, so readers never see half a file.
+// Writes `contents` to `path` via a uniquely named temporary file, fsync and rename, then syncs the
+// directory: readers never see half a file, and a crash leaves the old or the new one.
 // UNAVAILABLE (naming the path) when it cannot.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 

@@ -163,6 +163,7 @@ ckpt::Checkpoint CheckpointOf(const JobState& st) {
   settings->set_global_batch(st.config.global_batch);
   settings->set_seed(st.config.seed);
   settings->set_policy(st.policy);
+  settings->mutable_training()->insert(st.settings.begin(), st.settings.end());
   for (size_t i = 0; i < st.scheduler.workers.size(); ++i) {
     ckpt::Member* member = m.add_members();
     ToProto(st.scheduler.workers[i], member->mutable_registration());
@@ -189,6 +190,7 @@ absl::StatusOr<JobState> JobStateOf(const ckpt::Checkpoint& m) {
   st.config.global_batch = m.settings().global_batch();
   st.config.seed = m.settings().seed();
   st.policy = m.settings().policy();
+  st.settings.insert(m.settings().training().begin(), m.settings().training().end());
   for (const ckpt::Member& member : m.members()) {
     st.scheduler.workers.push_back(FromProto(member.registration()));
     st.scheduler.left.push_back(member.left());

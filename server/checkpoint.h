@@ -28,6 +28,7 @@ namespace dbs {
 struct JobState {
   SchedulerConfig config;
   std::string policy;
+  std::map<std::string, std::string> settings;  // TrainingSettings of the job
   Scheduler::State scheduler;
   StepAggregator::State aggregator;
   std::map<int, SampleAudit> audits;

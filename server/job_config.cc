@@ -19,6 +19,27 @@ PolicyConfig PolicyConfigOf(const JobConfig& config) {
   return pc;
 }
 
+std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
+  const auto f = [](double v) { return absl::StrCat(v); };
+  return {{"policy", PolicyName(c.policy)},
+          {"speed_window", absl::StrCat(c.speed_window)},
+          {"min_batch", absl::StrCat(c.min_batch)},
+          {"max_batch", absl::StrCat(c.max_batch)},
+          {"smoothing", f(c.smoothing)},
+          {"deadband", f(c.deadband)},
+          {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
+          {"replan_threshold", f(c.replan_threshold)},
+          {"optimizer", c.optimizer.name},
+          {"lr", f(c.optimizer.name == "adam" ? c.optimizer.adam.lr : c.optimizer.sgd.lr)},
+          {"momentum", f(c.optimizer.sgd.momentum)},
+          {"nesterov", c.optimizer.sgd.nesterov ? "true" : "false"},
+          {"weight_decay", f(c.optimizer.name == "adam" ? c.optimizer.adam.weight_decay
+                                                        : c.optimizer.sgd.weight_decay)},
+          {"adam_beta1", f(c.optimizer.adam.beta1)},
+          {"adam_beta2", f(c.optimizer.adam.beta2)},
+          {"adam_eps", f(c.optimizer.adam.eps)}};
+}
+
 absl::Status ValidateJobConfig(const JobConfig& c) {
   const SchedulerConfig& s = c.scheduler;
   if (s.expected_workers < 1) {

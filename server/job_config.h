@@ -3,6 +3,7 @@
 #ifndef DBS_SERVER_JOB_CONFIG_H_
 #define DBS_SERVER_JOB_CONFIG_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -46,6 +47,10 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The share policy's part of the configuration.
 PolicyConfig PolicyConfigOf(const JobConfig& config);
+
+// Every setting that shapes the training, by name, as text: stored in checkpoints so that a
+// restart with different ones is noticed (the job's size and seed are compared separately).
+std::map<std::string, std::string> TrainingSettings(const JobConfig& config);
 
 }  // namespace dbs
 

@@ -72,6 +72,9 @@ ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
 ABSL_FLAG(bool, restore, false,
           "Continue from the newest valid checkpoint in --checkpoint_dir (corrupt ones are "
           "refused and the previous one is used).");
+ABSL_FLAG(bool, restore_override, false,
+          "With --restore: accept a checkpoint written with other training settings (learning "
+          "rate, optimizer, policy knobs), which are otherwise refused.");
 ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave before shutting down.");
 
@@ -114,6 +117,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
+  c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
   return c;
 }

@@ -60,7 +60,7 @@ absl::Status PsServer::RestoreNewestCheckpoint() {
       LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused, &path);
   for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
   if (!state.ok()) return state.status();
-  DBS_RETURN_IF_ERROR(job_->Restore(*state));
+  DBS_RETURN_IF_ERROR(job_->Restore(*state, config_.restore_override));
   LOG(INFO) << "restored " << path << ": epoch " << state->aggregator.epoch + 1 << ", step "
             << state->aggregator.step + 1 << ", parameter version "
             << state->aggregator.store.version;

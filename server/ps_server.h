@@ -22,11 +22,12 @@ namespace dbs {
 struct ServerConfig {
   JobConfig job;
   std::string host = "0.0.0.0";
-  int port = 50051;          // 0: any free port (see port())
-  std::string port_file;     // where the bound port is written once serving ('' : nowhere)
-  int max_message_mb = 512;  // largest gRPC message sent or accepted
-  std::string summary_path;  // the JSON run summary ('' : none)
-  bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
+  int port = 50051;               // 0: any free port (see port())
+  std::string port_file;          // where the bound port is written once serving ('' : nowhere)
+  int max_message_mb = 512;       // largest gRPC message sent or accepted
+  std::string summary_path;       // the JSON run summary ('' : none)
+  bool restore = false;           // continue from the newest valid checkpoint in job.checkpoint_dir
+  bool restore_override = false;  // accept a checkpoint written with other training settings
   absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
   absl::Duration supervise_every = absl::Milliseconds(250);
 };

@@ -247,6 +247,7 @@ absl::Status TrainingJob::SaveCheckpoint() {
   JobState st;
   st.config = config_.scheduler;
   st.policy = PolicyName(config_.policy);
+  st.settings = TrainingSettings(config_);
   // The barrier and the parameters first, in one piece; the scheduler's history is at least as
   // new, which a restart tolerates (its extra plans are simply used).
   st.aggregator = aggregator_->SaveState();
@@ -262,7 +263,7 @@ absl::Status TrainingJob::SaveCheckpoint() {
   return absl::OkStatus();
 }
 
-absl::Status TrainingJob::Restore(const JobState& st) {
+absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings) {
   const SchedulerConfig& c = config_.scheduler;
   if (st.config.expected_workers != c.expected_workers || st.config.epochs != c.epochs ||
       st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
@@ -271,6 +272,22 @@ absl::Status TrainingJob::Restore(const JobState& st) {
         "the checkpoint is of a job with workers=", st.config.expected_workers,
         " epochs=", st.config.epochs, " global_batch=", st.config.global_batch,
         " seed=", st.config.seed, " policy=", st.policy, "; restart with the same settings"));
+  }
+  std::vector<std::string> changed;
+  for (const auto& [name, now] : TrainingSettings(config_)) {
+    auto then = st.settings.find(name);
+    if (then != st.settings.end() && then->second != now) {
+      changed.push_back(absl::StrCat(name, " ", then->second, " -> ", now));
+    }
+  }
+  if (!changed.empty()) {
+    const std::string list = absl::StrJoin(changed, ", ");
+    if (!allow_other_settings) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint was written with other settings (", list,
+                       "); restart with the same settings, or allow the change explicitly"));
+    }
+    LOG(WARNING) << "restoring with changed settings: " << list;
   }
   DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
   scheduler_->LoadState(st.scheduler);

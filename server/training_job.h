@@ -58,7 +58,9 @@ class TrainingJob : public SchedulerListener {
 
   // Continues from a checkpoint (before any worker connects). FAILED_PRECONDITION when the
   // checkpoint is of a job with another configuration.
-  absl::Status Restore(const JobState& state);
+  // Settings that shape training (TrainingSettings) must match too, unless
+  // `allow_other_settings`.
+  absl::Status Restore(const JobState& state, bool allow_other_settings = false);
   // Writes a checkpoint now (no-op without a checkpoint directory).
   absl::Status SaveCheckpoint();
   // Where `worker_id` should continue, and the parameters to continue from.

@@ -44,6 +44,7 @@ JobState StateOf(TrainingJob* job, const JobConfig& config) {
   JobState st;
   st.config = config.scheduler;
   st.policy = PolicyName(config.policy);
+  st.settings = TrainingSettings(config);
   st.aggregator = job->aggregator()->SaveState();
   st.scheduler = job->scheduler()->SaveState();
   return st;
@@ -178,6 +179,28 @@ TEST(CheckpointTest, AValidFrameAroundGarbageIsRefused) {
   const absl::Status s = DecodeCheckpoint(bytes).status();
   EXPECT_THAT(s, StatusCodeIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("unreadable"));
+}
+
+// Issue 8 item 12: restore compared five settings only, so the learning rate, momentum or the
+// optimizer could change silently across a restart.
+TEST(CheckpointTest, ARestoreWithOtherTrainingSettingsIsRefusedUnlessAllowed) {
+  FakeClock clock;
+  auto job = JobAtStep2(&clock);
+  const absl::StatusOr<JobState> back =
+      DecodeCheckpoint(EncodeCheckpoint(StateOf(job.get(), Config())));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->settings.at("lr"), "0.1");
+  JobConfig other = Config();
+  other.optimizer.sgd.lr = 0.2;
+  other.optimizer.sgd.momentum = 0.5;
+  auto refused = *TrainingJob::Create(other, &clock);
+  EXPECT_THAT(refused->Restore(*back),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("lr 0.1 -> 0.2, momentum 0.9 -> 0.5")));
+  auto allowed = *TrainingJob::Create(other, &clock);
+  EXPECT_THAT(allowed->Restore(*back, /*allow_other_settings=*/true), IsOk());
+  auto same = *TrainingJob::Create(Config(), &clock);
+  EXPECT_THAT(same->Restore(*back), IsOk());
 }
 
 }  // namespace
