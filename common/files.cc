@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -66,6 +68,28 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   close(dfd);
   if (!synced) return Errno("sync directory", dir);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+absl::StatusOr<std::string> SecretFrom(const std::string& value, const std::string& file,
+                                       const std::string& what) {
+  if (!value.empty() && !file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("give ", what, " or its file, not both"));
+  }
+  if (file.empty()) return value;
+  absl::StatusOr<std::string> read = ReadFile(file);
+  if (!read.ok()) return read.status();
+  std::string secret = *std::move(read);
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(file, " is empty"));
+  return secret;
 }
 
 }  // namespace dbs

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace dbs {
 
@@ -12,6 +13,14 @@ namespace dbs {
 // directory: readers never see half a file, and a crash leaves the old or the new one.
 // UNAVAILABLE (naming the path) when it cannot.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+// The whole file; NOT_FOUND (naming the path) when it cannot be read.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// A secret given directly or as a file (whose trailing newlines are dropped); at most one of the
+// two may be set. INVALID_ARGUMENT naming `what` otherwise.
+absl::StatusOr<std::string> SecretFrom(const std::string& value, const std::string& file,
+                                       const std::string& what);
 
 }  // namespace dbs
 

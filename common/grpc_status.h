@@ -22,6 +22,17 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// Metadata keys of the credentials (see proto/dbs.proto).
+inline constexpr char kWorkerTokenKey[] = "x-dbs-token";
+inline constexpr char kJobTokenKey[] = "x-dbs-job-token";
+
+// The value of metadata `key` sent by the client ("" when absent).
+inline std::string ClientMetadata(const grpc::CallbackServerContext* ctx, const char* key) {
+  auto it = ctx->client_metadata().find(key);
+  if (it == ctx->client_metadata().end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
 // Finishes a unary callback RPC at once with `s` and returns its reactor.
 inline grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* ctx,
                                              const absl::Status& s) {

@@ -147,6 +147,9 @@ struct WorkerRegistration {
   int64_t test_samples = 0;
   std::string device;
   int max_batch = 0;  // the largest batch the worker can hold (memory); 0: no limit
+  // Chosen at random by the worker process: a retried registration of the same process carries
+  // the same one, another process with the same name a different one.
+  std::string incarnation;
 };
 
 // What the scheduler answers.
@@ -157,6 +160,8 @@ struct RegistrationResult {
   int epochs = 0;
   int global_batch = 0;
   std::string policy;
+  // The worker's credential for every later call (see Scheduler::Authenticate).
+  std::string token;
 };
 
 }  // namespace dbs

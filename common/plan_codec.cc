@@ -108,10 +108,12 @@ void ToProto(const WorkerRegistration& r, v1::RegisterWorkerRequest* out) {
   out->set_test_samples(r.test_samples);
   out->set_device(r.device);
   out->set_max_batch(r.max_batch);
+  out->set_incarnation(r.incarnation);
 }
 
 WorkerRegistration FromProto(const v1::RegisterWorkerRequest& m) {
-  return {m.name(), m.train_samples(), m.test_samples(), m.device(), m.max_batch()};
+  return {m.name(),   m.train_samples(), m.test_samples(),
+          m.device(), m.max_batch(),     m.incarnation()};
 }
 
 void ToProto(const RegistrationResult& r, v1::RegisterWorkerReply* out) {
@@ -121,6 +123,7 @@ void ToProto(const RegistrationResult& r, v1::RegisterWorkerReply* out) {
   out->set_epochs(r.epochs);
   out->set_global_batch(r.global_batch);
   out->set_policy(r.policy);
+  out->set_token(r.token);
 }
 
 RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
@@ -131,6 +134,7 @@ RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
   r.epochs = m.epochs();
   r.global_batch = m.global_batch();
   r.policy = m.policy();
+  r.token = m.token();
   return r;
 }
 

@@ -168,6 +168,7 @@ ckpt::Checkpoint CheckpointOf(const JobState& st) {
     ckpt::Member* member = m.add_members();
     ToProto(st.scheduler.workers[i], member->mutable_registration());
     member->set_left(i < st.scheduler.left.size() && st.scheduler.left[i]);
+    if (i < st.scheduler.tokens.size()) member->set_token(st.scheduler.tokens[i]);
   }
   m.set_finished(st.scheduler.finished);
   for (const EpochRecord& r : st.scheduler.records) EpochToProto(r, m.add_epochs());
@@ -194,6 +195,7 @@ absl::StatusOr<JobState> JobStateOf(const ckpt::Checkpoint& m) {
   for (const ckpt::Member& member : m.members()) {
     st.scheduler.workers.push_back(FromProto(member.registration()));
     st.scheduler.left.push_back(member.left());
+    st.scheduler.tokens.push_back(member.token());
   }
   st.scheduler.finished = m.finished();
   for (const ckpt::Epoch& e : m.epochs()) st.scheduler.records.push_back(EpochFromProto(e));

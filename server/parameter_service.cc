@@ -16,17 +16,16 @@ void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap, v1
   EncodeTensors(layout, *snap.values, out->mutable_parameters());
 }
 
-absl::Status UnknownWorker(int id) {
-  return absl::NotFoundError(
-      absl::StrCat("unknown worker ", id, "; call SchedulerService.RegisterWorker first"));
-}
-
 }  // namespace
+
+absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
+  return authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey));
+}
 
 grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServerContext* ctx,
                                                               const v1::RegisterModelRequest* req,
                                                               v1::Parameters* reply) {
-  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
   if (!layout.ok()) return FinishUnary(ctx, layout.status());
   std::vector<float> initial(static_cast<size_t>(TotalElements(*layout)));
@@ -40,7 +39,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServ
 grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackServerContext* ctx,
                                                                const v1::PullParametersRequest* req,
                                                                v1::Parameters* reply) {
-  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
   return FinishUnary(ctx, snap.status());
@@ -49,7 +48,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackSer
 grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
                                                              const v1::PushGradientRequest* req,
                                                              v1::PushGradientReply* reply) {
-  if (!is_member_(req->worker_id())) return FinishUnary(ctx, UnknownWorker(req->worker_id()));
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
   if (req->num_samples() < 0) {
     return FinishUnary(ctx, absl::InvalidArgumentError("num_samples is negative"));
   }
@@ -102,6 +101,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
                                                        const v1::ResumeRequest* req,
                                                        v1::ResumeReply* reply) {
   if (!resume_) return FinishUnary(ctx, absl::UnimplementedError("resume is not wired"));
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
   ParameterSnapshot parameters;
   absl::StatusOr<ResumePoint> rp = resume_(req->worker_id(), &parameters);
   if (rp.ok()) {

@@ -14,18 +14,19 @@ namespace dbs {
 
 class ParameterServiceImpl final : public v1::ParameterService::CallbackService {
  public:
-  // Tells whether a worker id belongs to a registered worker (the scheduler's membership).
-  using IsMember = std::function<bool(int worker_id)>;
+  // OK when `token` is the credential of registered worker `worker_id`
+  // (Scheduler::Authenticate).
+  using Authenticate = std::function<absl::Status(int worker_id, absl::string_view token)>;
   // Where a worker should continue after a reconnect (TrainingJob::Resume).
   using ResumeFn =
       std::function<absl::StatusOr<ResumePoint>(int worker_id, ParameterSnapshot* parameters)>;
 
   // `store` and `aggregator` must outlive the service.
-  ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, IsMember is_member,
+  ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, Authenticate authenticate,
                        ResumeFn resume = nullptr)
       : store_(store),
         aggregator_(aggregator),
-        is_member_(std::move(is_member)),
+        authenticate_(std::move(authenticate)),
         resume_(std::move(resume)) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
@@ -43,7 +44,10 @@ class ParameterServiceImpl final : public v1::ParameterService::CallbackService 
  private:
   ParameterStore* const store_;
   StepAggregator* const aggregator_;
-  const IsMember is_member_;
+  // The caller's credential check, for `worker_id`.
+  absl::Status Allowed(grpc::CallbackServerContext* ctx, int worker_id) const;
+
+  const Authenticate authenticate_;
   const ResumeFn resume_;
 };
 

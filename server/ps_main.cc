@@ -15,11 +15,22 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/files.h"
 #include "common/flags_help.h"
 #include "glog/logging.h"
 #include "server/ps_server.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on. The default takes workers on this machine only; 0.0.0.0 listens "
+          "everywhere (use TLS and a job secret on a shared network).");
+ABSL_FLAG(std::string, job_token, "",
+          "The job's secret: RegisterWorker must carry it (dbs_worker --job_token). Prefer "
+          "--job_token_file, which does not show in the process list.");
+ABSL_FLAG(std::string, job_token_file, "", "A file holding the job's secret.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of this server: serve over TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificate: mutual TLS, every worker must present a certificate it signed.");
 ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free port (see --port_file).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the port actually bound is written to this file once the server is ready.");
@@ -119,6 +130,19 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  absl::StatusOr<std::string> secret = dbs::SecretFrom(
+      absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
+  if (!secret.ok()) return secret.status();
+  c.job_token = *secret;
+  for (auto [flag, out] :
+       {std::pair{&FLAGS_tls_cert, &c.tls_cert_pem}, std::pair{&FLAGS_tls_key, &c.tls_key_pem},
+        std::pair{&FLAGS_tls_client_ca, &c.tls_client_ca_pem}}) {
+    const std::string path = absl::GetFlag(*flag);
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> pem = dbs::ReadFile(path);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
   return c;
 }
 

@@ -22,6 +22,12 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
   if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
+  if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate and its key");
+  }
+  if (!c.tls_client_ca_pem.empty() && c.tls_cert_pem.empty()) {
+    return absl::InvalidArgumentError("a client CA (mutual TLS) needs the server's certificate");
+  }
   if (c.supervise_every <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("supervise_every must be > 0");
   }
@@ -31,10 +37,12 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
 PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job)
     : config_(config),
       job_(std::move(job)),
-      scheduler_service_(job_->scheduler()),
+      scheduler_service_(job_->scheduler(), config.job_token),
       parameter_service_(
           job_->store(), job_->aggregator(),
-          [scheduler = job_->scheduler()](int id) { return scheduler->IsRegistered(id); },
+          [scheduler = job_->scheduler()](int id, absl::string_view token) {
+            return scheduler->Authenticate(id, token);
+          },
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
           }) {}
@@ -67,13 +75,27 @@ absl::Status PsServer::RestoreNewestCheckpoint() {
   return absl::OkStatus();
 }
 
+std::shared_ptr<grpc::ServerCredentials> PsServer::Credentials() const {
+  if (config_.tls_cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions tls(
+      config_.tls_client_ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  tls.pem_root_certs = config_.tls_client_ca_pem;
+  tls.pem_key_cert_pairs.push_back({config_.tls_key_pem, config_.tls_cert_pem});
+  return grpc::SslServerCredentials(tls);
+}
+
 absl::Status PsServer::Listen() {
   const std::string address = absl::StrCat(config_.host, ":", config_.port);
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second dbs_ps on the same port would then share it
   // and split the workers between two jobs. Refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  // Workers ping every 20 s while they wait (keepalive); allow it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddListeningPort(address, Credentials(), &port_);
   builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
   builder.RegisterService(&scheduler_service_);
@@ -88,7 +110,11 @@ absl::Status PsServer::Listen() {
     DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
   }
   const SchedulerConfig& s = config_.job.scheduler;
-  LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_ << ", waiting for "
+  LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_
+            << (config_.tls_cert_pem.empty()        ? " (plaintext)"
+                : config_.tls_client_ca_pem.empty() ? " (TLS)"
+                                                    : " (mutual TLS)")
+            << (config_.job_token.empty() ? "" : ", job secret required") << ", waiting for "
             << s.expected_workers << " workers; " << s.epochs << " epochs, global batch "
             << s.global_batch << ", policy " << PolicyName(config_.job.policy);
   return absl::OkStatus();

@@ -28,6 +28,12 @@ struct ServerConfig {
   std::string summary_path;       // the JSON run summary ('' : none)
   bool restore = false;           // continue from the newest valid checkpoint in job.checkpoint_dir
   bool restore_override = false;  // accept a checkpoint written with other training settings
+  std::string job_token;          // the secret RegisterWorker must carry ('' : none)
+  // TLS (PEM contents): a certificate and key turn TLS on; a client CA makes it mutual (every
+  // worker must present a certificate that CA signed).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_client_ca_pem;
   absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
   absl::Duration supervise_every = absl::Milliseconds(250);
 };
@@ -57,6 +63,7 @@ class PsServer {
   PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job);
   absl::Status RestoreNewestCheckpoint();
   absl::Status Listen();
+  std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   void WriteSummary(std::ostream& out);
   void Shutdown(const absl::Status& result);
 

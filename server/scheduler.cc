@@ -6,13 +6,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/permutation.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 
 namespace dbs {
 
 Scheduler::Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy,
-                     const Clock* clock, SchedulerListener* listener)
-    : config_(config), policy_(std::move(policy)), clock_(clock), listener_(listener) {}
+                     const Clock* clock, SchedulerListener* listener, TokenSource token_source)
+    : config_(config),
+      policy_(std::move(policy)),
+      clock_(clock),
+      listener_(listener),
+      token_source_(token_source ? std::move(token_source) : TokenSource(RandomToken)) {}
 
 void Scheduler::Run(Calls& calls) {
   for (auto& c : calls) c();
@@ -50,6 +55,12 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i].name == reg.name && !left_[i]) id = static_cast<int>(i);
     }
+    if (id >= 0 && workers_[id].incarnation != reg.incarnation) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "a worker named '", reg.name, "' is already in the job (worker ", id,
+          "); give each worker process its own name. A restarted worker can rejoin under its "
+          "name once the old one has been removed (after the worker timeout)"));
+    }
     if (id < 0) {
       if (finished_) {
         return absl::FailedPreconditionError("the job has finished; there is nothing to join");
@@ -68,6 +79,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);
       left_.push_back(false);
+      tokens_.push_back(token_source_());
       ++events_;
       if (static_cast<int>(workers_.size()) == config_.expected_workers) {
         DBS_RETURN_IF_ERROR(PlanNextEpochLocked(&calls));
@@ -88,6 +100,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     result.epochs = config_.epochs;
     result.global_batch = config_.global_batch;
     result.policy = policy_->name();
+    result.token = tokens_[id];
   }
   Run(calls);
   return result;
@@ -579,7 +592,7 @@ void Scheduler::Abort(const absl::Status& status) {
 
 Scheduler::State Scheduler::SaveState() const {
   absl::MutexLock lock(&mu_);
-  return State{workers_, left_, records_, finished_};
+  return State{workers_, left_, records_, finished_, tokens_};
 }
 
 void Scheduler::LoadState(State state) {
@@ -588,6 +601,26 @@ void Scheduler::LoadState(State state) {
   left_ = std::move(state.left);
   records_ = std::move(state.records);
   finished_ = state.finished;
+  tokens_ = std::move(state.tokens);
+  // A checkpoint without tokens (none are written empty) gets fresh ones: its workers register
+  // again under their names.
+  while (tokens_.size() < workers_.size()) tokens_.push_back(token_source_());
+}
+
+absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token) const {
+  absl::MutexLock lock(&mu_);
+  if (worker_id < 0 || worker_id >= static_cast<int>(workers_.size())) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", worker_id, "; call SchedulerService.RegisterWorker first"));
+  }
+  if (token.empty()) {
+    return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
+  }
+  if (!ConstantTimeEquals(token, tokens_[worker_id])) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the token does not belong to worker ", worker_id));
+  }
+  return absl::OkStatus();
 }
 
 bool Scheduler::IsRegistered(int worker_id) const {

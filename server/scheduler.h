@@ -84,10 +84,17 @@ class Scheduler {
  public:
   using PlanCallback = std::function<void(const absl::StatusOr<WorkerPlan>&)>;
 
+  // Makes each worker's token (default: 128 random bits from the kernel).
+  using TokenSource = std::function<std::string()>;
+
   // `config` must be valid (see ValidateJobConfig). `clock` and `listener` (may be null) must
   // outlive the scheduler.
   Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy, const Clock* clock,
-            SchedulerListener* listener);
+            SchedulerListener* listener, TokenSource token_source = nullptr);
+
+  // OK when `token` is worker `worker_id`'s: NOT_FOUND for an unknown id, UNAUTHENTICATED for no
+  // token, PERMISSION_DENIED for another worker's or a wrong one.
+  absl::Status Authenticate(int worker_id, absl::string_view token) const;
 
   // Joins the job. The same name gets the same id back. A new worker joining a running job is
   // planned from the next epoch (RegistrationResult::start_epoch). FAILED_PRECONDITION when the
@@ -137,6 +144,7 @@ class Scheduler {
     std::vector<bool> left;
     std::vector<EpochRecord> records;
     bool finished = false;
+    std::vector<std::string> tokens;  // by id
   };
   State SaveState() const;
   // Replaces membership and history with a restored checkpoint's (before any worker connects).
@@ -198,6 +206,8 @@ class Scheduler {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // new registrations and accepted reports
+  const TokenSource token_source_;
+  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);  // by id
 };
 
 }  // namespace dbs

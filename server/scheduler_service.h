@@ -3,6 +3,8 @@
 #ifndef DBS_SERVER_SCHEDULER_SERVICE_H_
 #define DBS_SERVER_SCHEDULER_SERVICE_H_
 
+#include <string>
+
 #include "proto/dbs.grpc.pb.h"
 #include "server/scheduler.h"
 
@@ -10,8 +12,9 @@ namespace dbs {
 
 class SchedulerServiceImpl final : public v1::SchedulerService::CallbackService {
  public:
-  // `scheduler` must outlive the service.
-  explicit SchedulerServiceImpl(Scheduler* scheduler) : scheduler_(scheduler) {}
+  // `scheduler` must outlive the service. With a `job_token`, RegisterWorker requires it.
+  explicit SchedulerServiceImpl(Scheduler* scheduler, std::string job_token = "")
+      : scheduler_(scheduler), job_token_(std::move(job_token)) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -27,6 +30,7 @@ class SchedulerServiceImpl final : public v1::SchedulerService::CallbackService 
 
  private:
   Scheduler* const scheduler_;
+  const std::string job_token_;
 };
 
 }  // namespace dbs

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_matchers.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
@@ -33,7 +34,8 @@ class ServiceTest : public ::testing::Test {
     scheduler_service_ = std::make_unique<SchedulerServiceImpl>(job_->scheduler());
     Scheduler* s = job_->scheduler();
     parameter_service_ = std::make_unique<ParameterServiceImpl>(
-        job_->store(), job_->aggregator(), [s](int id) { return s->IsRegistered(id); });
+        job_->store(), job_->aggregator(),
+        [s](int id, absl::string_view token) { return s->Authenticate(id, token); });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -55,6 +57,7 @@ class ServiceTest : public ::testing::Test {
       v1::RegisterWorkerReply reply;
       grpc::ClientContext ctx;
       ASSERT_THAT(sched_->RegisterWorker(&ctx, req, &reply), IsOk());
+      tokens_.push_back(reply.token());
     }
     for (int id = 0; id < 2; ++id) {
       v1::RegisterModelRequest req;
@@ -64,6 +67,7 @@ class ServiceTest : public ::testing::Test {
       EncodeTensors(kLayout, init, req.mutable_parameters());
       v1::Parameters reply;
       grpc::ClientContext ctx;
+      Sign(&ctx, req.worker_id());
       ASSERT_THAT(params_->RegisterModel(&ctx, req, &reply), IsOk());
       std::vector<float> got(3);
       ASSERT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
@@ -87,8 +91,16 @@ class ServiceTest : public ::testing::Test {
     return req;
   }
 
+  // Adds the credential of `worker_id` (the one from its registration; none for unknown ids).
+  void Sign(grpc::ClientContext* ctx, int worker_id) {
+    if (worker_id >= 0 && worker_id < static_cast<int>(tokens_.size())) {
+      ctx->AddMetadata(kWorkerTokenKey, tokens_[worker_id]);
+    }
+  }
+
   grpc::Status Send(const v1::PushGradientRequest& req, v1::PushGradientReply* reply) {
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     return params_->PushGradient(&ctx, req, reply);
   }
@@ -98,6 +110,7 @@ class ServiceTest : public ::testing::Test {
     req.set_worker_id(0);
     v1::Parameters reply;
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     EXPECT_THAT(params_->PullParameters(&ctx, req, &reply), IsOk());
     std::vector<float> got(3);
     EXPECT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
@@ -121,6 +134,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<SchedulerServiceImpl> scheduler_service_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> tokens_;  // by worker id
   std::unique_ptr<v1::SchedulerService::Stub> sched_;
   std::unique_ptr<v1::ParameterService::Stub> params_;
 };
@@ -169,12 +183,14 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::Parameters reply;
   {
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   req.set_worker_id(1);
   req.mutable_parameters(0)->set_name("renamed");
   {
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
@@ -183,6 +199,7 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::EpochPlan plan;
   {
     grpc::ClientContext ctx;
+    Sign(&ctx, plan_req.worker_id());
     EXPECT_EQ(sched_->GetEpochPlan(&ctx, plan_req, &plan).error_code(),
               grpc::StatusCode::NOT_FOUND);
   }
@@ -213,10 +230,12 @@ TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {
   v1::EpochPlan a, b;
   {
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     ASSERT_THAT(sched_->GetEpochPlan(&ctx, req, &a), IsOk());
   }
   {
     grpc::ClientContext ctx;
+    Sign(&ctx, req.worker_id());
     ASSERT_THAT(sched_->GetEpochPlan(&ctx, req, &b), IsOk());
   }
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());

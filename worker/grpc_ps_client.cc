@@ -7,13 +7,15 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/plan_codec.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
 
 namespace dbs {
 
-GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config) : config_(config) {
+GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
+    : config_(config), incarnation_(RandomToken()) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(config.max_message_mb << 20);
   args.SetMaxSendMessageSize(config.max_message_mb << 20);
@@ -21,7 +23,20 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config) : config_(config) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(config.address, grpc::InsecureChannelCredentials(), args);
+  // Keepalive pings notice a server that vanished (powered off, partitioned) while a call waits:
+  // the call fails with UNAVAILABLE instead of hanging, and the retry logic takes over.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!config.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = config.tls_ca_pem;
+    tls.pem_private_key = config.tls_key_pem;
+    tls.pem_cert_chain = config.tls_cert_pem;
+    credentials = grpc::SslCredentials(tls);
+  }
+  channel_ = grpc::CreateCustomChannel(config.address, credentials, args);
   scheduler_ = v1::SchedulerService::NewStub(channel_);
   parameters_ = v1::ParameterService::NewStub(channel_);
 }
@@ -36,6 +51,7 @@ absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) con
 absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;
   ToProto(reg, &req);
+  if (req.incarnation().empty()) req.set_incarnation(incarnation_);
   Backoff backoff(config_.backoff, std::hash<std::string>()(reg.name));
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + config_.connect_timeout;
@@ -44,10 +60,14 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
   while (true) {
     ++attempts;
     grpc::ClientContext ctx;
+    if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
     v1::RegisterWorkerReply reply;
     last = scheduler_->RegisterWorker(&ctx, req, &reply);
-    if (last.ok()) return FromProto(reply);
+    if (last.ok()) {
+      token_ = reply.token();
+      return FromProto(reply);
+    }
     const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!retryable) return Annotate(last, "registration refused");
@@ -69,6 +89,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   EncodeTensors(layout, initial, req.mutable_parameters());
   v1::Parameters reply;
   grpc::ClientContext ctx;
+  ctx.AddMetadata(kWorkerTokenKey, token_);
   DBS_RETURN_IF_ERROR(Annotate(parameters_->RegisterModel(&ctx, req, &reply), "RegisterModel"));
   DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout, false, params));
   layout_ = layout;
@@ -90,6 +111,7 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc) {
   const absl::Time deadline = absl::Now() + config_.connect_timeout;
   while (true) {
     grpc::ClientContext ctx;
+    ctx.AddMetadata(kWorkerTokenKey, token_);
     const grpc::Status s = rpc(&ctx);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
     const absl::Duration delay = backoff.Next();
@@ -213,6 +235,7 @@ absl::Status GrpcPsClient::Leave(int worker_id) {
   req.set_worker_id(worker_id);
   v1::LeaveReply reply;
   grpc::ClientContext ctx;
+  ctx.AddMetadata(kWorkerTokenKey, token_);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   return Annotate(scheduler_->Leave(&ctx, req, &reply), "Leave");
 }

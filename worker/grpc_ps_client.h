@@ -22,6 +22,12 @@ struct GrpcClientConfig {
   absl::Duration connect_timeout = absl::Seconds(60);
   BackoffConfig backoff;
   int max_message_mb = 512;
+  std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
+  // TLS (PEM contents): the CA that signed the server's certificate turns TLS on; a certificate
+  // and key of this worker's, signed by the CA the server trusts, make it mutual TLS.
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 };
 
 class GrpcPsClient : public PsClient {
@@ -59,6 +65,8 @@ class GrpcPsClient : public PsClient {
   v1::PushGradientRequest push_;
   v1::PushGradientReply push_reply_;
   bool reconnected_ = false;
+  const std::string incarnation_;  // this process's, for every registration
+  std::string token_;              // from RegisterWorker, sent with every later call
 };
 
 }  // namespace dbs

@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/files.h"
 #include "common/flags_help.h"
 #include "worker/fashion_mnist.h"
 #include "worker/grpc_ps_client.h"
@@ -45,6 +46,14 @@ ABSL_FLAG(double, connect_timeout_s, 60.0,
           "How long to keep retrying (with backoff) while dbs_ps is unreachable.");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
+ABSL_FLAG(std::string, job_token, "",
+          "The job's secret, when dbs_ps requires one (prefer --job_token_file).");
+ABSL_FLAG(std::string, job_token_file, "", "A file holding the job's secret.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that signed the server's certificate: connect over TLS.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker, for a server that requires mutual TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 
 namespace {
 
@@ -95,6 +104,25 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   c.client.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (c.client.max_message_mb < 1 || c.client.max_message_mb > 2047) {
     return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
+  }
+  absl::StatusOr<std::string> secret = dbs::SecretFrom(
+      absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
+  if (!secret.ok()) return secret.status();
+  c.client.job_token = *secret;
+  for (auto [flag, out] : {std::pair{&FLAGS_tls_ca, &c.client.tls_ca_pem},
+                           std::pair{&FLAGS_tls_cert, &c.client.tls_cert_pem},
+                           std::pair{&FLAGS_tls_key, &c.client.tls_key_pem}}) {
+    const std::string path = absl::GetFlag(*flag);
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> pem = dbs::ReadFile(path);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
+  if (c.client.tls_cert_pem.empty() != c.client.tls_key_pem.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (!c.client.tls_cert_pem.empty() && c.client.tls_ca_pem.empty()) {
+    return absl::InvalidArgumentError("--tls_cert needs --tls_ca (the CA of the server)");
   }
   c.measure_speed_samples = absl::GetFlag(FLAGS_measure_speed_samples);
   c.measure_batch = absl::GetFlag(FLAGS_measure_batch);
