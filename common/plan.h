@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace dbs {
 
 // [begin, end) positions of an epoch's permutation.
@@ -73,9 +75,25 @@ class RangeCursor {
   int64_t used_ = 0;  // positions of ranges_[r_] already handed out
 };
 
+struct PlanRevision;
+
+// The most steps an epoch may have (the scheduler refuses data sets that would make more), so a
+// plan from a peer can be checked before anything is allocated for it.
+inline constexpr int kMaxStepsPerEpoch = 1 << 20;
+inline constexpr int kMaxGlobalBatch = 1 << 24;
+
+// OK when a plan received from the server is usable on data sets of `train_size` and
+// `test_size` samples: step count and batches within limits, every range inside the data.
+// INVALID_ARGUMENT saying what is wrong otherwise (a hostile or broken server).
+absl::Status ValidatePlan(const WorkerPlan& plan, int64_t train_size, int64_t test_size);
+// The same for a revision (or a resume's schedule) of an epoch.
+absl::Status ValidateRevision(const PlanRevision& revision, int64_t train_size, int64_t test_size);
+
 // Expands a plan's regular form (batch sizes and ranges consumed in order) into per-step ranges.
+// The plan must have passed ValidatePlan.
 inline StepRanges ExpandSteps(const WorkerPlan& plan) {
-  StepRanges steps(plan.num_steps > 0 ? plan.num_steps : 0);
+  if (plan.finished || plan.num_steps <= 0 || plan.num_steps > kMaxStepsPerEpoch) return {};
+  StepRanges steps(plan.num_steps);
   RangeCursor cursor(plan.train_ranges);
   for (int s = 0; s < plan.num_steps; ++s) steps[s] = cursor.Take(plan.BatchAt(s));
   return steps;

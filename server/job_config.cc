@@ -51,7 +51,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (s.epochs < 1 || s.epochs > 1000000) {
     return absl::InvalidArgumentError("epochs must be in [1, 1000000]");
   }
-  if (s.global_batch < 1 || s.global_batch > (1 << 24)) {
+  if (s.global_batch < 1 || s.global_batch > kMaxGlobalBatch) {
     return absl::InvalidArgumentError("global_batch must be in [1, 16777216]");
   }
   DBS_RETURN_IF_ERROR(ValidatePolicyConfig(PolicyConfigOf(c)));

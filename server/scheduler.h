@@ -61,7 +61,6 @@ struct EpochRecord {
 // Limits on what a registering peer may declare.
 inline constexpr size_t kMaxNameLength = 256;
 inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
-inline constexpr int64_t kMaxStepsPerEpoch = 1 << 20;
 inline constexpr size_t kMaxWorkers = 1024;
 
 class SchedulerListener {

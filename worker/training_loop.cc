@@ -87,6 +87,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::FetchPlan() {
     if (absl::IsFailedPrecondition(next.status()) && Resync(next.status())) return Next::kResynced;
     return next.status();
   }
+  DBS_RETURN_IF_ERROR(ValidatePlan(*next, learner_->train_size(), learner_->test_size()));
   plan_ = *std::move(next);
   if (plan_.finished) {
     finished_ = true;
@@ -187,6 +188,7 @@ absl::Status TrainingLoop::ApplyRevision(const PlanRevision& rev, int step) {
       rev.num_steps != rev.from_step + static_cast<int>(rev.steps.size())) {
     return absl::InvalidArgumentError("the server sent an inconsistent plan revision");
   }
+  DBS_RETURN_IF_ERROR(ValidateRevision(rev, learner_->train_size(), learner_->test_size()));
   schedule_.resize(rev.num_steps);
   std::copy(rev.steps.begin(), rev.steps.end(), schedule_.begin() + rev.from_step);
   num_steps_ = rev.num_steps;
@@ -243,6 +245,11 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
 bool TrainingLoop::Resync(const absl::Status& why) {
   absl::StatusOr<ResumePoint> r = client_->Resume(id_, absl::MakeSpan(params_));
   if (!r.ok()) return false;
+  if (r->has_plan &&
+      (!ValidatePlan(r->plan, learner_->train_size(), learner_->test_size()).ok() ||
+       !ValidateRevision(r->schedule, learner_->train_size(), learner_->test_size()).ok())) {
+    return false;  // the caller reports the original error
+  }
   client_->TakeReconnected();  // this resume accounts for the outage
   learner_->SetParameters(params_);
   finished_ = r->finished;
