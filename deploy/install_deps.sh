@@ -8,7 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev
   libtorch-dev dataset-fashion-mnist python3
-  python3-torch python3-numpy python3-matplotlib clang-format
+  python3-torch python3-numpy python3-matplotlib clang-format openssl
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -318,3 +318,46 @@ TEST(PoisonTest, AnUpdateThatOverflowsKeepsTheParametersAndEndsTheJob) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Item 6: worker ids were small integers anyone could use (a client pushing as another worker's
+// id was accepted), and a second process with the same name got the same id, its gradients then
+// dropped as retries.
+TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
+  FakeClock clock;
+  SchedulerConfig sc;
+  sc.expected_workers = 2;
+  sc.epochs = 1;
+  sc.global_batch = 4;
+  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 4}), &clock, nullptr);
+  absl::StatusOr<RegistrationResult> a = s.Register({"a", 8, 2, "cpu", 0, "inc-a"});
+  absl::StatusOr<RegistrationResult> b = s.Register({"b", 8, 2, "cpu", 0, "inc-b"});
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_EQ(a->token.size(), 32u);
+  EXPECT_NE(a->token, b->token);
+  EXPECT_THAT(s.Authenticate(0, a->token), IsOk());
+  EXPECT_THAT(s.Authenticate(0, b->token), StatusIs(absl::StatusCode::kPermissionDenied,
+                                                    HasSubstr("does not belong to worker 0")));
+  EXPECT_THAT(s.Authenticate(0, ""), StatusCodeIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(s.Authenticate(7, a->token), StatusCodeIs(absl::StatusCode::kNotFound));
+  // A retried registration of the same process gets the same id and token back.
+  absl::StatusOr<RegistrationResult> retry = s.Register({"a", 8, 2, "cpu", 0, "inc-a"});
+  ASSERT_THAT(retry, IsOk());
+  EXPECT_EQ(retry->worker_id, 0);
+  EXPECT_EQ(retry->token, a->token);
+  // Another process with a live worker's name is refused.
+  EXPECT_THAT(s.Register({"a", 8, 2, "cpu", 0, "inc-other"}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already in the job")));
+  // Tokens survive a restart from a checkpoint.
+  Scheduler restored(sc, *MakeSharePolicy({PolicyKind::kFixed, 4}), &clock, nullptr);
+  restored.LoadState(s.SaveState());
+  EXPECT_THAT(restored.Authenticate(1, b->token), IsOk());
+}
+
+}  // namespace
+}  // namespace dbs

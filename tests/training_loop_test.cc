@@ -255,13 +255,20 @@ TEST_F(TrainingLoopTest, RefusesSamplesOutsideTheDataSet) {
   EXPECT_EQ(learner_.seen().size(), 2u);  // nothing was computed on the bad range
 }
 
-TEST_F(TrainingLoopTest, AnEvictedWorkerStopsWithTheServersReason) {
+// Issue 8 item 6: an evicted worker exited; it registers again and rejoins at the next epoch.
+TEST_F(TrainingLoopTest, AnEvictedWorkerRejoinsAtTheNextEpoch) {
   FakePsClient client(job_, &clock_);
   client.EvictAt(0, 3);
-  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.rejoins(), 1);
   EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2));
-  EXPECT_TRUE(client.reports().empty());
-  EXPECT_FALSE(client.left());
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3, 4, 5));
+  ASSERT_EQ(client.reports().size(), 1u);
+  EXPECT_EQ(client.reports()[0].epoch, 1);
+  EXPECT_EQ(client.reports()[0].worker_id, 1) << "under its new id";
+  EXPECT_TRUE(client.left());
+  EXPECT_THAT(Log(), HasSubstr("declared dead"));
+  EXPECT_THAT(Log(), HasSubstr("joined again as worker 1 from epoch 2"));
 }
 
 TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {

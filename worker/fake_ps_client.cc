@@ -20,12 +20,12 @@ void FakePsClient::ReviseAfter(int epoch, int step, PlanRevision revision) {
 void FakePsClient::EvictAt(int epoch, int step) { evict_at_ = {epoch, step}; }
 
 absl::Status FakePsClient::CheckWorker(int worker_id) const {
-  if (!registered_ || worker_id != 0) {
+  if (!registered_ || worker_id != id_) {
     return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
   }
   if (evicted_) {
     return absl::NotFoundError(
-        "worker 0 was declared dead after missing a step deadline; its samples went to the "
+        "the worker was declared dead after missing a step deadline; its samples went to the "
         "other workers");
   }
   return absl::OkStatus();
@@ -63,11 +63,22 @@ void FakePsClient::StartEpoch(int epoch) {
 
 absl::StatusOr<RegistrationResult> FakePsClient::RegisterWorker(const WorkerRegistration& reg) {
   if (reg.train_samples < 1) return absl::InvalidArgumentError("no training samples");
+  int start_epoch = config_.start_epoch;
+  if (registered_ && evicted_) {
+    // Registering again after eviction: a new id, from the next epoch (the others finished the
+    // current one without this worker).
+    ++id_;
+    evicted_ = false;
+    evict_at_ = {-1, -1};
+    ++rejoins_;
+    StartEpoch(epoch_ + 1);
+    start_epoch = epoch_;
+  }
   reg_ = reg;
   registered_ = true;
   RegistrationResult r;
-  r.worker_id = 0;
-  r.start_epoch = config_.start_epoch;
+  r.worker_id = id_;
+  r.start_epoch = start_epoch;
   r.expected_workers = 1;
   r.epochs = config_.epochs;
   r.global_batch = config_.global_batch;

@@ -47,7 +47,8 @@ class FakePsClient : public PsClient {
   void RestartAt(int epoch, int step, int resume_step);
   // The reply to the push of (epoch, step) carries `revision`, which the server also follows.
   void ReviseAfter(int epoch, int step, PlanRevision revision);
-  // From the push of (epoch, step) on, the worker is dead to the server.
+  // From the push of (epoch, step) on, the worker is dead to the server (NOT_FOUND), until it
+  // registers again: then it gets a new id and rejoins at the next epoch.
   void EvictAt(int epoch, int step);
   // Right after the worker registers its model, the job's parameters become `values` (other
   // workers trained meanwhile, as when joining a running job).
@@ -60,6 +61,7 @@ class FakePsClient : public PsClient {
   const std::vector<float>& parameters() const { return params_; }
   bool left() const { return left_; }
   int restarts() const { return restarts_; }
+  int rejoins() const { return rejoins_; }
 
   absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
   absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
@@ -86,6 +88,8 @@ class FakePsClient : public PsClient {
   FakeClock* const clock_;
   WorkerRegistration reg_;
   bool registered_ = false;
+  int id_ = 0;
+  int rejoins_ = 0;
   bool left_ = false;
   bool reconnected_ = false;
   int restarts_ = 0;

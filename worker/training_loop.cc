@@ -171,6 +171,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
     if (absl::IsFailedPrecondition(pushed.status()) && Resync(pushed.status())) {
       return Next::kResynced;
     }
+    // Removed from the job (declared dead while it was slow or cut off): join again.
+    if (absl::IsNotFound(pushed.status()) && Rejoin(pushed.status())) return Next::kResynced;
     return pushed.status();
   }
   const absl::Time t2 = clock_->Now();
@@ -240,6 +242,22 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
       timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, 100.0 * accuracy));
   epochs_.push_back({plan_.batch_size, plan_.share, timing});
   return Next::kGoOn;
+}
+
+bool TrainingLoop::Rejoin(const absl::Status& why) {
+  if (rejoins_ >= kMaxRejoins) return false;
+  const WorkerRegistration reg{config_.name, learner_->train_size(), learner_->test_size(),
+                               learner_->device(), config_.max_batch};
+  absl::StatusOr<RegistrationResult> joined = client_->RegisterWorker(reg);
+  if (!joined.ok()) return false;
+  ++rejoins_;
+  id_ = joined->worker_id;
+  epoch_ = joined->start_epoch;
+  need_plan_ = true;
+  pull_before_training_ = true;
+  Say(absl::StrFormat("removed from the job (%s); joined again as worker %d from epoch %d",
+                      why.message(), id_, epoch_ + 1));
+  return true;
 }
 
 bool TrainingLoop::Resync(const absl::Status& why) {

@@ -71,6 +71,10 @@ class TrainingLoop {
   absl::StatusOr<Next> EvaluateAndReport(EpochTiming timing);
   // Continues where the server says the job stands; false when the server cannot tell.
   bool Resync(const absl::Status& why);
+  // Registers again after the server removed this worker, to rejoin at the next epoch; false
+  // when it cannot (then the loop ends with the removal's error).
+  bool Rejoin(const absl::Status& why);
+  static constexpr int kMaxRejoins = 10;
   // The dataset indices of one step's permutation positions, checked against the data set.
   absl::Status IndicesOf(const std::vector<SampleRange>& ranges);
   void LogProgress(int step, int batch, double loss, const EpochTiming& timing);
@@ -91,6 +95,7 @@ class TrainingLoop {
   bool finished_ = false;
   int first_step_ = 0;
   bool pull_before_training_ = false;  // joined a running job: fetch its parameters first
+  int rejoins_ = 0;
   WorkerPlan plan_;
   StepRanges schedule_;
   int num_steps_ = 0;

@@ -1,0 +1,115 @@
+"""Transport security end to end: real dbs_ps and dbs_worker processes with certificates made by
+openssl at test time, mutual TLS and a job secret. Refused peers never get in, and the job goes on.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_test import DATA_DIR, ProcessTestCase  # noqa: E402
+
+SMALL = ["--train_limit=600", "--test_limit=200", "--log_every_s=60", "--connect_timeout_s=3"]
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-subj", f"/CN={name}", cwd=d)
+
+
+def make_cert(d, name, ca, san=None):
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+    ext = os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write(f"subjectAltName={san}\n" if san else "basicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", "-extfile", ext, cwd=d)
+
+
+class SecurityTest(ProcessTestCase):
+    def setUp(self):
+        super().setUp()
+        d = self.tmp
+        make_ca(d, "ca")
+        make_ca(d, "rogue_ca")
+        make_cert(d, "server", "ca", san="IP:127.0.0.1,DNS:localhost")
+        make_cert(d, "worker", "ca")
+        make_cert(d, "rogue", "rogue_ca")
+        self.secret = os.path.join(d, "job.secret")
+        with open(self.secret, "w") as f:
+            f.write("s3cret-job-token\n")
+
+    def p(self, name):
+        return os.path.join(self.tmp, name)
+
+    def tls(self, who):
+        return [f"--tls_ca={self.p('ca.pem')}", f"--tls_cert={self.p(who + '.pem')}",
+                f"--tls_key={self.p(who + '.key')}"]
+
+    def test_mutual_tls_and_the_job_secret_keep_strangers_out(self):
+        summary = self.p("summary.json")
+        ps, port = self.start_ps([
+            "--workers=2", "--epochs=1", "--global_batch=32", "--linger_s=1",
+            f"--summary_path={summary}", f"--tls_cert={self.p('server.pem')}",
+            f"--tls_key={self.p('server.key')}", f"--tls_client_ca={self.p('ca.pem')}",
+            f"--job_token_file={self.secret}"])
+        worker = lambda *flags: self.worker_argv(port, *SMALL, *flags)  # noqa: E731
+        token = f"--job_token_file={self.secret}"
+
+        # Plaintext, TLS without a certificate, and a certificate from another CA: the connection
+        # is refused, so registration never happens.
+        for name, flags in (("plain", [token]),
+                            ("nocert", [f"--tls_ca={self.p('ca.pem')}", token]),
+                            ("rogue", [f"--tls_ca={self.p('ca.pem')}",
+                                       f"--tls_cert={self.p('rogue.pem')}",
+                                       f"--tls_key={self.p('rogue.key')}", token])):
+            rc, _, err = self.run_cmd(worker(f"--name={name}", *flags), 60)
+            self.assertNotEqual(rc, 0, name)
+            self.assertIn("could not reach dbs_ps", err, name)
+        # The right certificate but the wrong secret: UNAUTHENTICATED.
+        rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess"),
+                                  60)
+        self.assertEqual(rc, 1)
+        self.assertIn("job's secret", err)
+        self.assertIsNone(ps.poll(), "dbs_ps is still serving")
+
+        # The real workers train the job to completion.
+        workers = [self.spawn(worker(f"--name=w{i}", *self.tls("worker"), token))
+                   for i in range(2)]
+        for w in workers:
+            out, err = w.communicate(timeout=180)
+            self.assertEqual(w.returncode, 0, err.decode()[-2000:])
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual(record["status"], "ok")
+        self.assertEqual(record["epochs_completed"], 1)
+        self.assertEqual(len(record["worker_info"]), 2, "no stranger registered")
+
+    def test_a_second_process_with_a_live_name_is_refused(self):
+        ps, port = self.start_ps(["--workers=2", "--epochs=1", "--global_batch=32",
+                                  "--linger_s=1"])
+        first = self.spawn(self.worker_argv(port, *SMALL, "--name=same"))
+        # The first registers and waits for the second worker of the job; a second process with
+        # its name must not take its place (before, it silently got the same id).
+        while b"joined as worker" not in first.stdout.readline():
+            self.assertIsNone(first.poll(), "the first worker exited before joining")
+        rc, _, err = self.run_cmd(self.worker_argv(port, *SMALL, "--name=same"), 60)
+        self.assertEqual(rc, 1)
+        self.assertIn("already in the job", err)
+        other = self.spawn(self.worker_argv(port, *SMALL, "--name=other"))
+        for w in (first, other):
+            _, err = w.communicate(timeout=180)
+            self.assertEqual(w.returncode, 0, err.decode()[-2000:])
+
+
+if __name__ == "__main__":
+    unittest.main()
