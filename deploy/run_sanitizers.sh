@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The test suite under AddressSanitizer + UndefinedBehaviorSanitizer (all of it), then under
-# ThreadSanitizer (the domain and adapter tests: the ones with threads of our own, no libtorch).
+# The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+#
+# ThreadSanitizer (--config=tsan) is not run here: Debian's Abseil and gRPC are not built with
+# -fsanitize=thread, so their locks are invisible to it and every absl::Mutex-guarded access is
+# reported as a race (it flagged two accesses inside one MutexLock in TrainingJob::OnJobFinished,
+# and gRPC's own epoll loop). Its reports cannot be told from real races until Abseil and gRPC
+# come instrumented; see docs/security.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-status=0
-bazel test --config=asan //... || status=1
-bazel test --config=tsan \
-  //tests:hardening_test //tests:training_job_test //tests:scheduler_test \
-  //tests:step_aggregator_test //tests:liveness_monitor_test //tests:parameter_service_test \
-  //tests:ps_server_test //tests:training_loop_test //tests:files_test || status=1
-exit $status
+bazel test --config=asan //...

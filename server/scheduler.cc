@@ -24,7 +24,7 @@ void Scheduler::Run(Calls& calls) {
   calls.clear();
 }
 
-absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration& reg) {
+absl::Status Scheduler::ValidateRegistration(const WorkerRegistration& reg) const {
   if (reg.name.empty()) return absl::InvalidArgumentError("worker name is empty");
   if (reg.name.size() > kMaxNameLength || reg.device.size() > kMaxNameLength) {
     return absl::InvalidArgumentError(
@@ -46,6 +46,11 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
   }
   if (reg.test_samples < 0) return absl::InvalidArgumentError("negative test set size");
   if (reg.max_batch < 0) return absl::InvalidArgumentError("negative max batch");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration& reg) {
+  DBS_RETURN_IF_ERROR(ValidateRegistration(reg));
   Calls calls;
   RegistrationResult result;
   {

@@ -180,6 +180,8 @@ class Scheduler {
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a registering peer declares, within the limits above and this job's batch.
+  absl::Status ValidateRegistration(const WorkerRegistration& reg) const;
   // Completes `rec` when every planned worker has reported or been removed: plans the next
   // epoch, or finishes the job.
   void MaybeCompleteEpochLocked(EpochRecord& rec, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
