@@ -9,7 +9,9 @@ bool LivenessMonitor::Stalled(int64_t activity, bool started) {
   if (config_.stall_timeout <= absl::ZeroDuration()) return false;
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
-  if (activity != last_activity_count_ || !started) {
+  // Before training starts, the clock runs once someone registered: a job that never gets all
+  // its workers must not wait forever.
+  if (activity != last_activity_count_ || (!started && activity == 0)) {
     last_activity_count_ = activity;
     last_activity_ = now;
     return false;

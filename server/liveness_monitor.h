@@ -37,8 +37,9 @@ class LivenessMonitor {
   // `clock` must outlive the monitor.
   LivenessMonitor(LivenessConfig config, const Clock* clock);
 
-  // True when the job has stalled: `started`, and `activity` (a count that grows with every
-  // accepted push, registration and report) unchanged for the stall timeout.
+  // True when the job has stalled: `activity` (a count that grows with every accepted push,
+  // registration and report) unchanged for the stall timeout, once training has `started` or
+  // anyone has registered (activity > 0).
   bool Stalled(int64_t activity, bool started);
 
   // The workers to declare dead now: those `wait` still waits for, when the same step has been

@@ -214,7 +214,10 @@ bool TrainingJob::CheckStall() {
   // Stalled: name what the job waits for.
   const std::vector<EpochRecord> history = scheduler_->History();
   std::string waiting;
-  if (!progress.waiting_for.empty()) {
+  if (history.empty()) {
+    waiting = absl::StrCat("workers to register: ", scheduler_->Workers().size(), " of ",
+                           config_.scheduler.expected_workers, " did");
+  } else if (!progress.waiting_for.empty()) {
     waiting = absl::StrCat("a push from worker(s) ", absl::StrJoin(progress.waiting_for, ", "),
                            " at epoch ", progress.epoch, " step ", progress.step);
   } else {
@@ -228,8 +231,9 @@ bool TrainingJob::CheckStall() {
   const absl::Status stalled = absl::DeadlineExceededError(
       absl::StrCat("no progress for ", absl::FormatDuration(liveness_.stall_timeout()),
                    " while waiting for ", waiting,
-                   "; the worker probably died (restart the job; recovery without restart is not "
-                   "part of this version)"));
+                   history.empty() ? "; start the missing workers, or fewer --workers"
+                                   : "; the worker probably died (restart the job from its "
+                                     "checkpoint)"));
   LOG(ERROR) << stalled.message();
   Abort(stalled);
   return true;

@@ -15,10 +15,21 @@ class LivenessMonitorTest : public ::testing::Test {
   LivenessMonitor monitor_{{absl::Seconds(30), absl::Seconds(10)}, &clock_};
 };
 
-TEST_F(LivenessMonitorTest, WaitingForWorkersBeforeTrainingIsNotAStall) {
-  EXPECT_FALSE(monitor_.Stalled(1, false));
+TEST_F(LivenessMonitorTest, WaitingForTheFirstWorkerIsNotAStall) {
+  EXPECT_FALSE(monitor_.Stalled(0, false));
   clock_.Advance(absl::Hours(1));
+  EXPECT_FALSE(monitor_.Stalled(0, false));
+}
+
+// Issue 8 item 7: fewer than --workers registrations waited forever.
+TEST_F(LivenessMonitorTest, WaitingForTheRestOfTheWorkersIsAStall) {
   EXPECT_FALSE(monitor_.Stalled(1, false));
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_FALSE(monitor_.Stalled(2, false)) << "a second worker registered";
+  clock_.Advance(absl::Seconds(29));
+  EXPECT_FALSE(monitor_.Stalled(2, false));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(monitor_.Stalled(2, false));
 }
 
 TEST_F(LivenessMonitorTest, NoActivityForTheStallTimeoutIsAStall) {

@@ -57,6 +57,23 @@ TEST_F(TrainingJobTest, StallAbortsNamingTheMissingWorker) {
   EXPECT_NE(job_->Run().status, "ok");
 }
 
+TEST(TrainingJobRegistrationTest, AJobMissingWorkersEndsAfterTheStallTimeout) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 3;
+  config.stall_timeout = absl::Minutes(5);
+  auto job = *TrainingJob::Create(config, &clock);
+  EXPECT_FALSE(job->CheckStall()) << "nobody registered yet: a server may wait for its first";
+  clock.Advance(absl::Hours(1));
+  EXPECT_FALSE(job->CheckStall());
+  ASSERT_THAT(job->scheduler()->Register({"a", 8, 2, "cpu"}), IsOk());
+  EXPECT_FALSE(job->CheckStall());
+  clock.Advance(absl::Minutes(5));
+  ASSERT_TRUE(job->CheckStall());
+  EXPECT_THAT(job->Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                    ::testing::HasSubstr("workers to register: 1 of 3 did")));
+}
+
 TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {
   JobConfig config;
   config.scheduler.expected_workers = 1;
