@@ -22,6 +22,17 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// A bare scheduler with the fixed split (no TrainingJob around it).
+std::unique_ptr<Scheduler> FixedScheduler(int workers, int epochs, int global_batch,
+                                          const Clock* clock) {
+  SchedulerConfig sc;
+  sc.expected_workers = workers;
+  sc.epochs = epochs;
+  sc.global_batch = global_batch;
+  return std::make_unique<Scheduler>(sc, *MakeSharePolicy({PolicyKind::kFixed, global_batch}),
+                                     clock, nullptr);
+}
+
 // Three workers on 12 samples, global batch 6: 2 steps of 2 + 2 + 2 samples, 1 test sample
 // each.
 class HardeningTest : public ::testing::Test {
@@ -118,11 +129,8 @@ TEST_F(HardeningTest, AFailedAuditNeverEndsAsOk) {
 // Item 2: a worker that reported and was then removed counted twice towards completion.
 TEST(SchedulerCountTest, AReportedThenRemovedWorkerCountsOnce) {
   FakeClock clock;
-  SchedulerConfig sc;
-  sc.expected_workers = 3;
-  sc.epochs = 2;
-  sc.global_batch = 6;
-  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 6}), &clock, nullptr);
+  std::unique_ptr<Scheduler> scheduler = FixedScheduler(3, 2, 6, &clock);
+  Scheduler& s = *scheduler;
   for (const char* name : {"a", "b", "c"}) ASSERT_THAT(s.Register({name, 12, 3, "cpu"}), IsOk());
   auto report = [&](int w) {
     EpochTiming t;
@@ -245,11 +253,9 @@ TEST(LimitsTest, OverflowingShapesAreRefused) {
 // the scheduler's lock, or a negative step count), and any name length or number of workers.
 TEST(LimitsTest, RegistrationsAreBounded) {
   FakeClock clock;
-  SchedulerConfig sc;
-  sc.expected_workers = 2000;  // more than may register: nothing is planned
-  sc.epochs = 1;
-  sc.global_batch = 6;
-  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 6}), &clock, nullptr);
+  // More workers expected than may register: nothing is planned.
+  std::unique_ptr<Scheduler> scheduler = FixedScheduler(2000, 1, 6, &clock);
+  Scheduler& s = *scheduler;
   EXPECT_THAT(s.Register({"huge", int64_t{1} << 40, 10, "cpu"}),
               StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(s.Register({"steps", int64_t{1} << 30, 10, "cpu"}),
@@ -329,11 +335,8 @@ using ::testing::HasSubstr;
 // dropped as retries.
 TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   FakeClock clock;
-  SchedulerConfig sc;
-  sc.expected_workers = 2;
-  sc.epochs = 1;
-  sc.global_batch = 4;
-  Scheduler s(sc, *MakeSharePolicy({PolicyKind::kFixed, 4}), &clock, nullptr);
+  std::unique_ptr<Scheduler> scheduler = FixedScheduler(2, 1, 4, &clock);
+  Scheduler& s = *scheduler;
   absl::StatusOr<RegistrationResult> a = s.Register({"a", 8, 2, "cpu", 0, "inc-a"});
   absl::StatusOr<RegistrationResult> b = s.Register({"b", 8, 2, "cpu", 0, "inc-b"});
   ASSERT_THAT(a, IsOk());
@@ -354,9 +357,9 @@ TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   EXPECT_THAT(s.Register({"a", 8, 2, "cpu", 0, "inc-other"}),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already in the job")));
   // Tokens survive a restart from a checkpoint.
-  Scheduler restored(sc, *MakeSharePolicy({PolicyKind::kFixed, 4}), &clock, nullptr);
-  restored.LoadState(s.SaveState());
-  EXPECT_THAT(restored.Authenticate(1, b->token), IsOk());
+  std::unique_ptr<Scheduler> restored = FixedScheduler(2, 1, 4, &clock);
+  restored->LoadState(s.SaveState());
+  EXPECT_THAT(restored->Authenticate(1, b->token), IsOk());
 }
 
 }  // namespace
