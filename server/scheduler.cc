@@ -283,12 +283,22 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
       answer = absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
                                                           " must report epoch ", planned - 1,
                                                           " before asking for the next plan"));
+    } else if (WaitersOfLocked(worker_id) >= kMaxWaitersPerWorker) {
+      // A worker waits with one call (a few more after dropped connections); more are a flood.
+      answer = absl::ResourceExhaustedError(absl::StrCat(
+          "worker ", worker_id, " already has ", kMaxWaitersPerWorker, " plan requests waiting"));
     } else {
       waiters_.push_back(Waiter{worker_id, epoch, std::move(done)});
       return;
     }
   }
   done(answer);
+}
+
+int Scheduler::WaitersOfLocked(int worker_id) const {
+  int n = 0;
+  for (const Waiter& w : waiters_) n += w.worker_id == worker_id ? 1 : 0;
+  return n;
 }
 
 absl::Status Scheduler::Report(const EpochTiming& t) {

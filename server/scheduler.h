@@ -62,6 +62,9 @@ struct EpochRecord {
 inline constexpr size_t kMaxNameLength = 256;
 inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
 inline constexpr size_t kMaxWorkers = 1024;
+// Plan requests waiting at once, per worker. A worker waits with one call; calls whose clients
+// went away (a dropped connection) stay until the plan is answered, hence the margin.
+inline constexpr int kMaxWaitersPerWorker = 16;
 
 class SchedulerListener {
  public:
@@ -180,6 +183,7 @@ class Scheduler {
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a registering peer declares, within the limits above and this job's batch.
   absl::Status ValidateRegistration(const WorkerRegistration& reg) const;
   // Completes `rec` when every planned worker has reported or been removed: plans the next

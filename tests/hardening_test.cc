@@ -362,5 +362,30 @@ TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   EXPECT_THAT(restored->Authenticate(1, b->token), IsOk());
 }
 
+// Issue 8 item 9 (part): GetEpochPlan waiters piled up without a cap (5,000 waiting calls took
+// the server from 92 to 170 MiB).
+TEST(LimitsTest, PlanRequestsWaitingPerWorkerAreCapped) {
+  FakeClock clock;
+  std::unique_ptr<Scheduler> s = FixedScheduler(2, 1, 4, &clock);
+  ASSERT_THAT(s->Register({"a", 8, 2, "cpu"}), IsOk());
+  int answered = 0;
+  std::optional<absl::Status> refused;
+  for (int i = 0; i < kMaxWaitersPerWorker + 3; ++i) {
+    s->AwaitPlan(0, 0, [&](const absl::StatusOr<WorkerPlan>& p) {
+      if (p.ok()) {
+        ++answered;
+      } else {
+        refused = p.status();
+      }
+    });
+  }
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_THAT(*refused,
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("plan requests waiting")));
+  // The waiting ones are answered once the plan exists.
+  ASSERT_THAT(s->Register({"b", 8, 2, "cpu"}), IsOk());
+  EXPECT_EQ(answered, kMaxWaitersPerWorker);
+}
+
 }  // namespace
 }  // namespace dbs
