@@ -4,6 +4,7 @@ openssl at test time, mutual TLS and a job secret. Refused peers never get in, a
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import unittest
@@ -109,6 +110,25 @@ class SecurityTest(ProcessTestCase):
         for w in (first, other):
             _, err = w.communicate(timeout=180)
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
+
+    def test_a_frozen_server_does_not_hang_a_waiting_worker(self):
+        # Issue 8 item 7: with no keepalive, a worker waiting on a server that stopped answering
+        # (powered off, partitioned; here SIGSTOP) waited forever.
+        ps, port = self.start_ps(["--workers=2", "--epochs=1", "--global_batch=32"])
+        worker = self.spawn(self.worker_argv(port, *SMALL, "--name=alone"))
+        while b"joined as worker" not in worker.stdout.readline():
+            self.assertIsNone(worker.poll(), "the worker exited before joining")
+        # It now registers its model or waits for its plan (the job needs a second worker);
+        # either call is in flight when the server freezes.
+        os.kill(ps.pid, signal.SIGSTOP)
+        try:
+            # Keepalive pings at 20 s with 10 s to answer, then the call's retries for
+            # --connect_timeout_s (3 s): it must end well within this.
+            _, err = worker.communicate(timeout=90)
+        finally:
+            os.kill(ps.pid, signal.SIGCONT)
+        self.assertNotEqual(worker.returncode, 0)
+        self.assertIn(f"at dbs_ps 127.0.0.1:{port}", err.decode())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A push may wait minutes for a slow step with no data flowing: keep pinging all along (gRPC
+  // stops after 2 data-less pings by default).
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!config.tls_ca_pem.empty()) {
     grpc::SslCredentialsOptions tls;
@@ -88,9 +91,11 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   req.set_worker_id(worker_id);
   EncodeTensors(layout, initial, req.mutable_parameters());
   v1::Parameters reply;
-  grpc::ClientContext ctx;
-  ctx.AddMetadata(kWorkerTokenKey, token_);
-  DBS_RETURN_IF_ERROR(Annotate(parameters_->RegisterModel(&ctx, req, &reply), "RegisterModel"));
+  // Idempotent (the first registration wins): safe to retry like the other calls.
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
+                                 return parameters_->RegisterModel(ctx, req, &reply);
+                               }),
+                               "RegisterModel"));
   DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout, false, params));
   layout_ = layout;
   // Prepare the reusable push request: one tensor per parameter.
