@@ -6,6 +6,7 @@ killed as a group), so a failing test leaves nothing behind.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -354,11 +355,16 @@ class ServerRestartTest(ProcessTestCase):
         common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=mlp",
                                   "--log_every_s=0.2")
         procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(3)]
-        # Kill -9 the server in the middle of epoch 2.
+        # Kill -9 the server in the middle of epoch 2, once at least two of its periodic
+        # checkpoints (every 10 steps) are written: at step 25 or later. (Killing at its first
+        # progress line raced the first one: under ASan it came before it.)
+        def epoch2_step(text):
+            m = re.search(r"epoch 2/3 step (\d+)/", text)
+            return int(m.group(1)) if m else 0
         line = procs[0].stdout.readline().decode()
-        while line and not ("epoch 2/3 step" in line and "step 1/" not in line):
+        while line and epoch2_step(line) < 25:
             line = procs[0].stdout.readline().decode()
-        self.assertIn("epoch 2/3 step", line)
+        self.assertGreaterEqual(epoch2_step(line), 25, line)
         ps.kill()
         ps.wait()
         files = sorted(os.listdir(ckpt), key=lambda n: int(n[5:-4]))
