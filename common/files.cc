@@ -78,6 +78,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return s.str();
 }
 
+absl::Status ReadFilesInto(std::initializer_list<std::pair<std::string, std::string*>> files) {
+  for (const auto& [path, out] : files) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> contents = ReadFile(path);
+    if (!contents.ok()) return contents.status();
+    *out = *std::move(contents);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> SecretFrom(const std::string& value, const std::string& file,
                                        const std::string& what) {
   if (!value.empty() && !file.empty()) {

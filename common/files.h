@@ -2,7 +2,9 @@
 #ifndef DBS_COMMON_FILES_H_
 #define DBS_COMMON_FILES_H_
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,6 +18,10 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
 
 // The whole file; NOT_FOUND (naming the path) when it cannot be read.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Reads each named file into its string; an empty path leaves the string empty. NOT_FOUND naming
+// the first file that cannot be read.
+absl::Status ReadFilesInto(std::initializer_list<std::pair<std::string, std::string*>> files);
 
 // A secret given directly or as a file (whose trailing newlines are dropped); at most one of the
 // two may be set. INVALID_ARGUMENT naming `what` otherwise.

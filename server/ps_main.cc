@@ -134,15 +134,11 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();
   c.job_token = *secret;
-  for (auto [flag, out] :
-       {std::pair{&FLAGS_tls_cert, &c.tls_cert_pem}, std::pair{&FLAGS_tls_key, &c.tls_key_pem},
-        std::pair{&FLAGS_tls_client_ca, &c.tls_client_ca_pem}}) {
-    const std::string path = absl::GetFlag(*flag);
-    if (path.empty()) continue;
-    absl::StatusOr<std::string> pem = dbs::ReadFile(path);
-    if (!pem.ok()) return pem.status();
-    *out = *std::move(pem);
-  }
+  absl::Status pems =
+      dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_cert), &c.tls_cert_pem},
+                          {absl::GetFlag(FLAGS_tls_key), &c.tls_key_pem},
+                          {absl::GetFlag(FLAGS_tls_client_ca), &c.tls_client_ca_pem}});
+  if (!pems.ok()) return pems;
   return c;
 }
 

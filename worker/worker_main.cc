@@ -109,15 +109,10 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();
   c.client.job_token = *secret;
-  for (auto [flag, out] : {std::pair{&FLAGS_tls_ca, &c.client.tls_ca_pem},
-                           std::pair{&FLAGS_tls_cert, &c.client.tls_cert_pem},
-                           std::pair{&FLAGS_tls_key, &c.client.tls_key_pem}}) {
-    const std::string path = absl::GetFlag(*flag);
-    if (path.empty()) continue;
-    absl::StatusOr<std::string> pem = dbs::ReadFile(path);
-    if (!pem.ok()) return pem.status();
-    *out = *std::move(pem);
-  }
+  absl::Status pems = dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_ca), &c.client.tls_ca_pem},
+                                          {absl::GetFlag(FLAGS_tls_cert), &c.client.tls_cert_pem},
+                                          {absl::GetFlag(FLAGS_tls_key), &c.client.tls_key_pem}});
+  if (!pems.ok()) return pems;
   if (c.client.tls_cert_pem.empty() != c.client.tls_key_pem.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
