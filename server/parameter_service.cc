@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/plan_codec.h"
+#include "common/raw_call.h"
 #include "common/tensor_codec.h"
 
 namespace dbs {
@@ -18,42 +19,81 @@ void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap, v1
 
 }  // namespace
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServerContext* ctx,
+                                                              const grpc::ByteBuffer* in,
+                                                              grpc::ByteBuffer* out) {
+  return ServeRaw<v1::RegisterModelRequest, v1::Parameters>(
+      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+        DoRegisterModel(c, req, reply, r);
+      });
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* in,
+                                                             grpc::ByteBuffer* out) {
+  return ServeRaw<v1::PushGradientRequest, v1::PushGradientReply>(
+      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+        DoPushGradient(c, req, reply, r);
+      });
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackServerContext* ctx,
+                                                               const grpc::ByteBuffer* in,
+                                                               grpc::ByteBuffer* out) {
+  return ServeRaw<v1::PullParametersRequest, v1::Parameters>(
+      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+        DoPullParameters(c, req, reply, r);
+      });
+}
+
+grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* in,
+                                                       grpc::ByteBuffer* out) {
+  return ServeRaw<v1::ResumeRequest, v1::ResumeReply>(
+      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+        DoResume(c, req, reply, r);
+      });
+}
+
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
   return authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey));
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServerContext* ctx,
-                                                              const v1::RegisterModelRequest* req,
-                                                              v1::Parameters* reply) {
-  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
+void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterModelRequest& request,
+                                           v1::Parameters* reply, WaitingReactor* reactor) {
+  const v1::RegisterModelRequest* req = &request;
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
-  if (!layout.ok()) return FinishUnary(ctx, layout.status());
+  if (!layout.ok()) return Answer(reactor, layout.status());
   std::vector<float> initial(static_cast<size_t>(TotalElements(*layout)));
   absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
-  if (!decoded.ok()) return FinishUnary(ctx, decoded);
+  if (!decoded.ok()) return Answer(reactor, decoded);
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
   if (snap.ok()) FillParameters(*layout, *snap, reply);
-  return FinishUnary(ctx, snap.status());
+  return Answer(reactor, snap.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackServerContext* ctx,
-                                                               const v1::PullParametersRequest* req,
-                                                               v1::Parameters* reply) {
-  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
+void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
+                                            const v1::PullParametersRequest& request,
+                                            v1::Parameters* reply, WaitingReactor* reactor) {
+  const v1::PullParametersRequest* req = &request;
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
-  return FinishUnary(ctx, snap.status());
+  return Answer(reactor, snap.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
-                                                             const v1::PushGradientRequest* req,
-                                                             v1::PushGradientReply* reply) {
-  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
+void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
+                                          const v1::PushGradientRequest& request,
+                                          v1::PushGradientReply* reply, WaitingReactor* reactor) {
+  const v1::PushGradientRequest* req = &request;
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   if (req->num_samples() < 0) {
-    return FinishUnary(ctx, absl::InvalidArgumentError("num_samples is negative"));
+    return Answer(reactor, absl::InvalidArgumentError("num_samples is negative"));
   }
   if (!std::isfinite(req->loss_sum())) {
-    return FinishUnary(ctx, absl::InvalidArgumentError("loss_sum is not finite"));
+    return Answer(reactor, absl::InvalidArgumentError("loss_sum is not finite"));
   }
   // Callback threads are pooled, so a per-thread scratch buffer is reused across steps.
   thread_local std::vector<float> scratch;
@@ -65,43 +105,49 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
   push.num_samples = req->num_samples();
   push.loss_sum = req->loss_sum();
   push.compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
+  // Who, which step and how many samples are checked before the tensors are decoded: a push
+  // the barrier would refuse costs no copy of its (possibly 512 MiB) payload.
+  if (absl::Status pre = aggregator_->Precheck(push); !pre.ok()) return Answer(reactor, pre);
   if (req->num_samples() > 0 || req->gradients_size() > 0) {
     if (layout.empty()) {
-      return FinishUnary(ctx, absl::FailedPreconditionError("no model registered yet"));
+      return Answer(reactor, absl::FailedPreconditionError("no model registered yet"));
     }
     scratch.resize(static_cast<size_t>(TotalElements(layout)));
     absl::Status decoded =
         DecodeTensors(req->gradients(), layout, /*require_finite=*/true, absl::MakeSpan(scratch));
     if (!decoded.ok()) {
-      return FinishUnary(
-          ctx, absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", decoded.message())));
+      return Answer(reactor, absl::InvalidArgumentError(
+                                 absl::StrCat("gradient rejected: ", decoded.message())));
     }
     push.gradient = scratch;
   }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const int worker = req->worker_id();
-  aggregator_->Push(push, [reactor, reply, layout, worker](const absl::StatusOr<StepResult>& r) {
-    if (r.ok()) {
-      if (r->revisions != nullptr) {
-        auto rev = r->revisions->find(worker);
-        if (rev != r->revisions->end()) ToProto(rev->second, reply->mutable_revision());
-      }
-      reply->set_epoch(r->epoch);
-      reply->set_step(r->step);
-      reply->set_global_loss(r->global_loss);
-      reply->set_global_samples(r->global_samples);
-      FillParameters(layout, r->parameters, reply->mutable_parameters());
-    }
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
-  return reactor;
+  const uint64_t ticket = aggregator_->Push(
+      push, [reactor, reply, layout, worker](const absl::StatusOr<StepResult>& r) {
+        if (r.ok()) {
+          if (r->revisions != nullptr) {
+            auto rev = r->revisions->find(worker);
+            if (rev != r->revisions->end()) ToProto(rev->second, reply->mutable_revision());
+          }
+          reply->set_epoch(r->epoch);
+          reply->set_step(r->step);
+          reply->set_global_loss(r->global_loss);
+          reply->set_global_samples(r->global_samples);
+          FillParameters(layout, r->parameters, reply->mutable_parameters());
+        }
+        Answer(reactor, r.status());
+      });
+  if (ticket != 0) {
+    reactor->SetWithdraw([agg = aggregator_, ticket] { return agg->CancelWait(ticket); });
+  }
 }
 
-grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerContext* ctx,
-                                                       const v1::ResumeRequest* req,
-                                                       v1::ResumeReply* reply) {
-  if (!resume_) return FinishUnary(ctx, absl::UnimplementedError("resume is not wired"));
-  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return FinishUnary(ctx, a);
+void ParameterServiceImpl::DoResume(grpc::CallbackServerContext* ctx,
+                                    const v1::ResumeRequest& request, v1::ResumeReply* reply,
+                                    WaitingReactor* reactor) {
+  const v1::ResumeRequest* req = &request;
+  if (!resume_) return Answer(reactor, absl::UnimplementedError("resume is not wired"));
+  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   ParameterSnapshot parameters;
   absl::StatusOr<ResumePoint> rp = resume_(req->worker_id(), &parameters);
   if (rp.ok()) {
@@ -115,7 +161,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
     }
     FillParameters(store_->layout(), parameters, reply->mutable_parameters());
   }
-  return FinishUnary(ctx, rp.status());
+  return Answer(reactor, rp.status());
 }
 
 }  // namespace dbs

@@ -6,13 +6,19 @@
 #include <functional>
 
 #include "common/plan.h"
+#include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
 
 namespace dbs {
 
-class ParameterServiceImpl final : public v1::ParameterService::CallbackService {
+using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_RegisterModel<
+    v1::ParameterService::WithRawCallbackMethod_PushGradient<
+        v1::ParameterService::WithRawCallbackMethod_PullParameters<
+            v1::ParameterService::WithRawCallbackMethod_Resume<v1::ParameterService::Service>>>>;
+
+class ParameterServiceImpl final : public ParameterRawService {
  public:
   // OK when `token` is the credential of registered worker `worker_id`
   // (Scheduler::Authenticate).
@@ -30,18 +36,27 @@ class ParameterServiceImpl final : public v1::ParameterService::CallbackService 
         resume_(std::move(resume)) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
-                                          const v1::RegisterModelRequest* req,
-                                          v1::Parameters* reply) override;
+                                          const grpc::ByteBuffer* in,
+                                          grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* PushGradient(grpc::CallbackServerContext* ctx,
-                                         const v1::PushGradientRequest* req,
-                                         v1::PushGradientReply* reply) override;
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
-                                           const v1::PullParametersRequest* req,
-                                           v1::Parameters* reply) override;
-  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest* req,
-                                   v1::ResumeReply* reply) override;
+                                           const grpc::ByteBuffer* in,
+                                           grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out) override;
 
  private:
+  void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
+                       v1::Parameters* reply, WaitingReactor* reactor);
+  void DoPushGradient(grpc::CallbackServerContext* ctx, const v1::PushGradientRequest& req,
+                      v1::PushGradientReply* reply, WaitingReactor* reactor);
+  void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
+                        v1::Parameters* reply, WaitingReactor* reactor);
+  void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
+                v1::ResumeReply* reply, WaitingReactor* reactor);
+
   ParameterStore* const store_;
   StepAggregator* const aggregator_;
   // The caller's credential check, for `worker_id`.

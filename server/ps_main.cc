@@ -64,6 +64,9 @@ ABSL_FLAG(double, adam_eps, 1e-8, "Adam epsilon.");
 ABSL_FLAG(std::string, summary_path, "dbs_summary.json",
           "Where the JSON run summary is written at the end ('' to skip).");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
+ABSL_FLAG(int, memory_quota_mb, 4096,
+          "Memory gRPC may hold for calls in flight, in MiB (at least 2 * --max_message_mb); "
+          "past it new calls wait or fail instead of growing the server.");
 ABSL_FLAG(double, stall_timeout_s, 300.0,
           "Abort the job when no worker makes progress for this long (a worker died); 0: never.");
 ABSL_FLAG(double, worker_timeout_s, 60.0,
@@ -126,6 +129,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);
   c.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);

@@ -18,6 +18,10 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   if (c.max_message_mb < 1 || c.max_message_mb > 2047) {
     return absl::InvalidArgumentError("max_message_mb must be in [1, 2047]");
   }
+  if (c.memory_quota_mb < 2 * c.max_message_mb || c.memory_quota_mb > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_quota_mb must be in [2 * max_message_mb = ", 2 * c.max_message_mb, ", 1048576]"));
+  }
   if (c.restore && c.job.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
@@ -96,6 +100,9 @@ absl::Status PsServer::Listen() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddListeningPort(address, Credentials(), &port_);
+  grpc::ResourceQuota quota("dbs_ps");
+  quota.Resize(static_cast<size_t>(config_.memory_quota_mb) << 20);
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
   builder.RegisterService(&scheduler_service_);

@@ -22,9 +22,12 @@ namespace dbs {
 struct ServerConfig {
   JobConfig job;
   std::string host = "0.0.0.0";
-  int port = 50051;               // 0: any free port (see port())
-  std::string port_file;          // where the bound port is written once serving ('' : nowhere)
-  int max_message_mb = 512;       // largest gRPC message sent or accepted
+  int port = 50051;          // 0: any free port (see port())
+  std::string port_file;     // where the bound port is written once serving ('' : nowhere)
+  int max_message_mb = 512;  // largest gRPC message sent or accepted
+  // gRPC's memory for calls in flight (a ResourceQuota): past it new calls and reads wait or
+  // fail instead of growing the process without limit.
+  int memory_quota_mb = 4096;
   std::string summary_path;       // the JSON run summary ('' : none)
   bool restore = false;           // continue from the newest valid checkpoint in job.checkpoint_dir
   bool restore_override = false;  // accept a checkpoint written with other training settings

@@ -256,7 +256,7 @@ void Scheduler::AnswerWaitersLocked(Calls* calls) {
   waiters_ = std::move(still);
 }
 
-void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
+uint64_t Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
   absl::StatusOr<WorkerPlan> answer;
   {
     absl::MutexLock lock(&mu_);
@@ -288,11 +288,21 @@ void Scheduler::AwaitPlan(int worker_id, int epoch, PlanCallback done) {
       answer = absl::ResourceExhaustedError(absl::StrCat(
           "worker ", worker_id, " already has ", kMaxWaitersPerWorker, " plan requests waiting"));
     } else {
-      waiters_.push_back(Waiter{worker_id, epoch, std::move(done)});
-      return;
+      waiters_.push_back(Waiter{worker_id, epoch, std::move(done), ++last_wait_id_});
+      return last_wait_id_;
     }
   }
   done(answer);
+  return 0;
+}
+
+bool Scheduler::CancelAwait(uint64_t wait_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                         [wait_id](const Waiter& w) { return w.id == wait_id; });
+  if (it == waiters_.end()) return false;
+  waiters_.erase(it);
+  return true;
 }
 
 int Scheduler::WaitersOfLocked(int worker_id) const {

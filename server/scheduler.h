@@ -135,7 +135,11 @@ class Scheduler {
   absl::Status Report(const EpochTiming& timing);
 
   // Calls `done` with the worker's plan for `epoch` once it exists (at once if it does).
-  void AwaitPlan(int worker_id, int epoch, PlanCallback done);
+  // Returns the wait's id, or 0 when `done` already ran.
+  uint64_t AwaitPlan(int worker_id, int epoch, PlanCallback done);
+  // Withdraws a wait (its caller went away): true when it was still waiting, and then `done`
+  // will never run; false when `done` has run or is running.
+  bool CancelAwait(uint64_t wait_id);
 
   // Aborts the job: fails every waiting and future plan request with `status`.
   void Abort(const absl::Status& status);
@@ -172,6 +176,7 @@ class Scheduler {
     int worker_id;
     int epoch;
     PlanCallback done;
+    uint64_t id;
   };
   using Calls = std::vector<std::function<void()>>;
 
@@ -208,6 +213,7 @@ class Scheduler {
   std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
   std::vector<EpochRecord> records_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // new registrations and accepted reports

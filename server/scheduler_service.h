@@ -1,34 +1,51 @@
 // SchedulerService adapter: parses dbs.v1 scheduler requests, calls the Scheduler, maps statuses.
-// Plan requests use the callback API: no thread waits while a worker waits for its plan.
+// Plan requests use the callback API: no thread waits while a worker waits for its plan, and a
+// request whose client went away gives its wait back. Requests are parsed here (raw methods,
+// common/raw_call.h), so bytes that are not the method's message get INVALID_ARGUMENT.
 #ifndef DBS_SERVER_SCHEDULER_SERVICE_H_
 #define DBS_SERVER_SCHEDULER_SERVICE_H_
 
 #include <string>
 
+#include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/scheduler.h"
 
 namespace dbs {
 
-class SchedulerServiceImpl final : public v1::SchedulerService::CallbackService {
+using SchedulerRawService = v1::SchedulerService::WithRawCallbackMethod_RegisterWorker<
+    v1::SchedulerService::WithRawCallbackMethod_Leave<
+        v1::SchedulerService::WithRawCallbackMethod_ReportEpoch<
+            v1::SchedulerService::WithRawCallbackMethod_GetEpochPlan<
+                v1::SchedulerService::Service>>>>;
+
+class SchedulerServiceImpl final : public SchedulerRawService {
  public:
   // `scheduler` must outlive the service. With a `job_token`, RegisterWorker requires it.
   explicit SchedulerServiceImpl(Scheduler* scheduler, std::string job_token = "")
       : scheduler_(scheduler), job_token_(std::move(job_token)) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
-                                           const v1::RegisterWorkerRequest* req,
-                                           v1::RegisterWorkerReply* reply) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
-                                  v1::LeaveReply* reply) override;
+                                           const grpc::ByteBuffer* in,
+                                           grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* ReportEpoch(grpc::CallbackServerContext* ctx,
-                                        const v1::EpochReport* req,
-                                        v1::EpochReportReply* reply) override;
+                                        const grpc::ByteBuffer* in, grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* GetEpochPlan(grpc::CallbackServerContext* ctx,
-                                         const v1::GetEpochPlanRequest* req,
-                                         v1::EpochPlan* reply) override;
+                                         const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override;
 
  private:
+  void DoRegisterWorker(grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest& req,
+                        v1::RegisterWorkerReply* reply, WaitingReactor* reactor);
+  void DoLeave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest& req,
+               WaitingReactor* reactor);
+  void DoReportEpoch(grpc::CallbackServerContext* ctx, const v1::EpochReport& req,
+                     WaitingReactor* reactor);
+  void DoGetEpochPlan(grpc::CallbackServerContext* ctx, const v1::GetEpochPlanRequest& req,
+                      v1::EpochPlan* reply, WaitingReactor* reactor);
+
   Scheduler* const scheduler_;
   const std::string job_token_;
 };

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace dbs {
@@ -20,10 +21,7 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
     if (!pending_.empty()) {
       LOG(ERROR) << "epoch " << epoch << " begun while step " << step_ << " of epoch " << epoch_
                  << " had " << pending_.size() << " pushes waiting; they are refused";
-      for (auto& [id, p] : pending_) {
-        for (Done& d : p.callbacks) orphans.push_back(std::move(d));
-      }
-      pending_.clear();
+      TakePendingLocked(&orphans);
       std::fill(sum_.begin(), sum_.end(), 0.0f);
       stats_.workers.clear();
     }
@@ -43,7 +41,39 @@ void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
   epoch_loss_[epoch];
 }
 
+void StepAggregator::TakePendingLocked(std::vector<Done>* to_run) {
+  for (auto& [id, p] : pending_) {
+    if (p.done) to_run->push_back(std::move(p.done));
+  }
+  pending_.clear();
+}
+
+bool StepAggregator::IsRetryLocked(const GradientPush& push) const {
+  if (!aborted_.ok()) return false;
+  if (last_.has_value() && push.epoch == last_->epoch && push.step == last_->step &&
+      last_participants_.count(push.worker_id) > 0) {
+    return true;
+  }
+  return push.epoch == epoch_ && push.step == step_ && pending_.count(push.worker_id) > 0;
+}
+
+absl::Status StepAggregator::Precheck(const GradientPush& header) const {
+  absl::MutexLock lock(&mu_);
+  if (IsRetryLocked(header)) return absl::OkStatus();
+  return ValidateHeader(header);
+}
+
 absl::Status StepAggregator::Validate(const GradientPush& push) const {
+  DBS_RETURN_IF_ERROR(ValidateHeader(push));
+  const size_t model = sum_.size();
+  if (push.num_samples > 0 && push.gradient.size() != model) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient holds ", push.gradient.size(), " floats; the model has ", model));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
   if (!aborted_.ok()) return aborted_;
   const int num_steps = static_cast<int>(quotas_.size());
   if (evicted_.count(push.worker_id) > 0) {
@@ -70,19 +100,16 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
                                                    push.num_samples, " samples at step ", step_,
                                                    "; its plan says ", want));
   }
-  const size_t model = sum_.size();
-  if (push.num_samples > 0 && push.gradient.size() != model) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient holds ", push.gradient.size(), " floats; the model has ", model));
-  }
   return absl::OkStatus();
 }
 
-void StepAggregator::Push(const GradientPush& push, Done done) {
+uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
   StepStats stats;
   bool completed = false;
+  Done superseded;
+  uint64_t retry_ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     // A retry of the step that just completed: answer with its result.
@@ -92,9 +119,12 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
       to_run.push_back(std::move(done));
     } else if (aborted_.ok() && push.epoch == epoch_ && push.step == step_ &&
                pending_.count(push.worker_id) > 0) {
-      // A retry of a pending push: wait for the same result; the gradient is not added again.
-      pending_[push.worker_id].callbacks.push_back(std::move(done));
-      return;
+      // A retry of a pending push: it waits for the same result in the earlier call's place;
+      // the gradient is not added again.
+      Pending& p = pending_[push.worker_id];
+      superseded = std::move(p.done);
+      p.done = std::move(done);
+      p.ticket = retry_ticket = ++last_ticket_;
     } else {
       if (sum_.empty()) sum_.assign(static_cast<size_t>(store_->num_elements()), 0.0f);
       absl::Status valid = Validate(push);
@@ -106,10 +136,10 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
         loss_sum_ += push.loss_sum;
         samples_ += push.num_samples;
         ++accepted_pushes_;
-        pending_[push.worker_id].callbacks.push_back(std::move(done));
+        pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
         accepted_[epoch_].insert({push.worker_id, step_});
         stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
-        if (pending_.size() < quotas_[step_].size()) return;
+        if (pending_.size() < quotas_[step_].size()) return last_ticket_;
         stats.epoch = epoch_;
         stats.step = step_;
         stats.workers = std::move(stats_.workers);
@@ -119,6 +149,14 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
         CompleteStepLocked(&to_run, &result);
       }
     }
+  }
+  if (retry_ticket != 0) {
+    if (superseded) {
+      superseded(
+          absl::AbortedError(absl::StrCat("a retry of worker ", push.worker_id, "'s push of step ",
+                                          push.step, " took this call's place")));
+    }
+    return retry_ticket;
   }
   if (completed && !result.ok() && failure_hook_) failure_hook_(result.status());
   // Nobody can push the next step before these answers go out, so a re-plan made here is in
@@ -136,6 +174,18 @@ void StepAggregator::Push(const GradientPush& push, Done done) {
     }
   }
   for (Done& d : to_run) d(result);
+  return 0;
+}
+
+bool StepAggregator::CancelWait(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, p] : pending_) {
+    if (p.ticket == ticket && p.done) {
+      p.done = nullptr;
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::Status StepAggregator::AddToSumLocked(const GradientPush& push) {
@@ -186,10 +236,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   } else {
     *result = snap.status();
   }
-  for (auto& [id, p] : pending_) {
-    for (Done& d : p.callbacks) to_run->push_back(std::move(d));
-  }
-  pending_.clear();
+  TakePendingLocked(to_run);
   std::fill(sum_.begin(), sum_.end(), 0.0f);
   loss_sum_ = 0.0;
   samples_ = 0;
@@ -235,10 +282,7 @@ void StepAggregator::Abort(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = status;
-    for (auto& [id, p] : pending_) {
-      for (Done& d : p.callbacks) to_run.push_back(std::move(d));
-    }
-    pending_.clear();
+    TakePendingLocked(&to_run);
   }
   for (Done& d : to_run) d(status);
 }

@@ -110,9 +110,21 @@ class StepAggregator {
   // The (worker, step) pushes counted in `epoch`, for the sample audit.
   std::set<std::pair<int, int>> AcceptedPushes(int epoch) const;
 
+  // The checks of Push that do not need the gradient (who, which step, how many samples), so
+  // that a push the barrier would refuse is refused before its tensors are decoded. A retry of
+  // a pending or just-completed push passes.
+  absl::Status Precheck(const GradientPush& header) const;
+
   // Validates and records a push. On error `done` runs at once with the error and nothing changes;
-  // otherwise it runs when the step completes (possibly at once, on this thread).
-  void Push(const GradientPush& push, Done done);
+  // otherwise it runs when the step completes (possibly at once, on this thread). A retry of a
+  // pending push takes the earlier push's place in the wait: the earlier `done` runs at once
+  // with ABORTED, so a worker never holds more than one waiting answer (and model copy).
+  // Returns the wait's ticket, or 0 when `done` already ran.
+  uint64_t Push(const GradientPush& push, Done done);
+
+  // Withdraws a waiting push's answer (its caller went away); the push itself stays counted.
+  // True when it was waiting (its `done` will never run); false when `done` has run or is running.
+  bool CancelWait(uint64_t ticket);
 
   // Fails every pending and future push with `status` (job aborted or shutting down).
   void Abort(const absl::Status& status);
@@ -138,10 +150,16 @@ class StepAggregator {
 
  private:
   struct Pending {
-    std::vector<Done> callbacks;
+    Done done;  // empty once withdrawn
+    uint64_t ticket = 0;
   };
 
   absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validate without the gradient's size.
+  absl::Status ValidateHeader(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsRetryLocked(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every waiting answer into `to_run` and forgets the pending pushes.
+  void TakePendingLocked(std::vector<Done>* to_run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds b_i * g_i to the step's sum; INVALID_ARGUMENT (and nothing added) if it would overflow.
   absl::Status AddToSumLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,6 +180,7 @@ class StepAggregator {
   std::map<int, std::set<std::pair<int, int>>> accepted_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
   std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
   double loss_sum_ ABSL_GUARDED_BY(mu_) = 0.0;

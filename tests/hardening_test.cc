@@ -387,5 +387,26 @@ TEST(LimitsTest, PlanRequestsWaitingPerWorkerAreCapped) {
   EXPECT_EQ(answered, kMaxWaitersPerWorker);
 }
 
+TEST(LimitsTest, AWithdrawnPlanRequestFreesItsPlaceAndIsNeverAnswered) {
+  FakeClock clock;
+  std::unique_ptr<Scheduler> s = FixedScheduler(2, 1, 4, &clock);
+  ASSERT_THAT(s->Register({"a", 8, 2, "cpu"}), IsOk());
+  int answered = 0;
+  auto count = [&](const absl::StatusOr<WorkerPlan>& p) { answered += p.ok() ? 1 : 100; };
+  // A client that gives up on every call (deadline, dropped connection) many times over:
+  // each call's wait is withdrawn, so the cap is never reached and nothing piles up.
+  for (int i = 0; i < 10 * kMaxWaitersPerWorker; ++i) {
+    const uint64_t wait = s->AwaitPlan(0, 0, count);
+    ASSERT_NE(wait, 0u);
+    ASSERT_TRUE(s->CancelAwait(wait));
+    ASSERT_FALSE(s->CancelAwait(wait));
+  }
+  const uint64_t kept = s->AwaitPlan(0, 0, count);
+  ASSERT_NE(kept, 0u);
+  ASSERT_THAT(s->Register({"b", 8, 2, "cpu"}), IsOk());
+  EXPECT_EQ(answered, 1) << "only the call still waiting is answered";
+  EXPECT_FALSE(s->CancelAwait(kept)) << "too late: it was answered";
+}
+
 }  // namespace
 }  // namespace dbs

@@ -6,10 +6,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_matchers.h"
 #include "common/tensor_codec.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/scheduler_service.h"
@@ -43,10 +46,10 @@ class ServiceTest : public ::testing::Test {
     builder.RegisterService(parameter_service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                       grpc::InsecureChannelCredentials());
-    sched_ = v1::SchedulerService::NewStub(channel);
-    params_ = v1::ParameterService::NewStub(channel);
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials());
+    sched_ = v1::SchedulerService::NewStub(channel_);
+    params_ = v1::ParameterService::NewStub(channel_);
 
     // Two workers on an 8-sample data set: 2 steps of batch 2 + 2.
     for (const char* name : {"w0", "w1"}) {
@@ -135,6 +138,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> tokens_;  // by worker id
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> sched_;
   std::unique_ptr<v1::ParameterService::Stub> params_;
 };
@@ -221,6 +225,57 @@ TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
               grpc::StatusCode::FAILED_PRECONDITION)
         << "a different data set is refused";
   }
+}
+
+TEST_F(ServiceTest, MalformedModelsAndBytesAreInvalidArgumentsWithAMessage) {
+  // A worker with its valid token sends shapes that lie: each is refused by name.
+  auto shaped = [](std::vector<int64_t> shape, size_t bytes) {
+    v1::RegisterModelRequest req;
+    req.set_worker_id(0);
+    v1::Tensor* t = req.add_parameters();
+    t->set_name("w");
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_data(std::string(bytes, '\0'));
+    return req;
+  };
+  const v1::RegisterModelRequest cases[] = {
+      shaped({int64_t{1} << 31, int64_t{1} << 31}, 0),  // overflows int64 when multiplied out
+      shaped({-2, 1}, 8),
+      shaped({0}, 0),
+      shaped({2}, 7),
+      shaped({1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 4),
+  };
+  for (const v1::RegisterModelRequest& req : cases) {
+    v1::Parameters reply;
+    grpc::ClientContext ctx;
+    Sign(&ctx, 0);
+    const grpc::Status s = params_->RegisterModel(&ctx, req, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << req.ShortDebugString();
+    EXPECT_FALSE(s.error_message().empty());
+  }
+  // Bytes that are not the method's message at all: gRPC's callback API would answer
+  // UNIMPLEMENTED with an empty message; the services parse requests themselves.
+  grpc::GenericStub generic(channel_);
+  for (const char* method :
+       {"/dbs.v1.ParameterService/RegisterModel", "/dbs.v1.ParameterService/PushGradient",
+        "/dbs.v1.SchedulerService/RegisterWorker", "/dbs.v1.SchedulerService/GetEpochPlan"}) {
+    const std::string garbage = "\x0a\xff\xff\xff\xff\x0f";  // a field longer than the message
+    grpc::Slice slice(garbage.data(), garbage.size());
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    Sign(&ctx, 0);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("malformed request")) << method;
+  }
+  // The job is untouched: a correct step still goes through.
+  GoodStep();
 }
 
 TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {

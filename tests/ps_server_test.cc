@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -121,6 +122,55 @@ TEST(PsServerTest, ServesOnAPickedPortAndStopsWithASummary) {
   probe_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
   EXPECT_EQ(probe->RegisterWorker(&probe_ctx, req, &reply).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(PsServerTest, PlanRequestsWhoseClientsGaveUpAreDropped) {
+  // A client whose calls time out over and over (a flood, or a flaky link) must not fill the
+  // server with waiters: each abandoned call's wait is withdrawn when gRPC cancels it. (Before,
+  // they were kept until the plan existed, and the 17th got RESOURCE_EXHAUSTED.)
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(SmallConfig(), &clock);
+  ASSERT_THAT(server, IsOk());
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::SchedulerService::NewStub(channel);
+  auto register_worker = [&](const std::string& name) {
+    v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_train_samples(16);
+    req.set_test_samples(4);
+    v1::RegisterWorkerReply reply;
+    grpc::ClientContext ctx;
+    EXPECT_THAT(stub->RegisterWorker(&ctx, req, &reply), IsOk());
+    return reply.token();
+  };
+  const std::string token = register_worker("w0");
+  auto ask = [&](absl::Duration deadline, v1::EpochPlan* plan) {
+    v1::GetEpochPlanRequest req;
+    req.set_worker_id(0);
+    req.set_epoch(0);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kWorkerTokenKey, token);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    return stub->GetEpochPlan(&ctx, req, plan);
+  };
+  for (int i = 0; i < 3 * kMaxWaitersPerWorker; ++i) {
+    v1::EpochPlan plan;
+    ASSERT_EQ(ask(absl::Milliseconds(30), &plan).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << "call " << i;
+  }
+  // The one call still waiting gets the plan once the second worker joins.
+  v1::EpochPlan plan;
+  grpc::Status waited;
+  std::thread waiter([&] { waited = ask(absl::Seconds(20), &plan); });
+  absl::SleepFor(absl::Milliseconds(100));
+  register_worker("w1");
+  waiter.join();
+  EXPECT_THAT(waited, IsOk()) << waited.error_message();
+  EXPECT_EQ(plan.epoch(), 0);
+  (*server)->Stop(absl::CancelledError("test over"));
+  std::ostringstream out;
+  EXPECT_THAT((*server)->Run(out), StatusCodeIs(absl::StatusCode::kCancelled));
 }
 
 TEST(PsServerTest, APortInUseIsAClearError) {

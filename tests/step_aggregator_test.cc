@@ -118,8 +118,11 @@ TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
   agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
   agg_->Push(Push(0, 0, 1, {400.0f, 0.0f}), a_again.callback());  // retry while pending
   EXPECT_FALSE(a_again.result.has_value());
+  // The retry took the first call's place: one waiting answer per worker, however many retries.
+  ASSERT_TRUE(a.result.has_value());
+  EXPECT_THAT(a.result->status(), StatusCodeIs(absl::StatusCode::kAborted));
   agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b.callback());
-  ASSERT_TRUE(a.result->ok() && a_again.result->ok() && b.result->ok());
+  ASSERT_TRUE(a_again.result->ok() && b.result->ok());
   EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
   // A retry of the completed step gets the same answer and changes nothing.
   agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b_late_retry.callback());
@@ -127,6 +130,46 @@ TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
   EXPECT_EQ((*b_late_retry.result)->parameters.version, 1);
   EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
   EXPECT_EQ(store_->Snapshot()->version, 1);
+}
+
+TEST_F(StepAggregatorTest, AWithdrawnWaitIsNeverAnsweredButItsPushStillCounts) {
+  grads_.reserve(16);
+  Outcome a, b;
+  const uint64_t ticket = agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
+  ASSERT_NE(ticket, 0u);
+  EXPECT_TRUE(agg_->CancelWait(ticket));
+  EXPECT_FALSE(agg_->CancelWait(ticket)) << "a wait is withdrawn once";
+  EXPECT_EQ(agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b.callback()), 0u) << "b completes the step";
+  ASSERT_TRUE(b.result.has_value() && b.result->ok());
+  EXPECT_FALSE(a.result.has_value());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+  // Too late to withdraw an answered wait.
+  Outcome c;
+  const uint64_t next = agg_->Push(Push(0, 1, 1, {1.0f, 1.0f}), c.callback());
+  agg_->Abort(absl::AbortedError("stop"));
+  EXPECT_FALSE(agg_->CancelWait(next));
+  EXPECT_TRUE(c.result.has_value());
+}
+
+TEST_F(StepAggregatorTest, PrecheckRefusesWhatPushWouldRefuseWithoutTheGradient) {
+  grads_.reserve(16);
+  GradientPush header;
+  header.worker_id = 0;
+  header.num_samples = 1;  // gradient left empty: only who, when and how many are checked
+  EXPECT_THAT(agg_->Precheck(header), IsOk());
+  header.step = 3;
+  EXPECT_THAT(agg_->Precheck(header), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  header.step = 0;
+  header.worker_id = 9;
+  EXPECT_THAT(agg_->Precheck(header), StatusCodeIs(absl::StatusCode::kNotFound));
+  header.worker_id = 0;
+  header.num_samples = 2;
+  EXPECT_THAT(agg_->Precheck(header), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  // A retry of a pending push passes (it is answered, not counted).
+  Outcome a;
+  agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
+  header.num_samples = 1;
+  EXPECT_THAT(agg_->Precheck(header), IsOk());
 }
 
 TEST_F(StepAggregatorTest, AbortReleasesPendingPushes) {

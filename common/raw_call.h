@@ -1,0 +1,59 @@
+// ServeRaw: serves a unary method registered as a raw callback (ByteBuffer in, ByteBuffer out)
+// with a typed handler, so that the request is parsed here and not by gRPC.
+//
+// gRPC's callback API answers a request whose bytes do not parse as the method's message with
+// UNIMPLEMENTED and an empty message, as if the method did not exist. Parsed here, such a
+// request gets INVALID_ARGUMENT naming the message type. The typed handler answers through the
+// WaitingReactor it is given (FinishOnce, possibly later from another thread, and SetWithdraw
+// for a call that waits); the reply is serialized just before the answer goes out. The parsed
+// request lives only while the handler runs.
+#ifndef DBS_COMMON_RAW_CALL_H_
+#define DBS_COMMON_RAW_CALL_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/grpc_status.h"
+#include "common/waiting_reactor.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/support/status.h"
+
+namespace dbs {
+
+// Answers the call with `s`.
+inline void Answer(WaitingReactor* reactor, const absl::Status& s) {
+  reactor->FinishOnce(ToGrpcStatus(s));
+}
+
+// `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once.
+template <typename Req, typename Resp, typename Handler>
+grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out, Handler&& handler) {
+  auto reply = std::make_shared<Resp>();
+  auto* reactor = new WaitingReactor([reply, out](const grpc::Status& status) {
+    if (!status.ok()) return status;
+    bool own_buffer = false;
+    grpc::Status written = grpc::SerializationTraits<Resp>::Serialize(*reply, out, &own_buffer);
+    return written.ok() ? status
+                        : grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply");
+  });
+  Req request;
+  grpc::ByteBuffer bytes(*in);  // shares the slices; Deserialize consumes its argument
+  if (!grpc::SerializationTraits<Req>::Deserialize(&bytes, &request).ok()) {
+    reactor->FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     std::string("malformed request: the bytes are not a valid ") +
+                                         std::string(Req::descriptor()->full_name())));
+  } else {
+    handler(ctx, request, reply.get(), reactor);
+  }
+  reactor->Release();
+  return reactor;
+}
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_RAW_CALL_H_
