@@ -111,14 +111,31 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
 }
 
 template <typename Rpc>
-grpc::Status GrpcPsClient::WithRetry(Rpc rpc) {
+grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
   Backoff backoff(config_.backoff);
-  const absl::Time deadline = absl::Now() + config_.connect_timeout;
+  const absl::Time start = absl::Now();
+  absl::Time deadline = start + config_.connect_timeout;
   while (true) {
     grpc::ClientContext ctx;
     ctx.AddMetadata(kWorkerTokenKey, token_);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.call_timeout));
     const grpc::Status s = rpc(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && waits) {
+      // Still waiting for the other workers: ask again, unless the wait is over.
+      if (config_.max_wait > absl::ZeroDuration() && absl::Now() - start >= config_.max_wait) {
+        return grpc::Status(
+            grpc::StatusCode::DEADLINE_EXCEEDED,
+            absl::StrCat("no answer after waiting ", absl::FormatDuration(absl::Now() - start),
+                         " (--max_wait_s)"));
+      }
+      backoff = Backoff(config_.backoff);
+      deadline = absl::Now() + config_.connect_timeout;
+      continue;
+    }
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return s;
+    }
     const absl::Duration delay = backoff.Next();
     if (absl::Now() + delay >= deadline) return s;
     if (!reconnected_) {
@@ -175,10 +192,8 @@ absl::StatusOr<WorkerPlan> GrpcPsClient::GetEpochPlan(int worker_id, int epoch) 
   req.set_worker_id(worker_id);
   req.set_epoch(epoch);
   v1::EpochPlan reply;
-  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
-                                 return scheduler_->GetEpochPlan(ctx, req, &reply);
-                               }),
-                               "GetEpochPlan"));
+  auto call = [&](grpc::ClientContext* ctx) { return scheduler_->GetEpochPlan(ctx, req, &reply); };
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "GetEpochPlan"));
   return FromProto(reply);
 }
 
@@ -209,10 +224,10 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
       offset += data->size() / sizeof(float);
     }
   }
-  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
-                                 return parameters_->PushGradient(ctx, req, &push_reply_);
-                               }),
-                               "PushGradient"));
+  auto call = [&](grpc::ClientContext* ctx) {
+    return parameters_->PushGradient(ctx, req, &push_reply_);
+  };
+  DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "PushGradient"));
   DBS_RETURN_IF_ERROR(DecodeTensors(push_reply_.parameters().parameters(), layout_, false, params));
   StepOutcome out;
   out.global_loss = push_reply_.global_loss();

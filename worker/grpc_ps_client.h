@@ -20,6 +20,14 @@ namespace dbs {
 struct GrpcClientConfig {
   std::string address = "127.0.0.1:50051";
   absl::Duration connect_timeout = absl::Seconds(60);
+  // Every call has a deadline. A call that answers at once (register, pull, report, resume)
+  // gets `call_timeout` per attempt and is retried, within `connect_timeout`, when it runs out.
+  // A call that waits on the other workers (a step's push, the next epoch's plan) may wait
+  // legitimately for long: each attempt gets `call_timeout` and is then re-issued (both are
+  // idempotent and the server drops the abandoned one), for at most `max_wait` in all (zero:
+  // no limit; the server's own worker and stall timeouts end a job that cannot go on).
+  absl::Duration call_timeout = absl::Seconds(60);
+  absl::Duration max_wait = absl::ZeroDuration();
   BackoffConfig backoff;
   int max_message_mb = 512;
   std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
@@ -49,10 +57,12 @@ class GrpcPsClient : public PsClient {
   bool TakeReconnected() override;
 
  private:
-  // Runs `rpc` (a call on a fresh context), retrying with backoff while the server is
-  // unavailable, for at most `connect_timeout`; every call here is idempotent.
+  // Runs `rpc` (a call on a fresh context with the deadline above), retrying with backoff while
+  // the server is unavailable or an attempt timed out, for at most `connect_timeout`; a waiting
+  // call (`waits`) is re-issued after each timed-out attempt for at most `max_wait`. Every call
+  // here is idempotent.
   template <typename Rpc>
-  grpc::Status WithRetry(Rpc rpc);
+  grpc::Status WithRetry(Rpc rpc, bool waits = false);
 
   // Adds the server's address to an error so the user knows which peer failed.
   absl::Status Annotate(const grpc::Status& s, const char* what) const;

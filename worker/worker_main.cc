@@ -44,6 +44,13 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial parameters (the first worker's
 ABSL_FLAG(double, log_every_s, 5.0, "Seconds between progress lines.");
 ABSL_FLAG(double, connect_timeout_s, 60.0,
           "How long to keep retrying (with backoff) while dbs_ps is unreachable.");
+ABSL_FLAG(double, call_timeout_s, 60.0,
+          "Deadline of one attempt of any call to dbs_ps. A call that answers at once is retried "
+          "after it (within --connect_timeout_s); a call that waits for the other workers is "
+          "asked again.");
+ABSL_FLAG(double, max_wait_s, 0.0,
+          "Longest total wait for a step or the next epoch's plan; 0: no limit (dbs_ps's own "
+          "timeouts end a job that cannot go on).");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
 ABSL_FLAG(std::string, job_token, "",
@@ -101,6 +108,12 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
 
   c.client.address = absl::GetFlag(FLAGS_server);
   c.client.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  const double call_timeout_s = absl::GetFlag(FLAGS_call_timeout_s);
+  const double max_wait_s = absl::GetFlag(FLAGS_max_wait_s);
+  if (!(call_timeout_s > 0)) return absl::InvalidArgumentError("--call_timeout_s must be > 0");
+  if (!(max_wait_s >= 0)) return absl::InvalidArgumentError("--max_wait_s must be >= 0");
+  c.client.call_timeout = absl::Seconds(call_timeout_s);
+  c.client.max_wait = absl::Seconds(max_wait_s);
   c.client.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
   if (c.client.max_message_mb < 1 || c.client.max_message_mb > 2047) {
     return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
