@@ -1,0 +1,340 @@
+// hostile_client: a peer on the network without the job's secret or any worker's token that
+// sends dbs_ps every kind of bad call it can: random bytes to every method, malformed,
+// overflowing and oversized tensors, wrong steps and epochs, unknown and forged ids, floods of
+// registrations and of waiting calls, Leave for others. Every call must be refused with a
+// clear code; one that is accepted, hangs past its deadline, or ends in UNKNOWN/UNIMPLEMENTED
+// is a finding. After each round it prints one JSON line (calls by method and code, findings)
+// and flushes it; it runs --rounds rounds (0: until killed). Used by tests/hostile_test.py.
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "proto/dbs.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
+ABSL_FLAG(int, rounds, 1, "Rounds of attacks; 0: until killed.");
+ABSL_FLAG(int, big_mb, 80, "Size of the oversized pushes, in MiB.");
+
+namespace {
+
+using grpc::StatusCode;
+
+const char* const kMethods[] = {
+    "/dbs.v1.SchedulerService/RegisterWorker", "/dbs.v1.SchedulerService/Leave",
+    "/dbs.v1.SchedulerService/ReportEpoch",    "/dbs.v1.SchedulerService/GetEpochPlan",
+    "/dbs.v1.ParameterService/RegisterModel",  "/dbs.v1.ParameterService/PushGradient",
+    "/dbs.v1.ParameterService/PullParameters", "/dbs.v1.ParameterService/Resume",
+};
+const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
+
+class Attacker {
+ public:
+  explicit Attacker(const std::string& server) : rng_(12345) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+    sched_ = dbs::v1::SchedulerService::NewStub(channel_);
+    params_ = dbs::v1::ParameterService::NewStub(channel_);
+    generic_ = std::make_unique<grpc::GenericStub>(channel_);
+  }
+
+  void Round() {
+    RandomBytes();
+    RegistrationFlood();
+    ForgedCalls();
+    MalformedTensors();
+    WaitingFlood();
+    Oversized();
+  }
+
+  nlohmann::json Record(int round) {
+    std::lock_guard<std::mutex> lock(mu_);
+    nlohmann::json j;
+    j["round"] = round;
+    j["calls"] = calls_;
+    j["by_method"] = by_method_;
+    j["findings"] = findings_;
+    return j;
+  }
+
+ private:
+  // A refusal the server may give to a call from a stranger; anything else is a finding.
+  static bool Refusal(StatusCode c) {
+    switch (c) {
+      case StatusCode::INVALID_ARGUMENT:
+      case StatusCode::UNAUTHENTICATED:
+      case StatusCode::PERMISSION_DENIED:
+      case StatusCode::NOT_FOUND:
+      case StatusCode::FAILED_PRECONDITION:
+      case StatusCode::RESOURCE_EXHAUSTED:
+      case StatusCode::OUT_OF_RANGE:
+      case StatusCode::INTERNAL:  // gRPC's own answer to bytes that do not parse
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  void Note(const std::string& method, const grpc::Status& s, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    const int code = static_cast<int>(s.error_code());
+    ++by_method_[method.substr(method.rfind('/') + 1)][std::to_string(code)];
+    if (!Refusal(s.error_code()) && findings_.size() < 50) {
+      findings_.push_back(
+          {{"method", method}, {"what", what}, {"code", code}, {"message", s.error_message()}});
+    }
+  }
+
+  void Deadline(grpc::ClientContext* ctx, absl::Duration d = absl::Seconds(20)) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+  }
+
+  void Forge(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx->AddMetadata("x-dbs-token", absl::StrCat(rng_(), rng_()));
+    ctx->AddMetadata("x-dbs-job-token", "guess");
+  }
+
+  std::string Bytes(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string s(n, '\0');
+    for (char& c : s) c = static_cast<char>(rng_() & 0xff);
+    return s;
+  }
+
+  void RandomBytes() {
+    for (const char* method : kMethods) {
+      for (size_t n :
+           {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{4096}, size_t{1} << 20}) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        if (n % 2 == 0) Forge(&ctx);
+        const std::string payload = Bytes(n);
+        grpc::Slice slice(payload.data(), payload.size());
+        grpc::ByteBuffer request(&slice, 1), response;
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        grpc::Status status;
+        generic_->UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                            [&](grpc::Status s) {
+                              std::lock_guard<std::mutex> lock(m);
+                              status = s;
+                              done = true;
+                              cv.notify_one();
+                            });
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return done; });
+        Note(method, status, absl::StrCat(n, " random bytes"));
+      }
+    }
+  }
+
+  void RegistrationFlood() {
+    for (int i = 0; i < 200; ++i) {
+      dbs::v1::RegisterWorkerRequest req;
+      req.set_name(i % 10 == 0 ? std::string(65536, 'n') : absl::StrCat("intruder-", i));
+      req.set_train_samples(i % 3 == 0 ? -1 : (int64_t{1} << 40));
+      req.set_test_samples(10000);
+      req.set_incarnation(absl::StrCat(i));
+      dbs::v1::RegisterWorkerReply reply;
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      if (i % 2 == 0) Forge(&ctx);
+      Note("/RegisterWorker", sched_->RegisterWorker(&ctx, req, &reply), "registration flood");
+    }
+  }
+
+  void ForgedCalls() {
+    for (int id : kForgedIds) {
+      for (bool forge : {false, true}) {
+        {
+          dbs::v1::LeaveRequest req;
+          req.set_worker_id(id);
+          dbs::v1::LeaveReply reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (forge) Forge(&ctx);
+          Note("/Leave", sched_->Leave(&ctx, req, &reply), absl::StrCat("Leave for ", id));
+        }
+        for (int epoch : {-1, 0, 1, 1000000000}) {
+          dbs::v1::EpochReport req;
+          req.set_worker_id(id);
+          req.set_epoch(epoch);
+          req.set_samples(1 << 30);
+          req.set_compute_seconds(-1);
+          dbs::v1::EpochReportReply reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (forge) Forge(&ctx);
+          Note("/ReportEpoch", sched_->ReportEpoch(&ctx, req, &reply), "forged report");
+          dbs::v1::GetEpochPlanRequest preq;
+          preq.set_worker_id(id);
+          preq.set_epoch(epoch);
+          dbs::v1::EpochPlan plan;
+          grpc::ClientContext pctx;
+          Deadline(&pctx);
+          if (forge) Forge(&pctx);
+          Note("/GetEpochPlan", sched_->GetEpochPlan(&pctx, preq, &plan), "forged plan request");
+        }
+        {
+          dbs::v1::PullParametersRequest req;
+          req.set_worker_id(id);
+          dbs::v1::Parameters reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (forge) Forge(&ctx);
+          Note("/PullParameters", params_->PullParameters(&ctx, req, &reply), "forged pull");
+        }
+        {
+          dbs::v1::ResumeRequest req;
+          req.set_worker_id(id);
+          dbs::v1::ResumeReply reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (forge) Forge(&ctx);
+          Note("/Resume", params_->Resume(&ctx, req, &reply), "forged resume");
+        }
+      }
+    }
+  }
+
+  // Tensors that lie about their size, overflow, hold NaN, or mismatch the model.
+  std::vector<dbs::v1::Tensor> BadTensors() {
+    std::vector<dbs::v1::Tensor> out;
+    auto add = [&](std::vector<int64_t> shape, size_t bytes, float fill) {
+      dbs::v1::Tensor t;
+      t.set_name(out.size() % 2 ? "fc1.weight" : std::string(5000, 'x'));
+      for (int64_t d : shape) t.add_shape(d);
+      std::string data(bytes, '\0');
+      for (size_t i = 0; i + 4 <= bytes; i += 4) std::memcpy(&data[i], &fill, 4);
+      t.set_data(data);
+      out.push_back(t);
+    };
+    add({int64_t{1} << 31, int64_t{1} << 31}, 0, 0);
+    add({-4, 4}, 64, 1);
+    add({0}, 0, 0);
+    add({4}, 3, 1);
+    add({4}, 16, std::nanf(""));
+    add({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 4, 1);
+    add({int64_t{1} << 62, 4}, 16, 1e38f);
+    return out;
+  }
+
+  void MalformedTensors() {
+    for (const dbs::v1::Tensor& bad : BadTensors()) {
+      for (int id : kForgedIds) {
+        dbs::v1::RegisterModelRequest reg;
+        reg.set_worker_id(id);
+        *reg.add_parameters() = bad;
+        dbs::v1::Parameters params;
+        grpc::ClientContext rctx;
+        Deadline(&rctx);
+        Forge(&rctx);
+        Note("/RegisterModel", params_->RegisterModel(&rctx, reg, &params), "malformed model");
+        for (int step : {-1, 0, 1, 1 << 30}) {
+          dbs::v1::PushGradientRequest push;
+          push.set_worker_id(id);
+          push.set_epoch(step == 0 ? 0 : -step);
+          push.set_step(step);
+          push.set_num_samples(step == 1 ? -5 : 16);
+          push.set_loss_sum(step == -1 ? 1e308 * 10 : 1.0);
+          *push.add_gradients() = bad;
+          dbs::v1::PushGradientReply reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (step != 0) Forge(&ctx);
+          Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "malformed push");
+        }
+      }
+    }
+  }
+
+  // Many waiting-kind calls at once, most abandoned by a short deadline.
+  void WaitingFlood() {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([this, t] {
+        for (int i = 0; i < 60; ++i) {
+          dbs::v1::GetEpochPlanRequest req;
+          req.set_worker_id(i % 3);
+          req.set_epoch(i % 4);
+          dbs::v1::EpochPlan plan;
+          grpc::ClientContext ctx;
+          Deadline(&ctx, absl::Milliseconds(i % 2 ? 5 : 20000));
+          if ((i + t) % 2) Forge(&ctx);
+          const grpc::Status s = sched_->GetEpochPlan(&ctx, req, &plan);
+          // A 5 ms deadline may expire on the client before any answer: that is ours, not the
+          // server's; every call with a long deadline must be refused.
+          if (i % 2 == 1 && s.error_code() == StatusCode::DEADLINE_EXCEEDED) continue;
+          Note("/GetEpochPlan", s, "waiting flood");
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  // Pushes far larger than any model, several at once.
+  void Oversized() {
+    const std::string big = Bytes(static_cast<size_t>(absl::GetFlag(FLAGS_big_mb)) << 20);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([this, t, &big] {
+        dbs::v1::PushGradientRequest push;
+        push.set_worker_id(t % 2);
+        push.set_num_samples(16);
+        dbs::v1::Tensor* g = push.add_gradients();
+        g->set_name("fc1.weight");
+        g->add_shape(static_cast<int64_t>(big.size() / 4));
+        g->set_data(big);
+        dbs::v1::PushGradientReply reply;
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        Forge(&ctx);
+        Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "oversized push");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<dbs::v1::SchedulerService::Stub> sched_;
+  std::unique_ptr<dbs::v1::ParameterService::Stub> params_;
+  std::unique_ptr<grpc::GenericStub> generic_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+  int64_t calls_ = 0;
+  std::map<std::string, std::map<std::string, int64_t>> by_method_;
+  nlohmann::json findings_ = nlohmann::json::array();
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  Attacker attacker(absl::GetFlag(FLAGS_server));
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  for (int r = 1; rounds == 0 || r <= rounds; ++r) {
+    attacker.Round();
+    std::printf("%s\n", attacker.Record(r).dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,111 @@
+"""A hostile peer on the network while a real job trains.
+
+dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MNIST. Meanwhile
+tests/hostile_client (no secret, no token) sends every kind of bad call, round after round:
+random bytes to every method, malformed, overflowing and oversized tensors, wrong steps and
+epochs, unknown and forged ids, floods of registrations and of waiting calls, Leave for the real
+workers. The test checks that the server never died, every bad call was refused with a clear
+code, the job completed with every epoch's sample audit clean, the accuracy is that of an
+undisturbed run of the same job, and dbs_ps's peak memory stayed under PEAK_RSS_BOUND_MIB.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_test import RUNFILES, ProcessTestCase  # noqa: E402
+
+HOSTILE = os.path.join(RUNFILES, "tests", "hostile_client")
+JOB = ["--workers=2", "--epochs=2", "--global_batch=64", "--policy=fixed", "--linger_s=2",
+       "--job_token=the-job-secret", "--max_message_mb=64", "--memory_quota_mb=256"]
+# --slowdown stretches the steps with sleeps (no CPU), so the attack runs through the training.
+WORKER = ["--train_limit=3000", "--test_limit=1000", "--log_every_s=60", "--slowdown=5",
+          "--connect_timeout_s=20", "--job_token=the-job-secret"]
+# dbs_ps's peak resident memory (VmHWM) with the attack running. Undisturbed, this job peaks
+# near 100 MiB; the attack's 80 MiB pushes are refused by the 64 MiB message limit.
+PEAK_RSS_BOUND_MIB = 512
+ACCURACY_TOLERANCE = 0.01  # the aggregation order of two workers' gradients may differ
+
+
+def peak_rss_mib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+class HostileTest(ProcessTestCase):
+    def run_job(self, tag, attack):
+        summary = os.path.join(self.tmp, f"{tag}.json")
+        ps, port = self.start_ps(JOB + [f"--summary_path={summary}"], tag=tag)
+        peak = [0.0]
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                m = peak_rss_mib(ps.pid)
+                if m is not None:
+                    peak[0] = max(peak[0], m)
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        hostile = None
+        if attack:
+            hostile = self.spawn([HOSTILE, f"--server=127.0.0.1:{port}", "--rounds=0"])
+            # The attack is under way before the workers join.
+            first = hostile.stdout.readline()
+            self.assertTrue(first, "the hostile client ended before its first round")
+        workers = [self.spawn(self.worker_argv(port, *WORKER, f"--name=w{i}")) for i in range(2)]
+        for w in workers:
+            out, err = w.communicate(timeout=600)
+            self.assertEqual(w.returncode, 0, err.decode()[-3000:])
+        rounds = []
+        if attack:
+            self.assertIsNone(hostile.poll(), "the hostile client stopped early")
+            hostile.send_signal(signal.SIGTERM)
+            out, err = hostile.communicate(timeout=60)
+            rounds = [json.loads(line) for line in (first + out).decode().splitlines() if line]
+        ps_out, ps_err = ps.communicate(timeout=120)
+        stop.set()
+        watcher.join()
+        self.assertEqual(ps.returncode, 0, ps_err.decode()[-3000:])
+        with open(summary) as f:
+            record = json.load(f)
+        return record, peak[0], rounds
+
+    def test_a_hostile_peer_changes_nothing(self):
+        calm, calm_peak, _ = self.run_job("calm", attack=False)
+        hostile, peak, rounds = self.run_job("hostile", attack=True)
+        last = rounds[-1]
+        print(f"undisturbed: accuracy {calm['final_test_accuracy']:.4f}, dbs_ps peak "
+              f"{calm_peak:.0f} MiB; attacked: accuracy {hostile['final_test_accuracy']:.4f}, "
+              f"dbs_ps peak {peak:.0f} MiB; {len(rounds)} attack rounds, {last['calls']} bad "
+              f"calls: {json.dumps(last['by_method'])}", flush=True)
+        self.assertGreaterEqual(len(rounds), 3, "the attack ran through the training")
+        # Calls forged for the live workers' ids were refused as such (not as unknown ids).
+        denied = sum(codes.get("7", 0) for codes in last["by_method"].values())
+        self.assertGreater(denied, 0, "the attack reached the workers' ids while they trained")
+        self.assertEqual(last["findings"], [], "every bad call is refused with a clear code")
+        self.assertEqual(hostile["status"], "ok")
+        self.assertEqual(hostile["epochs_completed"], 2)
+        self.assertEqual(len(hostile["worker_info"]), 2, "no intruder joined")
+        for e in hostile["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
+            self.assertEqual(e["dead_workers"], [], "no real worker was evicted")
+        self.assertAlmostEqual(hostile["final_test_accuracy"], calm["final_test_accuracy"],
+                               delta=ACCURACY_TOLERANCE)
+        self.assertLess(peak, PEAK_RSS_BOUND_MIB)
+
+
+if __name__ == "__main__":
+    unittest.main()
