@@ -91,12 +91,18 @@ class Attacker {
     }
   }
 
-  void Note(const std::string& method, const grpc::Status& s, const std::string& what) {
+  // `transport_refusal`: the server may also refuse a call by cancelling it or closing the
+  // connection (gRPC's memory quota does so under pressure from oversized messages).
+  void Note(const std::string& method, const grpc::Status& s, const std::string& what,
+            bool transport_refusal = false) {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_;
     const int code = static_cast<int>(s.error_code());
     ++by_method_[method.substr(method.rfind('/') + 1)][std::to_string(code)];
-    if (!Refusal(s.error_code()) && findings_.size() < 50) {
+    const bool refused = Refusal(s.error_code()) ||
+                         (transport_refusal && (s.error_code() == StatusCode::CANCELLED ||
+                                                s.error_code() == StatusCode::UNAVAILABLE));
+    if (!refused && findings_.size() < 50) {
       findings_.push_back(
           {{"method", method}, {"what", what}, {"code", code}, {"message", s.error_message()}});
     }
@@ -308,7 +314,8 @@ class Attacker {
         grpc::ClientContext ctx;
         Deadline(&ctx);
         Forge(&ctx);
-        Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "oversized push");
+        Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "oversized push",
+             /*transport_refusal=*/true);
       });
     }
     for (std::thread& t : threads) t.join();

@@ -26,9 +26,11 @@ JOB = ["--workers=2", "--epochs=2", "--global_batch=64", "--policy=fixed", "--li
 # --slowdown stretches the steps with sleeps (no CPU), so the attack runs through the training.
 WORKER = ["--train_limit=3000", "--test_limit=1000", "--log_every_s=60", "--slowdown=5",
           "--connect_timeout_s=20", "--job_token=the-job-secret"]
-# dbs_ps's peak resident memory (VmHWM) with the attack running. Undisturbed, this job peaks
-# near 100 MiB; the attack's 80 MiB pushes are refused by the 64 MiB message limit.
-PEAK_RSS_BOUND_MIB = 512
+# What the attack may add to dbs_ps's peak resident memory (VmHWM) over the undisturbed run's:
+# the 80 MiB pushes are read before the 64 MiB message limit refuses them, within the 256 MiB
+# quota. (Measured: 22 -> 239-253 MiB; under ASan, whose quarantine keeps freed memory,
+# 282 -> 690 MiB.)
+PEAK_EXTRA_BOUND_MIB = 512
 ACCURACY_TOLERANCE = 0.01  # the aggregation order of two workers' gradients may differ
 
 
@@ -104,7 +106,7 @@ class HostileTest(ProcessTestCase):
             self.assertEqual(e["dead_workers"], [], "no real worker was evicted")
         self.assertAlmostEqual(hostile["final_test_accuracy"], calm["final_test_accuracy"],
                                delta=ACCURACY_TOLERANCE)
-        self.assertLess(peak, PEAK_RSS_BOUND_MIB)
+        self.assertLess(peak - calm_peak, PEAK_EXTRA_BOUND_MIB)
 
 
 if __name__ == "__main__":
