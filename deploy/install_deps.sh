@@ -10,7 +10,16 @@ PACKAGES=(
   libtorch-dev dataset-fashion-mnist python3
   python3-torch python3-numpy python3-matplotlib clang-format openssl
   clang libclang-rt-14-dev
+  prometheus-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
+  prometheus chromium docker-compose
 )
+
+# kubectl (for the Kubernetes manifests' test): any kubectl on the PATH will do; otherwise
+# Debian's kubernetes-client provides one.
+if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
+# Node.js and npm (the manifests' schema check uses the npm package kubernetes-models): any on
+# the PATH will do; otherwise Debian's.
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

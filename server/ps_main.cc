@@ -2,21 +2,17 @@
 //
 // Flags are parsed here only; everything below main receives plain config structs.
 #include <signal.h>
-#include <time.h>
 
-#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/files.h"
-#include "common/flags_help.h"
+#include "common/signal_watcher.h"
 #include "glog/logging.h"
 #include "server/ps_server.h"
 
@@ -146,73 +142,47 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   return c;
 }
 
-// Receives SIGINT and SIGTERM on its own thread (they are blocked in every other thread) and
-// stops the server; joined on destruction.
-class SignalWatcher {
- public:
-  explicit SignalWatcher(dbs::PsServer* server)
-      : set_(Block()), thread_([this, server] {
-          const timespec tick = {0, 200 * 1000 * 1000};
-          while (!done_.load()) {
-            const int sig = sigtimedwait(&set_, nullptr, &tick);
-            if (sig == SIGINT || sig == SIGTERM) {
-              LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
-              server->Stop(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
-            }
-          }
-        }) {}
-  ~SignalWatcher() {
-    done_.store(true);
-    thread_.join();
-  }
-
-  // Blocks SIGINT and SIGTERM in the calling thread and every thread it starts later.
-  static sigset_t Block() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    return set;
-  }
-
- private:
-  const sigset_t set_;
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
-
-int Fail(const absl::Status& status) {
+int Fail(const absl::Status& status, int code) {
   std::cerr << "dbs_ps: " << status.message() << std::endl;
-  return 2;
+  return code;
+}
+
+// How a run that ended with `result` exits (docs/deploying.md#exit-codes).
+int ExitCodeOfRun(const absl::Status& result, int signal) {
+  if (signal == SIGTERM) return dbs::kExitTerminated;
+  if (signal == SIGINT) return dbs::kExitInterrupted;
+  if (absl::IsDeadlineExceeded(result)) return dbs::kExitStalled;
+  return dbs::ExitCodeFor(result);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  dbs::ParseCommandLine(
+      argc, argv,
       "dbs_ps: parameter server and Dynamic Batch Size scheduler.\n"
-      "Example: dbs_ps --port=50051 --workers=4 --epochs=5 --global_batch=128 --policy=dbs");
-  dbs::HelpListsFlagsOf("ps_main.cc");
-  absl::ParseCommandLine(argc, argv);
+      "Example: dbs_ps --port=50051 --workers=4 --epochs=5 --global_batch=128 --policy=dbs",
+      "ps_main.cc");
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   // Before any thread starts, so that only the watcher receives them.
-  SignalWatcher::Block();
+  dbs::SignalWatcher::Block();
 
   absl::StatusOr<dbs::ServerConfig> config = ServerConfigFromFlags();
-  if (!config.ok()) return Fail(config.status());
+  if (!config.ok()) return Fail(config.status(), dbs::kExitBadConfig);
   const dbs::RealClock clock;
   absl::StatusOr<std::unique_ptr<dbs::PsServer>> server = dbs::PsServer::Start(*config, &clock);
-  if (!server.ok()) return Fail(server.status());
+  if (!server.ok()) return Fail(server.status(), dbs::ExitCodeFor(server.status()));
   absl::Status result;
+  int signal = 0;
   {
-    SignalWatcher signals(server->get());
+    dbs::SignalWatcher signals([s = server->get()](int sig) {
+      LOG(WARNING) << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping";
+      s->Stop(absl::CancelledError(absl::StrCat("dbs_ps stopped by signal ", sig)));
+    });
     result = (*server)->Run(std::cout);
+    signal = signals.received();
   }
-  if (!result.ok()) {
-    LOG(ERROR) << "training did not finish: " << result;
-    return 1;
-  }
-  return 0;
+  if (!result.ok()) LOG(ERROR) << "training did not finish: " << result;
+  return ExitCodeOfRun(result, signal);
 }

@@ -99,6 +99,9 @@ absl::Status PsServer::Listen() {
   // Workers ping every 20 s while they wait (keepalive); allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // grpc.health.v1.Health: SERVING while the job accepts workers and steps, NOT_SERVING once it
+  // is over (the port is not open while a checkpoint is restored).
+  grpc::EnableDefaultHealthCheckService(true);
   builder.AddListeningPort(address, Credentials(), &port_);
   grpc::ResourceQuota quota("dbs_ps");
   quota.Resize(static_cast<size_t>(config_.memory_quota_mb) << 20);
@@ -113,6 +116,7 @@ absl::Status PsServer::Listen() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, " (in use, or not a local address?)"));
   }
+  server_->GetHealthCheckService()->SetServingStatus(true);
   if (!config_.port_file.empty()) {
     DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
   }
@@ -133,6 +137,17 @@ absl::Status PsServer::Run(std::ostream& out) {
     job_->CheckStall();
   }
   const absl::Status result = job_->Wait();
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  if (stopped_.load() && !config_.job.checkpoint_dir.empty()) {
+    // Stopped from outside (SIGTERM from an orchestrator): keep everything done so far, so a
+    // restart with --restore continues from here.
+    const absl::Status saved = job_->SaveCheckpoint();
+    if (saved.ok()) {
+      LOG(INFO) << "final checkpoint written to " << config_.job.checkpoint_dir;
+    } else {
+      LOG(ERROR) << "final checkpoint failed: " << saved;
+    }
+  }
   WriteSummary(out);
   Shutdown(result);
   return result;
@@ -163,6 +178,9 @@ void PsServer::Shutdown(const absl::Status& result) {
   server_.reset();
 }
 
-void PsServer::Stop(const absl::Status& why) { job_->Abort(why); }
+void PsServer::Stop(const absl::Status& why) {
+  stopped_.store(true);
+  job_->Abort(why);
+}
 
 }  // namespace dbs

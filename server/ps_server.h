@@ -4,6 +4,7 @@
 #ifndef DBS_SERVER_PS_SERVER_H_
 #define DBS_SERVER_PS_SERVER_H_
 
+#include <atomic>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -59,7 +60,8 @@ class PsServer {
   // lets the workers leave (at most `linger`) and stops serving. Returns how training ended.
   absl::Status Run(std::ostream& out);
 
-  // Ends the job early (a signal): every waiting worker is released. Thread-safe.
+  // Ends the job early (a signal): every waiting worker is released and, with a checkpoint
+  // directory, Run writes a final checkpoint. Thread-safe.
   void Stop(const absl::Status& why);
 
  private:
@@ -76,6 +78,7 @@ class PsServer {
   ParameterServiceImpl parameter_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::atomic<bool> stopped_{false};
 };
 
 }  // namespace dbs

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/dbs.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 
 namespace dbs {
 namespace {
@@ -171,6 +172,110 @@ TEST(PsServerTest, PlanRequestsWhoseClientsGaveUpAreDropped) {
   (*server)->Stop(absl::CancelledError("test over"));
   std::ostringstream out;
   EXPECT_THAT((*server)->Run(out), StatusCodeIs(absl::StatusCode::kCancelled));
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  const grpc::Status s = stub->Check(&ctx, req, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return reply.status();
+}
+
+TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
+  // One worker trains a one-epoch job by hand over gRPC and does not leave, so the server
+  // lingers after the job: the health service says SERVING during the job and NOT_SERVING after.
+  ServerConfig c = SmallConfig();
+  c.job.scheduler.expected_workers = 1;
+  c.linger = absl::Seconds(60);
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  const int port = (*server)->port();
+  EXPECT_EQ(Health(port), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::ostringstream out;
+  absl::Status result;
+  std::thread runner([&] { result = (*server)->Run(out); });
+
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto sched = v1::SchedulerService::NewStub(channel);
+  auto params = v1::ParameterService::NewStub(channel);
+  auto signed_ctx = [](grpc::ClientContext* ctx, const std::string& token) {
+    ctx->AddMetadata(kWorkerTokenKey, token);
+  };
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w0");
+  reg.set_train_samples(16);
+  reg.set_test_samples(4);
+  v1::RegisterWorkerReply joined;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_THAT(sched->RegisterWorker(&ctx, reg, &joined), IsOk());
+  }
+  {
+    v1::RegisterModelRequest req;
+    v1::Tensor* t = req.add_parameters();
+    t->set_name("w");
+    t->add_shape(2);
+    t->set_data(std::string(8, '\0'));
+    v1::Parameters reply;
+    grpc::ClientContext ctx;
+    signed_ctx(&ctx, joined.token());
+    ASSERT_THAT(params->RegisterModel(&ctx, req, &reply), IsOk());
+  }
+  v1::EpochPlan plan;
+  {
+    v1::GetEpochPlanRequest req;
+    grpc::ClientContext ctx;
+    signed_ctx(&ctx, joined.token());
+    ASSERT_THAT(sched->GetEpochPlan(&ctx, req, &plan), IsOk());
+  }
+  EXPECT_EQ(Health(port), grpc::health::v1::HealthCheckResponse::SERVING);
+  for (int step = 0; step < plan.num_steps(); ++step) {
+    v1::PushGradientRequest push;
+    push.set_step(step);
+    push.set_num_samples(step + 1 < plan.num_steps() ? plan.batch_size() : plan.final_batch_size());
+    v1::Tensor* g = push.add_gradients();
+    g->set_name("w");
+    g->add_shape(2);
+    g->set_data(std::string(8, '\0'));
+    v1::PushGradientReply reply;
+    grpc::ClientContext ctx;
+    signed_ctx(&ctx, joined.token());
+    ASSERT_THAT(params->PushGradient(&ctx, push, &reply), IsOk());
+  }
+  {
+    v1::EpochReport report;
+    report.set_samples(16);
+    report.set_compute_seconds(1.0);
+    report.set_test_samples(4);
+    v1::EpochReportReply reply;
+    grpc::ClientContext ctx;
+    signed_ctx(&ctx, joined.token());
+    ASSERT_THAT(sched->ReportEpoch(&ctx, report, &reply), IsOk());
+  }
+  // The job is over; the worker has not left, so the server lingers, no longer serving.
+  grpc::health::v1::HealthCheckResponse::ServingStatus status =
+      grpc::health::v1::HealthCheckResponse::SERVING;
+  for (int i = 0; i < 400 && status == grpc::health::v1::HealthCheckResponse::SERVING; ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+    status = Health(port);
+  }
+  EXPECT_EQ(status, grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  {
+    v1::LeaveRequest leave;
+    v1::LeaveReply reply;
+    grpc::ClientContext ctx;
+    signed_ctx(&ctx, joined.token());
+    EXPECT_THAT(sched->Leave(&ctx, leave, &reply), IsOk());
+  }
+  runner.join();
+  EXPECT_THAT(result, IsOk());
 }
 
 TEST(PsServerTest, APortInUseIsAClearError) {

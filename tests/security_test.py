@@ -72,12 +72,12 @@ class SecurityTest(ProcessTestCase):
                                        f"--tls_cert={self.p('rogue.pem')}",
                                        f"--tls_key={self.p('rogue.key')}", token])):
             rc, _, err = self.run_cmd(worker(f"--name={name}", *flags), 60)
-            self.assertNotEqual(rc, 0, name)
+            self.assertEqual(rc, 200, name)
             self.assertIn("could not reach dbs_ps", err, name)
         # The right certificate but the wrong secret: UNAUTHENTICATED.
         rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess"),
                                   60)
-        self.assertEqual(rc, 1)
+        self.assertEqual(rc, 2, "a wrong secret is a configuration error")
         self.assertIn("job's secret", err)
         self.assertIsNone(ps.poll(), "dbs_ps is still serving")
 
@@ -104,7 +104,7 @@ class SecurityTest(ProcessTestCase):
         while b"joined as worker" not in first.stdout.readline():
             self.assertIsNone(first.poll(), "the first worker exited before joining")
         rc, _, err = self.run_cmd(self.worker_argv(port, *SMALL, "--name=same"), 60)
-        self.assertEqual(rc, 1)
+        self.assertEqual(rc, 200, "the name may free up: worth a restart")
         self.assertIn("already in the job", err)
         other = self.spawn(self.worker_argv(port, *SMALL, "--name=other"))
         for w in (first, other):

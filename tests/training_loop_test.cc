@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -44,6 +45,7 @@ class FakeLearner : public Learner {
 
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
     clock_->Advance(absl::Seconds(kSecondsPerSample * static_cast<double>(indices.size())));
+    if (on_gradient) on_gradient();
     seen_.emplace_back(indices.begin(), indices.end());
     trained_from_.push_back(w_);
     double loss = 0.0;
@@ -60,6 +62,7 @@ class FakeLearner : public Learner {
   }
 
   static float Target(int i) { return 1.0f + static_cast<float>(i); }
+  std::function<void()> on_gradient;  // runs at every gradient
   double Distance() const {
     double d = 0.0;
     for (int i = 0; i < kParams; ++i) d += std::abs(w_[i] - Target(i));
@@ -125,6 +128,19 @@ class TrainingLoopTest : public ::testing::Test {
   FakeJobConfig job_;
   std::vector<EpochLog> epochs_;
 };
+
+TEST_F(TrainingLoopTest, AStopRequestLeavesTheJobAndEndsCancelled) {
+  FakePsClient client(job_, &clock_);
+  TrainingLoop loop(loop_config_, &learner_, &client, &clock_);
+  int gradients = 0;
+  learner_.on_gradient = [&] {
+    if (++gradients == 3) loop.RequestStop();  // SIGTERM during the third step
+  };
+  EXPECT_THAT(loop.Run(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("signal")));
+  EXPECT_TRUE(client.left()) << "it leaves, so the job re-splits its samples at once";
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2)) << "no step after the request";
+  EXPECT_THAT(Log(), HasSubstr("left the job"));
+}
 
 TEST_F(TrainingLoopTest, TrainsEverySampleOncePerEpochAndLeaves) {
   FakePsClient client(job_, &clock_);

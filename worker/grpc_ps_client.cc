@@ -66,7 +66,9 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
     v1::RegisterWorkerReply reply;
+    if (!Begin(&ctx)) return absl::CancelledError("interrupted");
     last = scheduler_->RegisterWorker(&ctx, req, &reply);
+    if (End()) return absl::CancelledError("interrupted");
     if (last.ok()) {
       token_ = reply.token();
       return FromProto(reply);
@@ -119,7 +121,13 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     grpc::ClientContext ctx;
     ctx.AddMetadata(kWorkerTokenKey, token_);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.call_timeout));
-    const grpc::Status s = rpc(&ctx);
+    if (!Begin(&ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, "interrupted");
+    grpc::Status s = rpc(&ctx);
+    if (End()) return grpc::Status(grpc::StatusCode::CANCELLED, "interrupted");
+    // Not ours: a server shutting down cancels the calls in flight. It may come back.
+    if (s.error_code() == grpc::StatusCode::CANCELLED) {
+      s = grpc::Status(grpc::StatusCode::UNAVAILABLE, s.error_message());
+    }
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && waits) {
       // Still waiting for the other workers: ask again, unless the wait is over.
       if (config_.max_wait > absl::ZeroDuration() && absl::Now() - start >= config_.max_wait) {
@@ -146,6 +154,24 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     reconnected_ = true;
     absl::SleepFor(delay);
   }
+}
+
+bool GrpcPsClient::Begin(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&interrupt_mu_);
+  current_ = ctx;
+  return !interrupted_;
+}
+
+bool GrpcPsClient::End() {
+  absl::MutexLock lock(&interrupt_mu_);
+  current_ = nullptr;
+  return interrupted_;
+}
+
+void GrpcPsClient::Interrupt() {
+  absl::MutexLock lock(&interrupt_mu_);
+  interrupted_ = true;
+  if (current_ != nullptr) current_->TryCancel();
 }
 
 bool GrpcPsClient::TakeReconnected() {

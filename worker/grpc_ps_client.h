@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "proto/dbs.grpc.pb.h"
@@ -55,6 +56,7 @@ class GrpcPsClient : public PsClient {
   absl::Status Leave(int worker_id) override;
   absl::StatusOr<ResumePoint> Resume(int worker_id, absl::Span<float> params) override;
   bool TakeReconnected() override;
+  void Interrupt() override;
 
  private:
   // Runs `rpc` (a call on a fresh context with the deadline above), retrying with backoff while
@@ -77,6 +79,14 @@ class GrpcPsClient : public PsClient {
   bool reconnected_ = false;
   const std::string incarnation_;  // this process's, for every registration
   std::string token_;              // from RegisterWorker, sent with every later call
+  // The call in progress, for Interrupt (from another thread).
+  absl::Mutex interrupt_mu_;
+  grpc::ClientContext* current_ ABSL_GUARDED_BY(interrupt_mu_) = nullptr;
+  bool interrupted_ ABSL_GUARDED_BY(interrupt_mu_) = false;
+  // Registers `ctx` as the call in progress; false if interrupted already.
+  bool Begin(grpc::ClientContext* ctx);
+  // Ends the call in progress; true if interrupted meanwhile.
+  bool End();
 };
 
 }  // namespace dbs

@@ -53,6 +53,9 @@ class PsClient {
   // True (once) when a call had to wait for the server to come back since the last check: the
   // server may have restarted from a checkpoint older than this worker's position.
   virtual bool TakeReconnected() = 0;
+  // Ends the call in progress, if any, and every later one except Leave, with CANCELLED (the
+  // process is stopping). Thread-safe: may be called from a signal-handling thread.
+  virtual void Interrupt() {}
 };
 
 }  // namespace dbs

@@ -40,10 +40,34 @@ void TrainingLoop::Say(const std::string& line) const {
   std::fflush(config_.out);
 }
 
+void TrainingLoop::RequestStop() {
+  stop_.store(true);
+  client_->Interrupt();
+}
+
+absl::Status TrainingLoop::StopIfAsked() const {
+  if (!stop_.load()) return absl::OkStatus();
+  return absl::CancelledError("stopped by a signal");
+}
+
 absl::Status TrainingLoop::Run() {
+  const absl::Status result = RunUntilDone();
+  if (!stop_.load()) return result;
+  // Stopping: leave, so the job re-splits this worker's samples at once instead of waiting for
+  // its timeout.
+  if (id_ >= 0) {
+    const absl::Status left = client_->Leave(id_);
+    Say(left.ok() ? "stopped: left the job; the others go on"
+                  : absl::StrCat("stopped; leaving the job failed: ", left.ToString()));
+  }
+  return absl::CancelledError("stopped by a signal");
+}
+
+absl::Status TrainingLoop::RunUntilDone() {
   job_start_ = clock_->Now();
   DBS_RETURN_IF_ERROR(Join());
   while (!finished_) {
+    DBS_RETURN_IF_ERROR(StopIfAsked());
     if (need_plan_) {
       DBS_ASSIGN_OR_RETURN(Next next, FetchPlan());
       if (next == Next::kResynced || finished_) continue;
@@ -119,6 +143,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
   epoch_start_ = clock_->Now();
   next_log_ = epoch_start_ + config_.log_every;
   for (int step = first_step_; step < num_steps_; ++step) {
+    DBS_RETURN_IF_ERROR(StopIfAsked());
     DBS_ASSIGN_OR_RETURN(Next next, TrainStep(step, &timing));
     if (next == Next::kResynced) return next;
   }

@@ -16,6 +16,7 @@
 #ifndef DBS_WORKER_TRAINING_LOOP_H_
 #define DBS_WORKER_TRAINING_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -56,12 +57,19 @@ class TrainingLoop {
   // Runs until the job ends. Errors say what failed and what to do about it.
   absl::Status Run();
 
+  // Asks the loop to stop (SIGTERM): the call in progress is interrupted, the worker leaves the
+  // job (the others go on without it) and Run returns CANCELLED. Thread-safe.
+  void RequestStop();
+
   int worker_id() const { return id_; }
   // The epochs reported so far, in order.
   const std::vector<EpochLog>& epochs() const { return epochs_; }
 
  private:
   enum class Next { kGoOn, kResynced };
+
+  absl::Status RunUntilDone();
+  absl::Status StopIfAsked() const;
 
   absl::Status Join();
   absl::StatusOr<Next> FetchPlan();
@@ -105,6 +113,7 @@ class TrainingLoop {
   int64_t global_step_ = 0;
   absl::Time job_start_, epoch_start_, next_log_;
   std::vector<EpochLog> epochs_;
+  std::atomic<bool> stop_{false};
 };
 
 // Standalone compute speed, without a server: forward/backward over `samples` training samples

@@ -1,16 +1,17 @@
 // dbs_worker: one training worker of a dbs job. Flags are parsed here only.
+#include <signal.h>
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/files.h"
-#include "common/flags_help.h"
+#include "common/signal_watcher.h"
 #include "worker/fashion_mnist.h"
 #include "worker/grpc_ps_client.h"
 #include "worker/torch_learner.h"
@@ -140,39 +141,62 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   return c;
 }
 
-int Fail(const std::string& who, const absl::Status& status) {
+int Fail(const std::string& who, const absl::Status& status, int code) {
   std::cerr << who << ": " << status.message() << std::endl;
-  return 1;
+  return code;
+}
+
+// torchrun's convention: MASTER_ADDR (and MASTER_PORT, else 50051) name the server when
+// neither --server nor DBS_SERVER does.
+std::map<std::string, std::string> TorchrunFallbacks() {
+  const std::map<std::string, std::string> env = dbs::Environment();
+  auto addr = env.find("MASTER_ADDR");
+  if (addr == env.end() || addr->second.empty()) return {};
+  auto port = env.find("MASTER_PORT");
+  return {{"server", addr->second + ":" +
+                         (port == env.end() || port->second.empty() ? "50051" : port->second)}};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "dbs_worker: trains on Fashion-MNIST as a client of dbs_ps.\n"
-      "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn");
-  dbs::HelpListsFlagsOf("worker_main.cc");
-  absl::ParseCommandLine(argc, argv);
+  dbs::ParseCommandLine(argc, argv,
+                        "dbs_worker: trains on Fashion-MNIST as a client of dbs_ps.\n"
+                        "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn",
+                        "worker_main.cc", TorchrunFallbacks());
+  dbs::SignalWatcher::Block();
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
-  if (!config.ok()) return Fail("dbs_worker", config.status());
+  if (!config.ok()) return Fail("dbs_worker", config.status(), dbs::kExitBadConfig);
   absl::StatusOr<std::unique_ptr<dbs::Learner>> learner = dbs::MakeTorchLearner(config->learner);
-  if (!learner.ok()) return Fail("dbs_worker " + config->loop.name, learner.status());
+  if (!learner.ok()) {
+    return Fail("dbs_worker " + config->loop.name, learner.status(), dbs::kExitBadConfig);
+  }
   const dbs::RealClock clock;
 
   if (config->measure_speed_samples > 0) {
     absl::StatusOr<double> speed =
         dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
                           config->measure_speed_samples, config->measure_batch);
-    if (!speed.ok()) return Fail("dbs_worker", speed.status());
+    if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
     std::cout << "{\"samples_per_second\": " << *speed
               << ", \"slowdown\": " << config->loop.slowdown.base()
               << ", \"batch\": " << config->measure_batch << "}" << std::endl;
-    return 0;
+    return dbs::kExitOk;
   }
 
   dbs::GrpcPsClient client(config->client);
   dbs::TrainingLoop loop(config->loop, learner->get(), &client, &clock);
-  const absl::Status status = loop.Run();
-  if (!status.ok()) return Fail("dbs_worker " + config->loop.name, status);
-  return 0;
+  absl::Status status;
+  int signal = 0;
+  {
+    dbs::SignalWatcher signals([&loop](int) { loop.RequestStop(); });
+    status = loop.Run();
+    signal = signals.received();
+  }
+  if (signal == SIGTERM) return dbs::kExitTerminated;
+  if (signal == SIGINT) return dbs::kExitInterrupted;
+  if (!status.ok()) {
+    return Fail("dbs_worker " + config->loop.name, status, dbs::ExitCodeFor(status));
+  }
+  return dbs::kExitOk;
 }

@@ -82,6 +82,24 @@ cc_library(
     name = "json",
 )
 
+# prometheus-cpp's metric types and text format (prometheus-cpp-dev).
+cc_library(
+    name = "prometheus",
+    linkopts = ["-lprometheus-cpp-core"],
+)
+
+# cpp-httplib (libcpp-httplib-dev), built by Debian with these options: the header must see the
+# same ones.
+cc_library(
+    name = "httplib",
+    defines = [
+        "CPPHTTPLIB_OPENSSL_SUPPORT",
+        "CPPHTTPLIB_ZLIB_SUPPORT",
+        "CPPHTTPLIB_BROTLI_SUPPORT",
+    ],
+    linkopts = ["-lcpp-httplib", "-pthread"],
+)
+
 cc_library(
     name = "torch",
     hdrs = glob(["libtorch/**/*.h"]),
