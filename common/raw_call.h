@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "common/call_observer.h"
 #include "common/grpc_status.h"
 #include "common/waiting_reactor.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -29,18 +30,29 @@ inline void Answer(WaitingReactor* reactor, const absl::Status& s) {
   reactor->FinishOnce(ToGrpcStatus(s));
 }
 
-// `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once.
+// `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once. `observer`
+// (may be null) hears of the call as it is answered, under the name `method`.
 template <typename Req, typename Resp, typename Handler>
 grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                   grpc::ByteBuffer* out, Handler&& handler) {
+                                   grpc::ByteBuffer* out, const char* method,
+                                   CallObserver* observer, Handler&& handler) {
   auto reply = std::make_shared<Resp>();
-  auto* reactor = new WaitingReactor([reply, out](const grpc::Status& status) {
-    if (!status.ok()) return status;
-    bool own_buffer = false;
-    grpc::Status written = grpc::SerializationTraits<Resp>::Serialize(*reply, out, &own_buffer);
-    return written.ok() ? status
-                        : grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply");
-  });
+  const size_t received = in->Length();
+  auto* reactor =
+      new WaitingReactor([reply, out, method, observer, received](const grpc::Status& status) {
+        grpc::Status answer = status;
+        if (status.ok()) {
+          bool own_buffer = false;
+          if (!grpc::SerializationTraits<Resp>::Serialize(*reply, out, &own_buffer).ok()) {
+            answer = grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply");
+          }
+        }
+        if (observer != nullptr) {
+          observer->OnCall(method, received, answer.ok() ? out->Length() : 0,
+                           static_cast<int>(answer.error_code()));
+        }
+        return answer;
+      });
   Req request;
   grpc::ByteBuffer bytes(*in);  // shares the slices; Deserialize consumes its argument
   if (!grpc::SerializationTraits<Req>::Deserialize(&bytes, &request).ok()) {

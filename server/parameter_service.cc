@@ -23,7 +23,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServ
                                                               const grpc::ByteBuffer* in,
                                                               grpc::ByteBuffer* out) {
   return ServeRaw<v1::RegisterModelRequest, v1::Parameters>(
-      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+      ctx, in, out, "RegisterModel", observer_,
+      [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoRegisterModel(c, req, reply, r);
       });
 }
@@ -32,7 +33,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
                                                              const grpc::ByteBuffer* in,
                                                              grpc::ByteBuffer* out) {
   return ServeRaw<v1::PushGradientRequest, v1::PushGradientReply>(
-      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+      ctx, in, out, "PushGradient", observer_,
+      [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPushGradient(c, req, reply, r);
       });
 }
@@ -41,7 +43,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackSer
                                                                const grpc::ByteBuffer* in,
                                                                grpc::ByteBuffer* out) {
   return ServeRaw<v1::PullParametersRequest, v1::Parameters>(
-      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+      ctx, in, out, "PullParameters", observer_,
+      [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPullParameters(c, req, reply, r);
       });
 }
@@ -50,7 +53,8 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* in,
                                                        grpc::ByteBuffer* out) {
   return ServeRaw<v1::ResumeRequest, v1::ResumeReply>(
-      ctx, in, out, [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+      ctx, in, out, "Resume", observer_,
+      [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoResume(c, req, reply, r);
       });
 }

@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "common/call_observer.h"
 #include "common/plan.h"
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
@@ -28,12 +29,14 @@ class ParameterServiceImpl final : public ParameterRawService {
       std::function<absl::StatusOr<ResumePoint>(int worker_id, ParameterSnapshot* parameters)>;
 
   // `store` and `aggregator` must outlive the service.
+  // `observer` (may be null) hears of every call and must outlive the service too.
   ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, Authenticate authenticate,
-                       ResumeFn resume = nullptr)
+                       ResumeFn resume = nullptr, CallObserver* observer = nullptr)
       : store_(store),
         aggregator_(aggregator),
         authenticate_(std::move(authenticate)),
-        resume_(std::move(resume)) {}
+        resume_(std::move(resume)),
+        observer_(observer) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
@@ -64,6 +67,7 @@ class ParameterServiceImpl final : public ParameterRawService {
 
   const Authenticate authenticate_;
   const ResumeFn resume_;
+  CallObserver* const observer_;
 };
 
 }  // namespace dbs

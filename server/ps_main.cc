@@ -59,6 +59,13 @@ ABSL_FLAG(double, adam_beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, adam_eps, 1e-8, "Adam epsilon.");
 ABSL_FLAG(std::string, summary_path, "dbs_summary.json",
           "Where the JSON run summary is written at the end ('' to skip).");
+ABSL_FLAG(int, metrics_port, -1,
+          "Port of the HTTP endpoint: /metrics (Prometheus), /status.json and a status page at "
+          "/. -1: off; 0: any free port (see --metrics_port_file).");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address of the HTTP endpoint (default: the same as --host).");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the HTTP endpoint's port is written to this file once it serves.");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
 ABSL_FLAG(int, memory_quota_mb, 4096,
           "Memory gRPC may hold for calls in flight, in MiB (at least 2 * --max_message_mb); "
@@ -125,6 +132,9 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);
   c.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  c.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  c.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  c.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);

@@ -26,6 +26,9 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
   if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
+  if (c.metrics_port < -1 || c.metrics_port > 65535) {
+    return absl::InvalidArgumentError("metrics_port must be -1 (off) or in [0, 65535]");
+  }
   if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
     return absl::InvalidArgumentError("TLS needs both a certificate and its key");
   }
@@ -38,10 +41,11 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateJobConfig(c.job);
 }
 
-PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job)
+PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job, const Clock* clock)
     : config_(config),
+      clock_(clock),
       job_(std::move(job)),
-      scheduler_service_(job_->scheduler(), config.job_token),
+      scheduler_service_(job_->scheduler(), config.job_token, &metrics_),
       parameter_service_(
           job_->store(), job_->aggregator(),
           [scheduler = job_->scheduler()](int id, absl::string_view token) {
@@ -49,7 +53,10 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job)
           },
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
-          }) {}
+          },
+          &metrics_) {
+  job_->SetObserver(&metrics_);
+}
 
 PsServer::~PsServer() {
   if (server_ != nullptr) Shutdown(absl::CancelledError("the server object was destroyed"));
@@ -59,10 +66,23 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
                                                           const Clock* clock) {
   DBS_RETURN_IF_ERROR(ValidateServerConfig(config));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
-  std::unique_ptr<PsServer> server(new PsServer(config, std::move(job)));
+  std::unique_ptr<PsServer> server(new PsServer(config, std::move(job), clock));
   if (config.restore) DBS_RETURN_IF_ERROR(server->RestoreNewestCheckpoint());
   DBS_RETURN_IF_ERROR(server->Listen());
+  DBS_RETURN_IF_ERROR(server->StartHttp());
   return server;
+}
+
+absl::Status PsServer::StartHttp() {
+  if (config_.metrics_port < 0) return absl::OkStatus();
+  const std::string host = config_.metrics_host.empty() ? config_.host : config_.metrics_host;
+  DBS_ASSIGN_OR_RETURN(
+      http_, StatusHttpServer::Start(host, config_.metrics_port, job_.get(), &metrics_, clock_));
+  if (!config_.metrics_port_file.empty()) {
+    DBS_RETURN_IF_ERROR(
+        WriteFileAtomic(config_.metrics_port_file, absl::StrCat(http_->port(), "\n")));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PsServer::RestoreNewestCheckpoint() {
@@ -176,6 +196,7 @@ void PsServer::Shutdown(const absl::Status& result) {
   job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   server_.reset();
+  http_.reset();
 }
 
 void PsServer::Stop(const absl::Status& why) {

@@ -14,8 +14,10 @@
 #include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "server/job_config.h"
+#include "server/metrics.h"
 #include "server/parameter_service.h"
 #include "server/scheduler_service.h"
+#include "server/status_http.h"
 #include "server/training_job.h"
 
 namespace dbs {
@@ -38,6 +40,10 @@ struct ServerConfig {
   std::string tls_cert_pem;
   std::string tls_key_pem;
   std::string tls_client_ca_pem;
+  // The HTTP endpoint (/metrics, /status.json, /): -1 off, 0 any free port.
+  int metrics_port = -1;
+  std::string metrics_host;                   // '' : the same as `host`
+  std::string metrics_port_file;              // where its bound port is written ('' : nowhere)
   absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
   absl::Duration supervise_every = absl::Milliseconds(250);
 };
@@ -54,6 +60,8 @@ class PsServer {
   ~PsServer();
 
   int port() const { return port_; }
+  // The HTTP endpoint's port (0 when off).
+  int metrics_port() const { return http_ == nullptr ? 0 : http_->port(); }
   TrainingJob* job() { return job_.get(); }
 
   // Supervises the job until it ends, writes the summary, prints the human summary to `out`,
@@ -65,18 +73,23 @@ class PsServer {
   void Stop(const absl::Status& why);
 
  private:
-  PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job);
+  PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job, const Clock* clock);
   absl::Status RestoreNewestCheckpoint();
   absl::Status Listen();
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   void WriteSummary(std::ostream& out);
   void Shutdown(const absl::Status& result);
 
+  absl::Status StartHttp();
+
   const ServerConfig config_;
+  const Clock* const clock_;
   std::unique_ptr<TrainingJob> job_;
+  Metrics metrics_;
   SchedulerServiceImpl scheduler_service_;
   ParameterServiceImpl parameter_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<StatusHttpServer> http_;
   int port_ = 0;
   std::atomic<bool> stopped_{false};
 };

@@ -171,6 +171,18 @@ absl::Status TrainingJob::Wait() {
 }
 
 std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
+  if (observer_ != nullptr) {
+    const absl::Time now = clock_->Now();
+    absl::Duration wall;
+    {
+      absl::MutexLock lock(&mu_);
+      wall = last_step_end_ == absl::InfinitePast() ? absl::ZeroDuration() : now - last_step_end_;
+      last_step_end_ = stats.last_of_epoch ? absl::InfinitePast() : now;
+    }
+    std::map<int, double> compute;
+    for (const auto& [id, sc] : stats.workers) compute[id] = sc.second;
+    observer_->OnStep(wall, compute);
+  }
   if (!config_.checkpoint_dir.empty()) {
     bool due = false;
     {
@@ -261,7 +273,9 @@ absl::Status TrainingJob::SaveCheckpoint() {
     st.audits = audits_;
   }
   if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return absl::OkStatus();
+  const absl::Time started = clock_->Now();
   absl::StatusOr<std::string> path = WriteCheckpoint(config_.checkpoint_dir, st);
+  if (observer_ != nullptr) observer_->OnCheckpoint(clock_->Now() - started, path.ok());
   if (!path.ok()) return path.status();
   VLOG(1) << "checkpoint " << *path;
   return absl::OkStatus();

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "server/checkpoint.h"
 #include "server/job_config.h"
+#include "server/job_observer.h"
 #include "server/liveness_monitor.h"
 #include "server/optimizer.h"
 #include "server/parameter_store.h"
@@ -55,6 +56,10 @@ class TrainingJob : public SchedulerListener {
 
   // The run record so far.
   RunInfo Run() const;
+
+  // Reports steps and checkpoints to `observer` (metrics). Set before workers connect; it must
+  // outlive the job.
+  void SetObserver(JobObserver* observer) { observer_ = observer; }
 
   // Continues from a checkpoint (before any worker connects). FAILED_PRECONDITION when the
   // checkpoint is of a job with another configuration.
@@ -98,6 +103,9 @@ class TrainingJob : public SchedulerListener {
   std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
   absl::Notification finished_;
+  JobObserver* observer_ = nullptr;
+  // When the previous step of the epoch completed (InfinitePast at an epoch's start).
+  absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace dbs

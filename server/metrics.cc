@@ -1,0 +1,303 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace dbs {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// Sets a counter derived from the run record to `value` (it only ever grows).
+void AdvanceTo(prometheus::Counter& c, double value) {
+  if (value > c.Value()) c.Increment(value - c.Value());
+}
+
+Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+
+const char* CodeName(int code) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_seconds_(BuildHistogram()
+                        .Name("dbs_step_seconds")
+                        .Help("Wall time of a synchronous step, from the previous step's end")
+                        .Register(*registry_)
+                        .Add({}, SecondsBuckets())),
+      barrier_wait_(BuildCounter()
+                        .Name("dbs_barrier_wait_seconds_total")
+                        .Help("Time a worker's step waited at the barrier for slower workers "
+                              "(step wall time minus its compute)")
+                        .Register(*registry_)),
+      checkpoint_writes_(BuildCounter()
+                             .Name("dbs_checkpoint_writes_total")
+                             .Help("Checkpoints written")
+                             .Register(*registry_)
+                             .Add({})),
+      checkpoint_failures_(BuildCounter()
+                               .Name("dbs_checkpoint_failures_total")
+                               .Help("Checkpoints that could not be written")
+                               .Register(*registry_)
+                               .Add({})),
+      checkpoint_seconds_(BuildHistogram()
+                              .Name("dbs_checkpoint_seconds")
+                              .Help("Time to write a checkpoint")
+                              .Register(*registry_)
+                              .Add({}, SecondsBuckets())),
+      received_bytes_(BuildCounter()
+                          .Name("dbs_received_bytes_total")
+                          .Help("Request bytes received by the gRPC services")
+                          .Register(*registry_)
+                          .Add({})),
+      sent_bytes_(BuildCounter()
+                      .Name("dbs_sent_bytes_total")
+                      .Help("Reply bytes sent by the gRPC services")
+                      .Register(*registry_)
+                      .Add({})),
+      calls_(BuildCounter()
+                 .Name("dbs_calls_total")
+                 .Help("gRPC calls answered, by method and status code")
+                 .Register(*registry_)),
+      refused_(BuildCounter()
+                   .Name("dbs_refused_calls_total")
+                   .Help("gRPC calls answered with an error, by method and status code")
+                   .Register(*registry_)),
+      steps_(BuildCounter()
+                 .Name("dbs_steps_total")
+                 .Help("Synchronous steps completed by this process")
+                 .Register(*registry_)
+                 .Add({})),
+      epochs_completed_(BuildGauge()
+                            .Name("dbs_epochs_completed")
+                            .Help("Epochs completed")
+                            .Register(*registry_)
+                            .Add({})),
+      epoch_(BuildGauge()
+                 .Name("dbs_epoch")
+                 .Help("The epoch in progress (1-based; the last one once the job is over)")
+                 .Register(*registry_)
+                 .Add({})),
+      epoch_seconds_(BuildGauge()
+                         .Name("dbs_last_epoch_seconds")
+                         .Help("Wall time of the last completed epoch")
+                         .Register(*registry_)
+                         .Add({})),
+      train_loss_(BuildGauge()
+                      .Name("dbs_train_loss")
+                      .Help("Mean training loss of the last completed epoch")
+                      .Register(*registry_)
+                      .Add({})),
+      test_accuracy_(BuildGauge()
+                         .Name("dbs_test_accuracy")
+                         .Help("Test accuracy after the last completed epoch")
+                         .Register(*registry_)
+                         .Add({})),
+      workers_(BuildGauge()
+                   .Name("dbs_workers")
+                   .Help("Workers by state: alive (in the current epoch), evicted (removed as "
+                         "dead or left), joined (ever registered)")
+                   .Register(*registry_)),
+      replans_(BuildCounter()
+                   .Name("dbs_replans_total")
+                   .Help("Re-plans of an epoch's remaining steps (rebalancing and evictions)")
+                   .Register(*registry_)
+                   .Add({})),
+      imbalance_(BuildGauge()
+                     .Name("dbs_compute_imbalance")
+                     .Help("Slowest worker's compute time over the fastest's, last epoch")
+                     .Register(*registry_)
+                     .Add({})),
+      batch_(BuildGauge()
+                 .Name("dbs_worker_batch_size")
+                 .Help("The worker's batch size in the current epoch's plan")
+                 .Register(*registry_)),
+      share_(BuildGauge()
+                 .Name("dbs_worker_share")
+                 .Help("The worker's share of the current epoch's samples")
+                 .Register(*registry_)),
+      speed_(BuildGauge()
+                 .Name("dbs_worker_speed_samples_per_second")
+                 .Help("The worker's measured compute speed in its last reported epoch")
+                 .Register(*registry_)),
+      compute_(BuildCounter()
+                   .Name("dbs_worker_compute_seconds_total")
+                   .Help("Compute time the worker reported, over completed epochs")
+                   .Register(*registry_)),
+      wait_(BuildCounter()
+                .Name("dbs_worker_wait_seconds_total")
+                .Help("Time the worker reported waiting on the server, over completed epochs")
+                .Register(*registry_)) {}
+
+void Metrics::OnStep(absl::Duration wall, const std::map<int, double>& compute) {
+  steps_.Increment();
+  if (wall <= absl::ZeroDuration()) return;  // an epoch's first step: no previous end
+  const double w = absl::ToDoubleSeconds(wall);
+  step_seconds_.Observe(w);
+  absl::MutexLock lock(&names_mu_);
+  for (const auto& [id, seconds] : compute) {
+    const double waited = std::max(0.0, w - seconds);
+    auto name = names_.find(id);
+    if (name == names_.end()) {
+      unnamed_wait_[id] += waited;  // labelled by name at the next scrape
+    } else {
+      barrier_wait_.Add({{"worker", name->second}}).Increment(waited);
+    }
+  }
+}
+
+void Metrics::OnCheckpoint(absl::Duration took, bool ok) {
+  (ok ? checkpoint_writes_ : checkpoint_failures_).Increment();
+  checkpoint_seconds_.Observe(absl::ToDoubleSeconds(took));
+}
+
+void Metrics::OnCall(const char* method, size_t received, size_t sent, int code) {
+  received_bytes_.Increment(static_cast<double>(received));
+  sent_bytes_.Increment(static_cast<double>(sent));
+  calls_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+  if (code != 0) refused_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+}
+
+std::string Metrics::WorkerLabel(const RunInfo& run, int id) {
+  return id >= 0 && id < static_cast<int>(run.workers.size()) ? run.workers[id].name
+                                                              : absl::StrCat("id", id);
+}
+
+void Metrics::SetFromRun(const RunInfo& run, const StepProgress& progress) {
+  {
+    absl::MutexLock lock(&names_mu_);
+    for (size_t id = 0; id < run.workers.size(); ++id) names_[id] = run.workers[id].name;
+    for (auto it = unnamed_wait_.begin(); it != unnamed_wait_.end();) {
+      auto name = names_.find(it->first);
+      if (name == names_.end()) {
+        ++it;
+        continue;
+      }
+      barrier_wait_.Add({{"worker", name->second}}).Increment(it->second);
+      it = unnamed_wait_.erase(it);
+    }
+  }
+  int completed = 0;
+  int revisions = 0;
+  std::set<int> removed;
+  std::map<int, double> compute_total, wait_total;
+  for (const EpochRecord& r : run.epochs) {
+    completed += r.complete ? 1 : 0;
+    revisions += r.revision;
+    removed.insert(r.dead.begin(), r.dead.end());
+    for (const auto& [id, t] : r.reports) {
+      compute_total[id] += t.compute_seconds;
+      wait_total[id] += t.wait_seconds;
+    }
+  }
+  epochs_completed_.Set(completed);
+  epoch_.Set(progress.epoch + 1);
+  AdvanceTo(replans_, revisions);
+  workers_.Add({{"state", "joined"}}).Set(static_cast<double>(run.workers.size()));
+  workers_.Add({{"state", "evicted"}}).Set(static_cast<double>(removed.size()));
+  workers_.Add({{"state", "alive"}})
+      .Set(run.epochs.empty() ? 0.0
+                              : static_cast<double>(run.epochs.back().plans.size() -
+                                                    run.epochs.back().dead.size()));
+  for (const auto& [id, seconds] : compute_total) {
+    AdvanceTo(compute_.Add({{"worker", WorkerLabel(run, id)}}), seconds);
+  }
+  for (const auto& [id, seconds] : wait_total) {
+    AdvanceTo(wait_.Add({{"worker", WorkerLabel(run, id)}}), seconds);
+  }
+  if (!run.epochs.empty()) {
+    for (const auto& [id, plan] : run.epochs.back().plans) {
+      batch_.Add({{"worker", WorkerLabel(run, id)}}).Set(plan.batch_size);
+      share_.Add({{"worker", WorkerLabel(run, id)}}).Set(plan.share);
+    }
+  }
+  // The last complete epoch: its time, loss, accuracy, speeds and balance.
+  for (auto r = run.epochs.rbegin(); r != run.epochs.rend(); ++r) {
+    if (!r->complete) continue;
+    epoch_seconds_.Set(absl::ToDoubleSeconds(r->end - r->start));
+    auto loss = run.losses.find(r->epoch);
+    if (loss != run.losses.end()) train_loss_.Set(loss->second.mean());
+    test_accuracy_.Set(TestAccuracy(*r));
+    double lo = std::numeric_limits<double>::infinity(), hi = 0.0;
+    for (const auto& [id, t] : r->reports) {
+      if (t.compute_seconds <= 0) continue;
+      speed_.Add({{"worker", WorkerLabel(run, id)}})
+          .Set(static_cast<double>(t.samples) / t.compute_seconds);
+      lo = std::min(lo, t.compute_seconds);
+      hi = std::max(hi, t.compute_seconds);
+    }
+    if (hi > 0) imbalance_.Set(hi / lo);
+    break;
+  }
+}
+
+std::string Metrics::Render(const RunInfo& run, const StepProgress& progress) {
+  absl::MutexLock lock(&render_mu_);
+  SetFromRun(run, progress);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+nlohmann::json Metrics::Status(const RunInfo& run, const StepProgress& progress, absl::Time now) {
+  nlohmann::json s = BuildSummary(run);
+  nlohmann::json live;
+  live["epoch"] = progress.epoch + 1;
+  live["step"] = progress.step;
+  live["num_steps"] = progress.num_steps;
+  live["waiting_for"] = progress.waiting_for;
+  live["elapsed_seconds"] = absl::ToDoubleSeconds(now - run.start);
+  // ETA from the pace so far: completed epochs' mean time for each one left, the current one
+  // by its remaining fraction.
+  double epoch_seconds = 0.0;
+  int complete = 0;
+  for (const EpochRecord& r : run.epochs) {
+    if (!r.complete) continue;
+    epoch_seconds += absl::ToDoubleSeconds(r.end - r.start);
+    ++complete;
+  }
+  if (complete > 0) {
+    const double per_epoch = epoch_seconds / complete;
+    const double left_in_epoch =
+        progress.num_steps > 0
+            ? 1.0 - static_cast<double>(progress.step) / static_cast<double>(progress.num_steps)
+            : 0.0;
+    const int epochs_after = std::max(0, run.scheduler.epochs - (progress.epoch + 1));
+    live["eta_seconds"] = per_epoch * (epochs_after + std::max(0.0, left_in_epoch));
+  } else {
+    live["eta_seconds"] = nullptr;
+  }
+  s["live"] = live;
+  return s;
+}
+
+}  // namespace dbs

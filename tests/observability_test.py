@@ -1,0 +1,114 @@
+"""dbs_ps's HTTP endpoint with the real tools that read it: Debian's `prometheus` scrapes a
+running job and its query API returns a steps counter above zero; Debian's `chromium`, headless,
+renders the status page (one row per worker) and takes a screenshot. Both are installed by
+deploy/install_deps.sh; where one cannot be had, its test is skipped saying so.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_test import ProcessTestCase, free_port  # noqa: E402
+
+# Long enough for a few scrapes and a page load: the slowdowns stretch the steps with sleeps.
+JOB = ["--workers=2", "--epochs=6", "--global_batch=64", "--linger_s=1"]
+WORKER = ["--train_limit=6000", "--test_limit=500", "--log_every_s=60"]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class ObservabilityTest(ProcessTestCase):
+    def start_job(self):
+        metrics_file = os.path.join(self.tmp, "metrics.port")
+        ps, port = self.start_ps(JOB + ["--metrics_port=0", f"--metrics_port_file={metrics_file}"])
+        deadline = time.time() + 30
+        while not os.path.exists(metrics_file) and time.time() < deadline:
+            time.sleep(0.05)
+        metrics = open(metrics_file).read().strip()
+        workers = [self.spawn(self.worker_argv(port, *WORKER, f"--name=w{i}",
+                                               f"--slowdown={3 + 3 * i}")) for i in range(2)]
+        return ps, workers, metrics
+
+    def finish(self, ps, workers):
+        for w in workers:
+            _, err = w.communicate(timeout=300)
+            self.assertEqual(w.returncode, 0, err.decode()[-2000:])
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+
+    def test_prometheus_scrapes_the_steps_counter(self):
+        prometheus = shutil.which("prometheus")
+        if prometheus is None:
+            self.skipTest("prometheus is not installed (deploy/install_deps.sh installs Debian's)")
+        ps, workers, metrics = self.start_job()
+        text = get(f"http://127.0.0.1:{metrics}/metrics")
+        self.assertIn("# TYPE dbs_steps_total counter", text)
+        config = os.path.join(self.tmp, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                    "  - job_name: dbs\n    static_configs:\n"
+                    f"      - targets: ['127.0.0.1:{metrics}']\n")
+        prom_port = free_port()
+        self.spawn([prometheus, f"--config.file={config}",
+                    f"--storage.tsdb.path={os.path.join(self.tmp, 'tsdb')}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}"])
+        query = (f"http://127.0.0.1:{prom_port}/api/v1/query?query=dbs_steps_total")
+        value, deadline = 0.0, time.time() + 90
+        while value <= 0 and time.time() < deadline:
+            time.sleep(1)
+            try:
+                result = json.loads(get(query))["data"]["result"]
+            except OSError:
+                continue  # prometheus still starting
+            if result:
+                value = float(result[0]["value"][1])
+        print(f"prometheus query dbs_steps_total = {value}", flush=True)
+        self.assertGreater(value, 0, "prometheus scraped a steps counter above zero")
+        self.finish(ps, workers)
+
+    def test_the_status_page_renders_a_row_per_worker_in_chromium(self):
+        chromium = shutil.which("chromium")
+        if chromium is None:
+            self.skipTest("chromium is not installed (deploy/install_deps.sh installs Debian's)")
+        ps, workers, metrics = self.start_job()
+        # Once the first epoch is done the page has compute/wait bars too.
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            status = json.loads(get(f"http://127.0.0.1:{metrics}/status.json"))
+            if status["epochs_completed"] >= 1:
+                break
+            time.sleep(0.5)
+        url = f"http://127.0.0.1:{metrics}/"
+        profile = os.path.join(self.tmp, "chromium")
+        dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                              "--virtual-time-budget=5000", "--dump-dom", url],
+                             capture_output=True, timeout=120).stdout.decode()
+        self.assertEqual(dom.count('<tr class="worker">'), 2, dom[-3000:])
+        self.assertIn("w0", dom)
+        self.assertIn("samples/s", dom)
+        out_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.tmp)
+        shot = os.path.join(out_dir, "status_page.png")
+        subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                        "--virtual-time-budget=5000", "--window-size=1100,620",
+                        f"--screenshot={shot}", url], capture_output=True, timeout=120)
+        self.assertTrue(os.path.exists(shot))
+        with open(shot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        print(f"status page screenshot: {shot}", flush=True)
+        self.finish(ps, workers)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
