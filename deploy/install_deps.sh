@@ -11,7 +11,7 @@ PACKAGES=(
   python3-torch python3-numpy python3-matplotlib clang-format openssl
   clang libclang-rt-14-dev
   prometheus-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
-  prometheus chromium docker-compose
+  prometheus chromium docker-compose python3-yaml
 )
 
 # kubectl (for the Kubernetes manifests' test): any kubectl on the PATH will do; otherwise
@@ -27,13 +27,21 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install_deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install_deps: installing ${missing[*]}"
-$SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The Kubernetes API schemas that tests/deploy_test.py validates the manifests against (the npm
+# package kubernetes-models, from the npm registry), outside the repository.
+VALIDATOR=/usr/local/lib/dbs-k8s-validator
+if [ ! -d "$VALIDATOR/node_modules/kubernetes-models" ]; then
+  echo "install_deps: installing kubernetes-models into $VALIDATOR"
+  $SUDO mkdir -p "$VALIDATOR"
+  $SUDO npm install --prefix "$VALIDATOR" --no-audit --no-fund kubernetes-models@4.5.1
+fi

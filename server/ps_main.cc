@@ -89,6 +89,12 @@ ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
 ABSL_FLAG(bool, restore, false,
           "Continue from the newest valid checkpoint in --checkpoint_dir (corrupt ones are "
           "refused and the previous one is used).");
+ABSL_FLAG(bool, dry_run, false,
+          "Check the flags and variables (and read the files they name), say whether the "
+          "configuration is valid, and exit (0 or 2) without serving.");
+ABSL_FLAG(bool, restore_if_present, false,
+          "Like --restore when --checkpoint_dir holds a valid checkpoint; start a new job when it "
+          "holds none (for orchestrators that restart the same command).");
 ABSL_FLAG(bool, restore_override, false,
           "With --restore: accept a checkpoint written with other training settings (learning "
           "rate, optimizer, policy knobs), which are otherwise refused.");
@@ -138,6 +144,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
+  c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
@@ -180,6 +187,12 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<dbs::ServerConfig> config = ServerConfigFromFlags();
   if (!config.ok()) return Fail(config.status(), dbs::kExitBadConfig);
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    const absl::Status valid = dbs::ValidateServerConfig(*config);
+    if (!valid.ok()) return Fail(valid, dbs::kExitBadConfig);
+    std::cout << "dbs_ps: configuration ok" << std::endl;
+    return dbs::kExitOk;
+  }
   const dbs::RealClock clock;
   absl::StatusOr<std::unique_ptr<dbs::PsServer>> server = dbs::PsServer::Start(*config, &clock);
   if (!server.ok()) return Fail(server.status(), dbs::ExitCodeFor(server.status()));

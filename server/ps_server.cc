@@ -22,7 +22,7 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory_quota_mb must be in [2 * max_message_mb = ", 2 * c.max_message_mb, ", 1048576]"));
   }
-  if (c.restore && c.job.checkpoint_dir.empty()) {
+  if ((c.restore || c.restore_if_present) && c.job.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
   if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
@@ -67,7 +67,14 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
   DBS_RETURN_IF_ERROR(ValidateServerConfig(config));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
   std::unique_ptr<PsServer> server(new PsServer(config, std::move(job), clock));
-  if (config.restore) DBS_RETURN_IF_ERROR(server->RestoreNewestCheckpoint());
+  if (config.restore || config.restore_if_present) {
+    const absl::Status restored = server->RestoreNewestCheckpoint();
+    if (absl::IsNotFound(restored) && config.restore_if_present && !config.restore) {
+      LOG(INFO) << "no checkpoint in " << config.job.checkpoint_dir << ": starting a new job";
+    } else if (!restored.ok()) {
+      return restored;
+    }
+  }
   DBS_RETURN_IF_ERROR(server->Listen());
   DBS_RETURN_IF_ERROR(server->StartHttp());
   return server;

@@ -33,6 +33,9 @@ struct ServerConfig {
   int memory_quota_mb = 4096;
   std::string summary_path;       // the JSON run summary ('' : none)
   bool restore = false;           // continue from the newest valid checkpoint in job.checkpoint_dir
+  // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none
+  // (for orchestrators that restart the same command).
+  bool restore_if_present = false;
   bool restore_override = false;  // accept a checkpoint written with other training settings
   std::string job_token;          // the secret RegisterWorker must carry ('' : none)
   // TLS (PEM contents): a certificate and key turn TLS on; a client CA makes it mutual (every

@@ -288,6 +288,15 @@ TEST(PsServerTest, APortInUseIsAClearError) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen on 127.0.0.1:")));
 }
 
+TEST(PsServerTest, RestoreIfPresentStartsANewJobWithoutACheckpoint) {
+  ServerConfig c = SmallConfig();
+  c.restore_if_present = true;
+  c.job.checkpoint_dir = ::testing::TempDir() + "/ps_server_test_if_present";
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  EXPECT_THAT(server, IsOk());
+}
+
 TEST(PsServerTest, RestoreWithoutACheckpointSaysSo) {
   ServerConfig c = SmallConfig();
   c.restore = true;

@@ -45,6 +45,9 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial parameters (the first worker's
 ABSL_FLAG(double, log_every_s, 5.0, "Seconds between progress lines.");
 ABSL_FLAG(double, connect_timeout_s, 60.0,
           "How long to keep retrying (with backoff) while dbs_ps is unreachable.");
+ABSL_FLAG(bool, dry_run, false,
+          "Check the flags and variables (and read the files they name), say whether the "
+          "configuration is valid, and exit (0 or 2) without loading data or connecting.");
 ABSL_FLAG(double, call_timeout_s, 60.0,
           "Deadline of one attempt of any call to dbs_ps. A call that answers at once is retried "
           "after it (within --connect_timeout_s); a call that waits for the other workers is "
@@ -167,6 +170,10 @@ int main(int argc, char** argv) {
   dbs::SignalWatcher::Block();
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) return Fail("dbs_worker", config.status(), dbs::kExitBadConfig);
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    std::cout << "dbs_worker: configuration ok" << std::endl;
+    return dbs::kExitOk;
+  }
   absl::StatusOr<std::unique_ptr<dbs::Learner>> learner = dbs::MakeTorchLearner(config->learner);
   if (!learner.ok()) {
     return Fail("dbs_worker " + config->loop.name, learner.status(), dbs::kExitBadConfig);
