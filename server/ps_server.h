@@ -31,8 +31,8 @@ struct ServerConfig {
   // gRPC's memory for calls in flight (a ResourceQuota): past it new calls and reads wait or
   // fail instead of growing the process without limit.
   int memory_quota_mb = 4096;
-  std::string summary_path;       // the JSON run summary ('' : none)
-  bool restore = false;           // continue from the newest valid checkpoint in job.checkpoint_dir
+  std::string summary_path;  // the JSON run summary ('' : none)
+  bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
   // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none
   // (for orchestrators that restart the same command).
   bool restore_if_present = false;
