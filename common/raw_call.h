@@ -10,6 +10,7 @@
 #ifndef DBS_COMMON_RAW_CALL_H_
 #define DBS_COMMON_RAW_CALL_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,12 +31,21 @@ inline void Answer(WaitingReactor* reactor, const absl::Status& s) {
   reactor->FinishOnce(ToGrpcStatus(s));
 }
 
-// `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once. `observer`
-// (may be null) hears of the call as it is answered, under the name `method`.
+// What a service does around every call.
+struct CallHooks {
+  CallObserver* observer = nullptr;  // hears of every call as it is answered (may be null)
+  // While it is false (the server is starting or restoring a checkpoint), every call is
+  // answered UNAVAILABLE, which clients retry. Null: always serving.
+  const std::atomic<bool>* serving = nullptr;
+};
+
+// `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once. The call is
+// known to `hooks` as `method`.
 template <typename Req, typename Resp, typename Handler>
 grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                    grpc::ByteBuffer* out, const char* method,
-                                   CallObserver* observer, Handler&& handler) {
+                                   const CallHooks& hooks, Handler&& handler) {
+  CallObserver* const observer = hooks.observer;
   auto reply = std::make_shared<Resp>();
   const size_t received = in->Length();
   auto* reactor =
@@ -55,7 +65,10 @@ grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc:
       });
   Req request;
   grpc::ByteBuffer bytes(*in);  // shares the slices; Deserialize consumes its argument
-  if (!grpc::SerializationTraits<Req>::Deserialize(&bytes, &request).ok()) {
+  if (hooks.serving != nullptr && !hooks.serving->load()) {
+    reactor->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "dbs_ps is starting (restoring its checkpoint); retry"));
+  } else if (!grpc::SerializationTraits<Req>::Deserialize(&bytes, &request).ok()) {
     reactor->FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      std::string("malformed request: the bytes are not a valid ") +
                                          std::string(Req::descriptor()->full_name())));

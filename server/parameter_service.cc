@@ -23,7 +23,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServ
                                                               const grpc::ByteBuffer* in,
                                                               grpc::ByteBuffer* out) {
   return ServeRaw<v1::RegisterModelRequest, v1::Parameters>(
-      ctx, in, out, "RegisterModel", observer_,
+      ctx, in, out, "RegisterModel", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoRegisterModel(c, req, reply, r);
       });
@@ -33,7 +33,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
                                                              const grpc::ByteBuffer* in,
                                                              grpc::ByteBuffer* out) {
   return ServeRaw<v1::PushGradientRequest, v1::PushGradientReply>(
-      ctx, in, out, "PushGradient", observer_,
+      ctx, in, out, "PushGradient", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPushGradient(c, req, reply, r);
       });
@@ -43,7 +43,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackSer
                                                                const grpc::ByteBuffer* in,
                                                                grpc::ByteBuffer* out) {
   return ServeRaw<v1::PullParametersRequest, v1::Parameters>(
-      ctx, in, out, "PullParameters", observer_,
+      ctx, in, out, "PullParameters", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPullParameters(c, req, reply, r);
       });
@@ -53,7 +53,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* in,
                                                        grpc::ByteBuffer* out) {
   return ServeRaw<v1::ResumeRequest, v1::ResumeReply>(
-      ctx, in, out, "Resume", observer_,
+      ctx, in, out, "Resume", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoResume(c, req, reply, r);
       });

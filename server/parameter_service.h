@@ -5,8 +5,8 @@
 
 #include <functional>
 
-#include "common/call_observer.h"
 #include "common/plan.h"
+#include "common/raw_call.h"
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
@@ -29,14 +29,14 @@ class ParameterServiceImpl final : public ParameterRawService {
       std::function<absl::StatusOr<ResumePoint>(int worker_id, ParameterSnapshot* parameters)>;
 
   // `store` and `aggregator` must outlive the service.
-  // `observer` (may be null) hears of every call and must outlive the service too.
+  // What `hooks` point to must outlive the service too.
   ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, Authenticate authenticate,
-                       ResumeFn resume = nullptr, CallObserver* observer = nullptr)
+                       ResumeFn resume = nullptr, CallHooks hooks = {})
       : store_(store),
         aggregator_(aggregator),
         authenticate_(std::move(authenticate)),
         resume_(std::move(resume)),
-        observer_(observer) {}
+        hooks_(hooks) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
@@ -67,7 +67,7 @@ class ParameterServiceImpl final : public ParameterRawService {
 
   const Authenticate authenticate_;
   const ResumeFn resume_;
-  CallObserver* const observer_;
+  const CallHooks hooks_;
 };
 
 }  // namespace dbs

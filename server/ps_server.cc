@@ -45,7 +45,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
     : config_(config),
       clock_(clock),
       job_(std::move(job)),
-      scheduler_service_(job_->scheduler(), config.job_token, &metrics_),
+      scheduler_service_(job_->scheduler(), config.job_token, CallHooks{&metrics_, &serving_}),
       parameter_service_(
           job_->store(), job_->aggregator(),
           [scheduler = job_->scheduler()](int id, absl::string_view token) {
@@ -54,7 +54,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
           },
-          &metrics_) {
+          CallHooks{&metrics_, &serving_}) {
   job_->SetObserver(&metrics_);
 }
 
@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
   DBS_RETURN_IF_ERROR(ValidateServerConfig(config));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
   std::unique_ptr<PsServer> server(new PsServer(config, std::move(job), clock));
+  // The port opens first, NOT_SERVING (its calls answered UNAVAILABLE, which workers retry),
+  // so an orchestrator sees a live process that is not ready while a checkpoint loads.
+  DBS_RETURN_IF_ERROR(server->Listen());
   if (config.restore || config.restore_if_present) {
     const absl::Status restored = server->RestoreNewestCheckpoint();
     if (absl::IsNotFound(restored) && config.restore_if_present && !config.restore) {
@@ -75,9 +78,26 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
       return restored;
     }
   }
-  DBS_RETURN_IF_ERROR(server->Listen());
+  DBS_RETURN_IF_ERROR(server->Open());
   DBS_RETURN_IF_ERROR(server->StartHttp());
   return server;
+}
+
+absl::Status PsServer::Open() {
+  serving_.store(true);
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!config_.port_file.empty()) {
+    DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
+  }
+  const SchedulerConfig& s = config_.job.scheduler;
+  LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_
+            << (config_.tls_cert_pem.empty()        ? " (plaintext)"
+                : config_.tls_client_ca_pem.empty() ? " (TLS)"
+                                                    : " (mutual TLS)")
+            << (config_.job_token.empty() ? "" : ", job secret required") << ", waiting for "
+            << s.expected_workers << " workers; " << s.epochs << " epochs, global batch "
+            << s.global_batch << ", policy " << PolicyName(config_.job.policy);
+  return absl::OkStatus();
 }
 
 absl::Status PsServer::StartHttp() {
@@ -126,8 +146,8 @@ absl::Status PsServer::Listen() {
   // Workers ping every 20 s while they wait (keepalive); allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // grpc.health.v1.Health: SERVING while the job accepts workers and steps, NOT_SERVING once it
-  // is over (the port is not open while a checkpoint is restored).
+  // grpc.health.v1.Health: NOT_SERVING while starting or restoring, SERVING while the job
+  // accepts workers and steps, NOT_SERVING once it is over.
   grpc::EnableDefaultHealthCheckService(true);
   builder.AddListeningPort(address, Credentials(), &port_);
   grpc::ResourceQuota quota("dbs_ps");
@@ -143,18 +163,7 @@ absl::Status PsServer::Listen() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, " (in use, or not a local address?)"));
   }
-  server_->GetHealthCheckService()->SetServingStatus(true);
-  if (!config_.port_file.empty()) {
-    DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
-  }
-  const SchedulerConfig& s = config_.job.scheduler;
-  LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_
-            << (config_.tls_cert_pem.empty()        ? " (plaintext)"
-                : config_.tls_client_ca_pem.empty() ? " (TLS)"
-                                                    : " (mutual TLS)")
-            << (config_.job_token.empty() ? "" : ", job secret required") << ", waiting for "
-            << s.expected_workers << " workers; " << s.epochs << " epochs, global batch "
-            << s.global_batch << ", policy " << PolicyName(config_.job.policy);
+  server_->GetHealthCheckService()->SetServingStatus(false);
   return absl::OkStatus();
 }
 

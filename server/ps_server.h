@@ -78,7 +78,10 @@ class PsServer {
  private:
   PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job, const Clock* clock);
   absl::Status RestoreNewestCheckpoint();
+  // Binds the port and starts the services, NOT_SERVING.
   absl::Status Listen();
+  // Serves: health SERVING, calls accepted, the port file written.
+  absl::Status Open();
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   void WriteSummary(std::ostream& out);
   void Shutdown(const absl::Status& result);
@@ -95,6 +98,7 @@ class PsServer {
   std::unique_ptr<StatusHttpServer> http_;
   int port_ = 0;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> serving_{false};  // false until Open
 };
 
 }  // namespace dbs

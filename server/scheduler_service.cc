@@ -11,7 +11,7 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::RegisterWorker(grpc::CallbackSer
                                                                const grpc::ByteBuffer* in,
                                                                grpc::ByteBuffer* out) {
   return ServeRaw<v1::RegisterWorkerRequest, v1::RegisterWorkerReply>(
-      ctx, in, out, "RegisterWorker", observer_,
+      ctx, in, out, "RegisterWorker", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoRegisterWorker(c, req, reply, r);
       });
@@ -21,7 +21,7 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::Leave(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* in,
                                                       grpc::ByteBuffer* out) {
   return ServeRaw<v1::LeaveRequest, v1::LeaveReply>(
-      ctx, in, out, "Leave", observer_,
+      ctx, in, out, "Leave", hooks_,
       [this](auto* c, const auto& req, auto*, WaitingReactor* r) { DoLeave(c, req, r); });
 }
 
@@ -29,7 +29,7 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::ReportEpoch(grpc::CallbackServer
                                                             const grpc::ByteBuffer* in,
                                                             grpc::ByteBuffer* out) {
   return ServeRaw<v1::EpochReport, v1::EpochReportReply>(
-      ctx, in, out, "ReportEpoch", observer_,
+      ctx, in, out, "ReportEpoch", hooks_,
       [this](auto* c, const auto& req, auto*, WaitingReactor* r) { DoReportEpoch(c, req, r); });
 }
 
@@ -37,7 +37,7 @@ grpc::ServerUnaryReactor* SchedulerServiceImpl::GetEpochPlan(grpc::CallbackServe
                                                              const grpc::ByteBuffer* in,
                                                              grpc::ByteBuffer* out) {
   return ServeRaw<v1::GetEpochPlanRequest, v1::EpochPlan>(
-      ctx, in, out, "GetEpochPlan", observer_,
+      ctx, in, out, "GetEpochPlan", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoGetEpochPlan(c, req, reply, r);
       });

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "common/call_observer.h"
+#include "common/raw_call.h"
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/scheduler.h"
@@ -22,11 +22,11 @@ using SchedulerRawService = v1::SchedulerService::WithRawCallbackMethod_Register
 
 class SchedulerServiceImpl final : public SchedulerRawService {
  public:
-  // `scheduler` (and `observer`, which hears of every call, when given) must outlive the
-  // service. With a `job_token`, RegisterWorker requires it.
+  // `scheduler` (and what `hooks` point to) must outlive the service. With a `job_token`,
+  // RegisterWorker requires it.
   explicit SchedulerServiceImpl(Scheduler* scheduler, std::string job_token = "",
-                                CallObserver* observer = nullptr)
-      : scheduler_(scheduler), job_token_(std::move(job_token)), observer_(observer) {}
+                                CallHooks hooks = {})
+      : scheduler_(scheduler), job_token_(std::move(job_token)), hooks_(hooks) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
@@ -51,7 +51,7 @@ class SchedulerServiceImpl final : public SchedulerRawService {
 
   Scheduler* const scheduler_;
   const std::string job_token_;
-  CallObserver* const observer_;
+  const CallHooks hooks_;
 };
 
 }  // namespace dbs

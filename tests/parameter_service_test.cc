@@ -2,6 +2,7 @@
 // bad input is refused with the right code and leaves the step unaffected.
 #include "server/parameter_service.h"
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -276,6 +277,43 @@ TEST_F(ServiceTest, MalformedModelsAndBytesAreInvalidArgumentsWithAMessage) {
   }
   // The job is untouched: a correct step still goes through.
   GoodStep();
+}
+
+TEST(ServiceGateTest, UntilTheServerServesEveryCallIsUnavailable) {
+  // dbs_ps opens its port before restoring a checkpoint; meanwhile calls must not reach the job.
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 1;
+  config.scheduler.global_batch = 4;
+  std::unique_ptr<TrainingJob> job = *TrainingJob::Create(config, &clock);
+  std::atomic<bool> serving{false};
+  SchedulerServiceImpl service(job->scheduler(), "", CallHooks{nullptr, &serving});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::SchedulerService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  v1::RegisterWorkerRequest req;
+  req.set_name("w0");
+  req.set_train_samples(8);
+  req.set_test_samples(2);
+  v1::RegisterWorkerReply reply;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->RegisterWorker(&ctx, req, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("starting"));
+  }
+  EXPECT_EQ(job->scheduler()->active_workers(), 0) << "the job never saw the call";
+  serving.store(true);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_THAT(stub->RegisterWorker(&ctx, req, &reply), IsOk());
+  }
+  job->Abort(absl::CancelledError("test over"));
+  server->Shutdown();
 }
 
 TEST_F(ServiceTest, PlanIsDeliveredAndRepeatable) {
