@@ -75,9 +75,11 @@ class SecurityTest(ProcessTestCase):
             self.assertEqual(rc, 200, name)
             self.assertIn("could not reach dbs_ps", err, name)
         # The right certificate but the wrong secret: UNAUTHENTICATED.
-        rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess"),
+        # (A generous connect timeout: this one must get through TLS to be refused.)
+        rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess",
+                                         "--connect_timeout_s=30"),
                                   60)
-        self.assertEqual(rc, 2, "a wrong secret is a configuration error")
+        self.assertEqual(rc, 2, f"a wrong secret is a configuration error: {err}")
         self.assertIn("job's secret", err)
         self.assertIsNone(ps.poll(), "dbs_ps is still serving")
 
