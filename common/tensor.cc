@@ -73,6 +73,11 @@ absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& act
       return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", i, " is '", actual[i].name,
                                                      "'; the model has '", expected[i].name, "'"));
     }
+    if (expected[i].buffer != actual[i].buffer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " tensor '", actual[i].name, "' is ", actual[i].buffer ? "a buffer" : "a parameter",
+          "; the model's is ", expected[i].buffer ? "a buffer" : "a parameter"));
+    }
     if (expected[i].shape != actual[i].shape) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),

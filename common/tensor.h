@@ -16,11 +16,13 @@ namespace dbs {
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
+  // A buffer (BatchNorm's running statistics): averaged across workers, not trained.
+  bool buffer = false;
 
   int64_t NumElements() const;
   std::string ShapeString() const;  // "[32, 1, 5, 5]"
   bool operator==(const TensorSpec& other) const {
-    return name == other.name && shape == other.shape;
+    return name == other.name && shape == other.shape && buffer == other.buffer;
   }
 };
 

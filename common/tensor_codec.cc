@@ -17,6 +17,7 @@ void EncodeTensors(const ModelLayout& layout, absl::Span<const float> flat, Tens
     v1::Tensor* t = out->Add();
     t->set_name(spec.name);
     for (int64_t d : spec.shape) t->add_shape(d);
+    if (spec.buffer) t->set_buffer(true);
     const size_t n = static_cast<size_t>(spec.NumElements());
     t->set_data(reinterpret_cast<const char*>(flat.data() + offset), n * sizeof(float));
     offset += n;
@@ -27,7 +28,7 @@ absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors) {
   ModelLayout layout;
   layout.reserve(tensors.size());
   for (const v1::Tensor& t : tensors) {
-    TensorSpec spec{t.name(), {t.shape().begin(), t.shape().end()}};
+    TensorSpec spec{t.name(), {t.shape().begin(), t.shape().end()}, t.buffer()};
     layout.push_back(spec);
   }
   DBS_RETURN_IF_ERROR(ValidateLayout(layout));

@@ -172,7 +172,11 @@ def build_parser():
     ap.add_argument("--policy", default="dbs", choices=["dbs", "proportional", "fixed"],
                     help="dbs: the converging controller (default); proportional: the paper's "
                          "rule; fixed: the equal split (plain S-SGD)")
-    ap.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    ap.add_argument("--model", default="cnn",
+                    help="cnn, mlp, or the path of a TorchScript file (docs/models.md)")
+    ap.add_argument("--loss", default="auto", help="a TorchScript model's loss")
+    ap.add_argument("--export_path", default="",
+                    help="worker-0 writes the trained model here at the end of the job")
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
@@ -241,7 +245,9 @@ def worker_argv(args, worker_bin, port, i, slowdown, window):
         f"--threads={args.threads}", f"--seed={args.seed}",
         f"--log_every_s={args.log_every_s}",
         f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
-        f"--slow_windows={window}", f"--init_params={args.init_params}"]
+        f"--slow_windows={window}", f"--init_params={args.init_params}",
+        f"--loss={args.loss}"] + ([f"--export_path={args.export_path}"]
+                                  if args.export_path and i == 0 else [])
 
 
 def describe_emulation(slowdowns, windows, quotas, cgroups):

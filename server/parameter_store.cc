@@ -1,5 +1,6 @@
 #include "server/parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,15 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
   // The values before the step (the snapshot every step hands out, so usually no copy).
   const ParameterSnapshot before = SnapshotLocked();
   optimizer_->Step(absl::MakeSpan(values_), grad);
+  // Buffers are not trained: the "gradient" there is the sample-weighted mean of the values the
+  // workers pushed, which every worker then holds.
+  size_t offset = 0;
+  for (const TensorSpec& t : layout_) {
+    const size_t n = static_cast<size_t>(t.NumElements());
+    if (t.buffer)
+      std::copy(grad.begin() + offset, grad.begin() + offset + n, values_.begin() + offset);
+    offset += n;
+  }
   for (size_t i = 0; i < values_.size(); ++i) {
     if (std::isfinite(values_[i])) continue;
     // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state

@@ -25,10 +25,10 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 }
 
 // Runs one aggregated step of `batches` (which sum to 64) and returns the new parameters.
-std::vector<float> AggregatedStep(torch::nn::Sequential& model, const torch::Tensor& x,
-                                  const torch::Tensor& y, const std::vector<int>& batches,
+std::vector<float> AggregatedStep(Net& model, const torch::Tensor& x, const torch::Tensor& y,
+                                  const std::vector<int>& batches,
                                   std::unique_ptr<Optimizer> optimizer) {
-  const ModelLayout layout = ModelLayoutOf(model);
+  const ModelLayout layout = model.layout();
   const size_t n = static_cast<size_t>(TotalElements(layout));
   std::vector<float> init(n);
   CopyParametersTo(model, absl::MakeSpan(init));
@@ -61,16 +61,16 @@ class ExactnessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(3);
-    model_ = *MakeModel("cnn");
+    model_ = *MakeBuiltinNet("cnn");
     x_ = torch::randn({64, 1, 28, 28});
     y_ = torch::randint(0, 10, {64}, torch::kInt64);
-    const ModelLayout layout = ModelLayoutOf(model_);
+    const ModelLayout layout = model_->layout();
     n_ = static_cast<size_t>(TotalElements(layout));
     init_.resize(n_);
-    CopyParametersTo(model_, absl::MakeSpan(init_));
+    CopyParametersTo(*model_, absl::MakeSpan(init_));
   }
 
-  torch::nn::Sequential model_{nullptr};
+  std::unique_ptr<Net> model_;
   torch::Tensor x_, y_;
   size_t n_ = 0;
   std::vector<float> init_;
@@ -78,10 +78,11 @@ class ExactnessTest : public ::testing::Test {
 
 TEST_F(ExactnessTest, AggregatedGradientEqualsTheGlobalBatchGradient) {
   std::vector<float> full(n_);
-  ComputeGradient(model_, x_, y_, absl::MakeSpan(full));
+  ComputeGradient(*model_, x_, y_, absl::MakeSpan(full));
   // With plain SGD at lr 1 the update is exactly the aggregated gradient: g = p0 - p1.
-  const std::vector<float> p1 = AggregatedStep(
-      model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  const std::vector<float> p1 =
+      AggregatedStep(*model_, x_, y_, {5, 11, 48},
+                     std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
   std::vector<float> aggregated(n_);
   for (size_t i = 0; i < n_; ++i) aggregated[i] = init_[i] - p1[i];
   const double err = RelativeError(aggregated, full);
@@ -94,7 +95,7 @@ TEST_F(ExactnessTest, AggregatedGradientEqualsTheGlobalBatchGradient) {
   int offset = 0;
   for (int b : {5, 11, 48}) {
     std::vector<float> g(n_);
-    ComputeGradient(model_, x_.slice(0, offset, offset + b), y_.slice(0, offset, offset + b),
+    ComputeGradient(*model_, x_.slice(0, offset, offset + b), y_.slice(0, offset, offset + b),
                     absl::MakeSpan(g));
     offset += b;
     for (size_t i = 0; i < n_; ++i) unweighted[i] += g[i] / 3.0f;
@@ -107,18 +108,18 @@ TEST_F(ExactnessTest, AggregatedGradientEqualsTheGlobalBatchGradient) {
 TEST_F(ExactnessTest, UpdatedParametersMatchLibtorchSgdOnOneProcess) {
   const SgdConfig sgd{0.1, 0.9, 1e-4, false};
   const std::vector<float> ours =
-      AggregatedStep(model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(sgd));
+      AggregatedStep(*model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(sgd));
 
   // Reference: one process, 64 samples, torch::optim::SGD.
-  LoadParameters(model_, init_);
+  LoadParameters(*model_, init_);
   torch::optim::SGD reference(
-      model_->parameters(),
+      model_->Parameters(),
       torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay));
   reference.zero_grad();
-  torch::nn::functional::cross_entropy(model_->forward(x_), y_).backward();
+  torch::nn::functional::cross_entropy(model_->Forward(x_), y_).backward();
   reference.step();
   std::vector<float> want(n_);
-  CopyParametersTo(model_, absl::MakeSpan(want));
+  CopyParametersTo(*model_, absl::MakeSpan(want));
 
   std::vector<float> delta_ours(n_), delta_want(n_);
   for (size_t i = 0; i < n_; ++i) {
@@ -133,16 +134,37 @@ TEST_F(ExactnessTest, UpdatedParametersMatchLibtorchSgdOnOneProcess) {
 }
 
 TEST_F(ExactnessTest, UnequalSplitsDoNotChangeTheResult) {
-  const std::vector<float> a = AggregatedStep(
-      model_, x_, y_, {5, 11, 48}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
-  LoadParameters(model_, init_);
+  const std::vector<float> a =
+      AggregatedStep(*model_, x_, y_, {5, 11, 48},
+                     std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  LoadParameters(*model_, init_);
   const std::vector<float> b = AggregatedStep(
-      model_, x_, y_, {32, 32}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
-  LoadParameters(model_, init_);
+      *model_, x_, y_, {32, 32}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  LoadParameters(*model_, init_);
   const std::vector<float> c = AggregatedStep(
-      model_, x_, y_, {64}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+      *model_, x_, y_, {64}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
   EXPECT_LT(RelativeError(a, c), 1e-6);
   EXPECT_LT(RelativeError(b, c), 1e-6);
+}
+
+TEST(ScriptExactnessTest, ATorchScriptModelAggregatesExactlyToo) {
+  // examples/plain_cnn.pt, scripted in Python at build time (no BatchNorm: see docs/models.md).
+  absl::StatusOr<std::unique_ptr<Net>> net = LoadScriptNet("examples/plain_cnn.pt", "auto");
+  ASSERT_THAT(net, IsOk());
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({64, 1, 28, 28});
+  const torch::Tensor y = torch::randint(0, 10, {64}, torch::kInt64);
+  const size_t n = static_cast<size_t>(TotalElements((*net)->layout()));
+  std::vector<float> init(n), full(n);
+  CopyParametersTo(**net, absl::MakeSpan(init));
+  ComputeGradient(**net, x, y, absl::MakeSpan(full));
+  const std::vector<float> p1 = AggregatedStep(
+      **net, x, y, {5, 11, 48}, std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  std::vector<float> aggregated(n);
+  for (size_t i = 0; i < n; ++i) aggregated[i] = init[i] - p1[i];
+  const double err = RelativeError(aggregated, full);
+  std::printf("TorchScript model: relative error of the aggregated gradient %.3g\n", err);
+  EXPECT_LT(err, 1e-5);
 }
 
 }  // namespace

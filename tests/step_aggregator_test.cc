@@ -172,6 +172,25 @@ TEST_F(StepAggregatorTest, PrecheckRefusesWhatPushWouldRefuseWithoutTheGradient)
   EXPECT_THAT(agg_->Precheck(header), IsOk());
 }
 
+TEST(StepAggregatorBufferTest, BuffersBecomeTheSampleWeightedMeanOfThePushedValues) {
+  // A model with a trained weight and a BatchNorm-like running mean: the weight is stepped by
+  // SGD with the mean gradient; the buffer takes the mean of the workers' values after their
+  // steps, weighted by their samples, and is not trained.
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.9, 0.1, false}));
+  const ModelLayout layout = {{"w", {1}}, {"bn.running_mean", {2}, /*buffer=*/true}};
+  ASSERT_THAT(store.Register(layout, std::vector<float>{0.0f, 5.0f, 5.0f}), IsOk());
+  StepAggregator agg(&store);
+  agg.BeginEpoch(0, {{{0, 1}, {1, 3}}});
+  const std::vector<float> g0 = {4.0f, 4.0f, 0.0f}, g1 = {0.0f, 0.0f, 8.0f};
+  Outcome a, b;
+  agg.Push({0, 0, 0, 1, 0.0, g0}, a.callback());
+  agg.Push({1, 0, 0, 3, 0.0, g1}, b.callback());
+  ASSERT_TRUE(b.result.has_value() && b.result->ok());
+  // w: g = (1*4 + 3*0) / 4 = 1, SGD lr 1 -> -1. Buffer: (1*[4, 0] + 3*[0, 8]) / 4 = [1, 6].
+  EXPECT_THAT(*store.Snapshot()->values,
+              ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(1.0f, 1e-6), FloatNear(6.0f, 1e-6)));
+}
+
 TEST_F(StepAggregatorTest, AbortReleasesPendingPushes) {
   grads_.reserve(16);
   Outcome a, later;

@@ -30,6 +30,22 @@ TEST(TensorCodecTest, RoundTripIsBitExact) {
   EXPECT_EQ(0, std::memcmp(back.data(), values.data(), values.size() * sizeof(float)));
 }
 
+TEST(TensorCodecTest, TheBufferFlagRoundTripsAndMustMatch) {
+  const ModelLayout with_buffer = {{"w", {2}}, {"bn.running_var", {2}, /*buffer=*/true}};
+  TensorList msg;
+  EncodeTensors(with_buffer, std::vector<float>{1, 2, 3, 4}, &msg);
+  EXPECT_FALSE(msg[0].buffer());
+  EXPECT_TRUE(msg[1].buffer());
+  absl::StatusOr<ModelLayout> layout = LayoutOf(msg);
+  ASSERT_THAT(layout, IsOk());
+  EXPECT_EQ(*layout, with_buffer);
+  const ModelLayout without = {{"w", {2}}, {"bn.running_var", {2}}};
+  std::vector<float> dest(4);
+  EXPECT_THAT(DecodeTensors(msg, without, true, absl::MakeSpan(dest)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("'bn.running_var' is a buffer")));
+}
+
 TEST(TensorCodecTest, MismatchesAreInvalidArgumentAndLeaveTheDestinationAlone) {
   std::vector<float> values(7, 1.0f);
   std::vector<float> dest(7, -5.0f);

@@ -61,6 +61,13 @@ class FakeLearner : public Learner {
     return {end - begin, (end - begin) / 2, 0.0};
   }
 
+  absl::Status Export(const std::string& path) override {
+    exports_.push_back({path, w_});
+    return absl::OkStatus();
+  }
+  // Each export: where, and the parameters it wrote.
+  std::vector<std::pair<std::string, std::vector<float>>> exports_;
+
   static float Target(int i) { return 1.0f + static_cast<float>(i); }
   std::function<void()> on_gradient;  // runs at every gradient
   double Distance() const {
@@ -140,6 +147,20 @@ TEST_F(TrainingLoopTest, AStopRequestLeavesTheJobAndEndsCancelled) {
   EXPECT_TRUE(client.left()) << "it leaves, so the job re-splits its samples at once";
   EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2)) << "no step after the request";
   EXPECT_THAT(Log(), HasSubstr("left the job"));
+}
+
+TEST_F(TrainingLoopTest, ExportsEveryNEpochsAndTheFinalParametersAtTheEnd) {
+  job_.epochs = 4;
+  loop_config_.export_path = "/tmp/model.pt";
+  loop_config_.export_every_epochs = 2;
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  // After epochs 2 and 4, and at the end of the job.
+  ASSERT_EQ(learner_.exports_.size(), 3u);
+  for (const auto& [path, values] : learner_.exports_) EXPECT_EQ(path, "/tmp/model.pt");
+  EXPECT_EQ(learner_.exports_.back().second, client.parameters())
+      << "the export holds the job's final parameters";
+  EXPECT_THAT(Log(), HasSubstr("model exported to /tmp/model.pt (end of the job)"));
 }
 
 TEST_F(TrainingLoopTest, TrainsEverySampleOncePerEpochAndLeaves) {

@@ -107,6 +107,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
     v1::Tensor* t = push_.add_gradients();
     t->set_name(spec.name);
     for (int64_t d : spec.shape) t->add_shape(d);
+    if (spec.buffer) t->set_buffer(true);
     t->mutable_data()->resize(static_cast<size_t>(spec.NumElements()) * sizeof(float));
   }
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
 
@@ -40,6 +41,10 @@ class Learner {
   virtual double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) = 0;
   // Evaluates test samples [begin, end), which lie within [0, test_size()].
   virtual EvalResult Evaluate(int64_t begin, int64_t end) = 0;
+  // Writes the model with its current values where PyTorch loads it.
+  virtual absl::Status Export(const std::string& path) {
+    return absl::UnimplementedError("this learner cannot export its model");
+  }
 };
 
 }  // namespace dbs

@@ -46,47 +46,47 @@ absl::Status ReadRawParams(const std::string& path, absl::Span<float> out) {
 
 class TorchLearner : public Learner {
  public:
-  TorchLearner(torch::Device device, torch::nn::Sequential model, const ImageDataset& train,
+  TorchLearner(torch::Device device, std::unique_ptr<Net> net, const ImageDataset& train,
                const ImageDataset& test)
       : device_(device),
-        model_(std::move(model)),
-        layout_(ModelLayoutOf(model_)),
+        net_(std::move(net)),
         train_x_(ImagesTensor(train).to(device)),
         train_y_(LabelsTensor(train).to(device)),
         test_x_(ImagesTensor(test).to(device)),
         test_y_(LabelsTensor(test).to(device)) {
-    model_->to(device_);
+    net_->To(device_);
   }
 
   int64_t train_size() const override { return train_x_.size(0); }
   int64_t test_size() const override { return test_x_.size(0); }
   std::string device() const override { return device_.str(); }
-  const ModelLayout& layout() const override { return layout_; }
+  const ModelLayout& layout() const override { return net_->layout(); }
 
-  void GetParameters(absl::Span<float> out) override { CopyParametersTo(model_, out); }
-  void SetParameters(absl::Span<const float> values) override { LoadParameters(model_, values); }
+  void GetParameters(absl::Span<float> out) override { CopyParametersTo(*net_, out); }
+  void SetParameters(absl::Span<const float> values) override { LoadParameters(*net_, values); }
 
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
-    model_->train();
     const torch::Tensor idx =
         torch::from_blob(const_cast<int64_t*>(indices.data()),
                          {static_cast<int64_t>(indices.size())}, torch::kInt64)
             .to(device_);
-    return dbs::ComputeGradient(model_, train_x_.index_select(0, idx),
-                                train_y_.index_select(0, idx), grad);
+    return dbs::ComputeGradient(*net_, train_x_.index_select(0, idx), train_y_.index_select(0, idx),
+                                grad);
   }
 
   EvalResult Evaluate(int64_t begin, int64_t end) override {
-    model_->eval();
-    return dbs::Evaluate(model_, test_x_, test_y_, begin, end);
+    return dbs::Evaluate(*net_, test_x_, test_y_, begin, end);
   }
+
+  absl::Status Export(const std::string& path) override { return net_->Export(path); }
 
  private:
   const torch::Device device_;
-  torch::nn::Sequential model_;
-  const ModelLayout layout_;
+  std::unique_ptr<Net> net_;
   const torch::Tensor train_x_, train_y_, test_x_, test_y_;
 };
+
+bool IsBuiltin(const std::string& model) { return model == "cnn" || model == "mlp"; }
 
 }  // namespace
 
@@ -99,13 +99,18 @@ absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& c
   DBS_ASSIGN_OR_RETURN(ImageDataset test,
                        LoadFashionMnist(config.data_dir, false, config.test_limit));
   torch::manual_seed(config.seed);
-  DBS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
-  if (!config.init_params_path.empty()) {
-    std::vector<float> initial(static_cast<size_t>(TotalElements(ModelLayoutOf(model))));
-    DBS_RETURN_IF_ERROR(ReadRawParams(config.init_params_path, absl::MakeSpan(initial)));
-    LoadParameters(model, initial);
+  std::unique_ptr<Net> net;
+  if (IsBuiltin(config.model)) {
+    DBS_ASSIGN_OR_RETURN(net, MakeBuiltinNet(config.model));
+  } else {
+    DBS_ASSIGN_OR_RETURN(net, LoadScriptNet(config.model, config.loss));
   }
-  return std::make_unique<TorchLearner>(device, std::move(model), train, test);
+  if (!config.init_params_path.empty()) {
+    std::vector<float> initial(static_cast<size_t>(TotalElements(net->layout())));
+    DBS_RETURN_IF_ERROR(ReadRawParams(config.init_params_path, absl::MakeSpan(initial)));
+    LoadParameters(*net, initial);
+  }
+  return std::make_unique<TorchLearner>(device, std::move(net), train, test);
 }
 
 }  // namespace dbs

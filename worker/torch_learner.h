@@ -1,5 +1,5 @@
-// The libtorch Learner: a Fashion-MNIST model on CPU or CUDA. The header is free of libtorch so
-// dbs_worker's main and the loop compile without it.
+// The libtorch Learner: a built-in or TorchScript model on Fashion-MNIST, on CPU or CUDA. The
+// header is free of libtorch so dbs_worker's main and the loop compile without it.
 #ifndef DBS_WORKER_TORCH_LEARNER_H_
 #define DBS_WORKER_TORCH_LEARNER_H_
 
@@ -13,7 +13,8 @@
 namespace dbs {
 
 struct LearnerConfig {
-  std::string model = "cnn";     // "cnn" or "mlp"
+  std::string model = "cnn";     // "cnn", "mlp" or the path of a TorchScript file
+  std::string loss = "auto";     // a TorchScript model's loss (see LoadScriptNet)
   std::string device = "auto";   // "auto", "cpu" or "cuda"
   std::string data_dir;          // folder with the Fashion-MNIST IDX files
   int64_t train_limit = 0;       // use the first N training samples (0: all)

@@ -266,6 +266,12 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
       epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
       timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, 100.0 * accuracy));
   epochs_.push_back({plan_.batch_size, plan_.share, timing});
+  if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
+      (epoch_ + 1) % config_.export_every_epochs == 0) {
+    // A periodic copy: a failure is reported and training goes on.
+    const absl::Status exported = ExportModel(absl::StrCat("after epoch ", epoch_ + 1));
+    if (!exported.ok()) Say(absl::StrCat("warning: ", exported.message()));
+  }
   return Next::kGoOn;
 }
 
@@ -310,9 +316,17 @@ bool TrainingLoop::Resync(const absl::Status& why) {
   return true;
 }
 
+absl::Status TrainingLoop::ExportModel(const std::string& when) {
+  const absl::Status exported = learner_->Export(config_.export_path);
+  if (exported.ok()) Say(absl::StrCat("model exported to ", config_.export_path, " (", when, ")"));
+  return exported;
+}
+
 absl::Status TrainingLoop::Finish() {
   const absl::Status left = client_->Leave(id_);
   if (!left.ok()) Say(absl::StrCat("warning: ", left.ToString()));
+  // The parameters are the job's final ones (the last step's answer).
+  if (!config_.export_path.empty()) DBS_RETURN_IF_ERROR(ExportModel("end of the job"));
   Say(absl::StrFormat("finished: %d epochs in %.1f s", epochs_.size(), Since(job_start_)));
   if (config_.record_path.empty()) return absl::OkStatus();
   nlohmann::json epochs = nlohmann::json::array();

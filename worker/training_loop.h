@@ -41,6 +41,10 @@ struct LoopConfig {
   absl::Duration log_every = absl::Seconds(5);
   std::string record_path;  // optional JSON record of this worker's epochs
   std::FILE* out = stdout;  // progress lines
+  // Where to write the trained model (Learner::Export) at the end of the job, and every
+  // `export_every_epochs` epochs when > 0 ('' : never).
+  std::string export_path;
+  int export_every_epochs = 0;
 };
 
 // One reported epoch of this worker.
@@ -87,6 +91,8 @@ class TrainingLoop {
   absl::Status IndicesOf(const std::vector<SampleRange>& ranges);
   void LogProgress(int step, int batch, double loss, const EpochTiming& timing);
   absl::Status Finish();
+  // Writes the model to config_.export_path; says where.
+  absl::Status ExportModel(const std::string& when);
   double Since(absl::Time t) const;
   void Say(const std::string& line) const;
 

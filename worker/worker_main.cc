@@ -19,7 +19,16 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Address of dbs_ps (host:port).");
 ABSL_FLAG(std::string, name, "", "Worker name, unique in the job (default host:pid).");
-ABSL_FLAG(std::string, model, "cnn", "Model to train: 'cnn' or 'mlp'.");
+ABSL_FLAG(std::string, model, "cnn",
+          "Model to train: 'cnn', 'mlp', or the path of a TorchScript file saved from Python "
+          "(torch.jit.script(model).save(path)); docs/models.md.");
+ABSL_FLAG(std::string, loss, "auto",
+          "Loss of a TorchScript model: cross_entropy, nll, mse, or auto (the module's own "
+          "loss(output, target) method when it has one, else cross_entropy).");
+ABSL_FLAG(std::string, export_path, "",
+          "Write the trained model here at the end of the job (a TorchScript model: the same "
+          "module, for torch.jit.load; a built-in: a state dict for torch.load).");
+ABSL_FLAG(int, export_every_epochs, 0, "Also export every N epochs (0: only at the end).");
 ABSL_FLAG(std::string, device, "auto", "'auto' (CUDA when available), 'cpu' or 'cuda'.");
 ABSL_FLAG(std::string, data_dir, dbs::kDefaultFashionMnistDir,
           "Folder with the Fashion-MNIST IDX files (gzipped or not).");
@@ -109,6 +118,15 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (!(log_every_s > 0)) return absl::InvalidArgumentError("--log_every_s must be > 0");
   c.loop.log_every = absl::Seconds(log_every_s);
   c.loop.record_path = absl::GetFlag(FLAGS_record_path);
+  c.learner.loss = absl::GetFlag(FLAGS_loss);
+  c.loop.export_path = absl::GetFlag(FLAGS_export_path);
+  c.loop.export_every_epochs = absl::GetFlag(FLAGS_export_every_epochs);
+  if (c.loop.export_every_epochs < 0) {
+    return absl::InvalidArgumentError("--export_every_epochs must be >= 0");
+  }
+  if (c.loop.export_every_epochs > 0 && c.loop.export_path.empty()) {
+    return absl::InvalidArgumentError("--export_every_epochs needs --export_path");
+  }
 
   c.client.address = absl::GetFlag(FLAGS_server);
   c.client.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));

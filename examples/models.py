@@ -1,0 +1,72 @@
+"""Models a PyTorch user would bring to dbs, saved as TorchScript for `dbs_worker --model=FILE`.
+
+    /usr/bin/python3 examples/models.py OUT_DIR
+
+writes OUT_DIR/resnet_bn.pt (a small ResNet-style network with BatchNorm for 1x28x28 inputs),
+OUT_DIR/plain_cnn.pt (a CNN without BatchNorm) and OUT_DIR/wide_cnn.pt (another layout, for
+refusal tests). Train one with the local cluster:
+
+    ./deploy/run_local_cluster.sh --model=OUT_DIR/resnet_bn.pt --export_path=trained.pt
+"""
+
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    """A residual block: conv-bn-relu-conv-bn plus the input."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+class ResNetBN(nn.Module):
+    """ResNet-style: a stem, two residual blocks at 28x28 and 14x14, global pooling, a head."""
+
+    def __init__(self, classes: int = 10, width: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(1, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.block1 = Block(width)
+        self.pool = nn.MaxPool2d(2)
+        self.block2 = Block(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.stem(x)))
+        x = self.pool(self.block1(x))
+        x = self.block2(x)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+class PlainCNN(nn.Module):
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(1, channels, 5)
+        self.fc = nn.Linear(channels * 12 * 12, 10)
+
+    def forward(self, x):
+        return self.fc(torch.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
+
+
+def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    torch.jit.script(ResNetBN()).save(os.path.join(out_dir, "resnet_bn.pt"))
+    torch.jit.script(PlainCNN()).save(os.path.join(out_dir, "plain_cnn.pt"))
+    torch.jit.script(PlainCNN(channels=12)).save(os.path.join(out_dir, "wide_cnn.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
