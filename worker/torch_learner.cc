@@ -1,5 +1,7 @@
 #include "worker/torch_learner.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -102,6 +104,11 @@ absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& c
   std::unique_ptr<Net> net;
   if (IsBuiltin(config.model)) {
     DBS_ASSIGN_OR_RETURN(net, MakeBuiltinNet(config.model));
+  } else if (access(config.model.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model '", config.model,
+        "': use cnn, mlp or the path of a TorchScript file (there is no readable file by that "
+        "name)"));
   } else {
     DBS_ASSIGN_OR_RETURN(net, LoadScriptNet(config.model, config.loss));
   }
