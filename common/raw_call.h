@@ -2,7 +2,7 @@
 // with a typed handler, so that the request is parsed here and not by gRPC.
 //
 // gRPC's callback API answers a request whose bytes do not parse as the method's message with
-// UNIMPLEMENTED and an empty message, as if the method did not exist. Parsed here, such a
+// status code 12 and an empty message, as if the method did not exist. Parsed here, such a
 // request gets INVALID_ARGUMENT naming the message type. The typed handler answers through the
 // WaitingReactor it is given (FinishOnce, possibly later from another thread, and SetWithdraw
 // for a call that waits); the reply is serialized just before the answer goes out. The parsed

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 
@@ -24,25 +25,9 @@ Histogram::BucketBoundaries SecondsBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
-const char* CodeName(int code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+// The status code's name, as gRPC and Abseil spell it ("PERMISSION_DENIED").
+std::string CodeName(int code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // sends dbs_ps every kind of bad call it can: random bytes to every method, malformed,
 // overflowing and oversized tensors, wrong steps and epochs, unknown and forged ids, floods of
 // registrations and of waiting calls, Leave for others. Every call must be refused with a
-// clear code; one that is accepted, hangs past its deadline, or ends in UNKNOWN/UNIMPLEMENTED
+// clear code; one that is accepted, hangs past its deadline, or ends in UNKNOWN or code 12
 // is a finding. After each round it prints one JSON line (calls by method and code, findings)
 // and flushes it; it runs --rounds rounds (0: until killed). Used by tests/hostile_test.py.
 #include <cmath>

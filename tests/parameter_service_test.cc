@@ -255,7 +255,7 @@ TEST_F(ServiceTest, MalformedModelsAndBytesAreInvalidArgumentsWithAMessage) {
     EXPECT_FALSE(s.error_message().empty());
   }
   // Bytes that are not the method's message at all: gRPC's callback API would answer
-  // UNIMPLEMENTED with an empty message; the services parse requests themselves.
+  // code 12 with an empty message; the services parse requests themselves.
   grpc::GenericStub generic(channel_);
   for (const char* method :
        {"/dbs.v1.ParameterService/RegisterModel", "/dbs.v1.ParameterService/PushGradient",
