@@ -25,6 +25,23 @@ Histogram::BucketBoundaries SecondsBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const std::string& name,
+                                                       const std::string& help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const std::string& name,
+                                                   const std::string& help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+
+// An unlabelled histogram of durations in seconds.
+Histogram& SecondsHistogram(prometheus::Registry& r, const std::string& name,
+                            const std::string& help) {
+  return BuildHistogram().Name(name).Help(help).Register(r).Add({}, SecondsBuckets());
+}
+
 // The status code's name, as gRPC and Abseil spell it ("PERMISSION_DENIED").
 std::string CodeName(int code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
@@ -34,114 +51,66 @@ std::string CodeName(int code) {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      step_seconds_(BuildHistogram()
-                        .Name("dbs_step_seconds")
-                        .Help("Wall time of a synchronous step, from the previous step's end")
-                        .Register(*registry_)
-                        .Add({}, SecondsBuckets())),
-      barrier_wait_(BuildCounter()
-                        .Name("dbs_barrier_wait_seconds_total")
-                        .Help("Time a worker's step waited at the barrier for slower workers "
-                              "(step wall time minus its compute)")
-                        .Register(*registry_)),
-      checkpoint_writes_(BuildCounter()
-                             .Name("dbs_checkpoint_writes_total")
-                             .Help("Checkpoints written")
-                             .Register(*registry_)
-                             .Add({})),
-      checkpoint_failures_(BuildCounter()
-                               .Name("dbs_checkpoint_failures_total")
-                               .Help("Checkpoints that could not be written")
-                               .Register(*registry_)
+      step_seconds_(
+          SecondsHistogram(*registry_, "dbs_step_seconds",
+                           "Wall time of a synchronous step, from the previous step's end")),
+      barrier_wait_(CounterFamily(*registry_, "dbs_barrier_wait_seconds_total",
+                                  "Time a worker's step waited at the barrier for slower "
+                                  "workers (step wall time minus its compute)")),
+      checkpoint_writes_(
+          CounterFamily(*registry_, "dbs_checkpoint_writes_total", "Checkpoints written").Add({})),
+      checkpoint_failures_(CounterFamily(*registry_, "dbs_checkpoint_failures_total",
+                                         "Checkpoints that could not be written")
                                .Add({})),
-      checkpoint_seconds_(BuildHistogram()
-                              .Name("dbs_checkpoint_seconds")
-                              .Help("Time to write a checkpoint")
-                              .Register(*registry_)
-                              .Add({}, SecondsBuckets())),
-      received_bytes_(BuildCounter()
-                          .Name("dbs_received_bytes_total")
-                          .Help("Request bytes received by the gRPC services")
-                          .Register(*registry_)
+      checkpoint_seconds_(
+          SecondsHistogram(*registry_, "dbs_checkpoint_seconds", "Time to write a checkpoint")),
+      received_bytes_(CounterFamily(*registry_, "dbs_received_bytes_total",
+                                    "Request bytes received by the gRPC services")
                           .Add({})),
-      sent_bytes_(BuildCounter()
-                      .Name("dbs_sent_bytes_total")
-                      .Help("Reply bytes sent by the gRPC services")
-                      .Register(*registry_)
-                      .Add({})),
-      calls_(BuildCounter()
-                 .Name("dbs_calls_total")
-                 .Help("gRPC calls answered, by method and status code")
-                 .Register(*registry_)),
-      refused_(BuildCounter()
-                   .Name("dbs_refused_calls_total")
-                   .Help("gRPC calls answered with an error, by method and status code")
-                   .Register(*registry_)),
-      steps_(BuildCounter()
-                 .Name("dbs_steps_total")
-                 .Help("Synchronous steps completed by this process")
-                 .Register(*registry_)
+      sent_bytes_(
+          CounterFamily(*registry_, "dbs_sent_bytes_total", "Reply bytes sent by the gRPC services")
+              .Add({})),
+      calls_(CounterFamily(*registry_, "dbs_calls_total",
+                           "gRPC calls answered, by method and status code")),
+      refused_(CounterFamily(*registry_, "dbs_refused_calls_total",
+                             "gRPC calls answered with an error, by method and status code")),
+      steps_(CounterFamily(*registry_, "dbs_steps_total",
+                           "Synchronous steps completed by this process")
                  .Add({})),
-      epochs_completed_(BuildGauge()
-                            .Name("dbs_epochs_completed")
-                            .Help("Epochs completed")
-                            .Register(*registry_)
-                            .Add({})),
-      epoch_(BuildGauge()
-                 .Name("dbs_epoch")
-                 .Help("The epoch in progress (1-based; the last one once the job is over)")
-                 .Register(*registry_)
+      epochs_completed_(
+          GaugeFamily(*registry_, "dbs_epochs_completed", "Epochs completed").Add({})),
+      epoch_(GaugeFamily(*registry_, "dbs_epoch",
+                         "The epoch in progress (1-based; the last one once the job is over)")
                  .Add({})),
-      epoch_seconds_(BuildGauge()
-                         .Name("dbs_last_epoch_seconds")
-                         .Help("Wall time of the last completed epoch")
-                         .Register(*registry_)
-                         .Add({})),
-      train_loss_(BuildGauge()
-                      .Name("dbs_train_loss")
-                      .Help("Mean training loss of the last completed epoch")
-                      .Register(*registry_)
+      epoch_seconds_(
+          GaugeFamily(*registry_, "dbs_last_epoch_seconds", "Wall time of the last completed epoch")
+              .Add({})),
+      train_loss_(GaugeFamily(*registry_, "dbs_train_loss",
+                              "Mean training loss of the last completed epoch")
                       .Add({})),
-      test_accuracy_(BuildGauge()
-                         .Name("dbs_test_accuracy")
-                         .Help("Test accuracy after the last completed epoch")
-                         .Register(*registry_)
+      test_accuracy_(GaugeFamily(*registry_, "dbs_test_accuracy",
+                                 "Test accuracy after the last completed epoch")
                          .Add({})),
-      workers_(BuildGauge()
-                   .Name("dbs_workers")
-                   .Help("Workers by state: alive (in the current epoch), evicted (removed as "
-                         "dead or left), joined (ever registered)")
-                   .Register(*registry_)),
-      replans_(BuildCounter()
-                   .Name("dbs_replans_total")
-                   .Help("Re-plans of an epoch's remaining steps (rebalancing and evictions)")
-                   .Register(*registry_)
+      workers_(GaugeFamily(*registry_, "dbs_workers",
+                           "Workers by state: alive (in the current epoch), evicted (removed as "
+                           "dead or left), joined (ever registered)")),
+      replans_(CounterFamily(*registry_, "dbs_replans_total",
+                             "Re-plans of an epoch's remaining steps (rebalancing and evictions)")
                    .Add({})),
-      imbalance_(BuildGauge()
-                     .Name("dbs_compute_imbalance")
-                     .Help("Slowest worker's compute time over the fastest's, last epoch")
-                     .Register(*registry_)
+      imbalance_(GaugeFamily(*registry_, "dbs_compute_imbalance",
+                             "Slowest worker's compute time over the fastest's, last epoch")
                      .Add({})),
-      batch_(BuildGauge()
-                 .Name("dbs_worker_batch_size")
-                 .Help("The worker's batch size in the current epoch's plan")
-                 .Register(*registry_)),
-      share_(BuildGauge()
-                 .Name("dbs_worker_share")
-                 .Help("The worker's share of the current epoch's samples")
-                 .Register(*registry_)),
-      speed_(BuildGauge()
-                 .Name("dbs_worker_speed_samples_per_second")
-                 .Help("The worker's measured compute speed in its last reported epoch")
-                 .Register(*registry_)),
-      compute_(BuildCounter()
-                   .Name("dbs_worker_compute_seconds_total")
-                   .Help("Compute time the worker reported, over completed epochs")
-                   .Register(*registry_)),
-      wait_(BuildCounter()
-                .Name("dbs_worker_wait_seconds_total")
-                .Help("Time the worker reported waiting on the server, over completed epochs")
-                .Register(*registry_)) {}
+      batch_(GaugeFamily(*registry_, "dbs_worker_batch_size",
+                         "The worker's batch size in the current epoch's plan")),
+      share_(GaugeFamily(*registry_, "dbs_worker_share",
+                         "The worker's share of the current epoch's samples")),
+      speed_(GaugeFamily(*registry_, "dbs_worker_speed_samples_per_second",
+                         "The worker's measured compute speed in its last reported epoch")),
+      compute_(CounterFamily(*registry_, "dbs_worker_compute_seconds_total",
+                             "Compute time the worker reported, over completed epochs")),
+      wait_(CounterFamily(*registry_, "dbs_worker_wait_seconds_total",
+                          "Time the worker reported waiting on the server, over completed "
+                          "epochs")) {}
 
 void Metrics::OnStep(absl::Duration wall, const std::map<int, double>& compute) {
   steps_.Increment();
