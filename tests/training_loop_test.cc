@@ -45,6 +45,7 @@ class FakeLearner : public Learner {
 
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
     clock_->Advance(absl::Seconds(kSecondsPerSample * static_cast<double>(indices.size())));
+    clock_->SleepFor(waiting_for_a_core);
     if (on_gradient) on_gradient();
     seen_.emplace_back(indices.begin(), indices.end());
     trained_from_.push_back(w_);
@@ -55,6 +56,9 @@ class FakeLearner : public Learner {
     }
     return loss * static_cast<double>(indices.size());
   }
+
+  // Wall time each gradient spends waiting for a core (contention), using no CPU.
+  absl::Duration waiting_for_a_core;
 
   EvalResult Evaluate(int64_t begin, int64_t end) override {
     evaluated_.push_back({begin, end});
@@ -206,6 +210,19 @@ TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
   EXPECT_NEAR(client.reports()[1].compute_seconds, 6 * kTrain * kSecondsPerSample, 1e-9);
   EXPECT_NEAR(client.reports()[0].wait_seconds, 6 * 0.005, 1e-9);
   EXPECT_NEAR(client.pushes()[0].compute_seconds, 3 * 4 * kSecondsPerSample, 1e-9);
+}
+
+TEST_F(TrainingLoopTest, SlowdownScalesTheWorkNotTheTimeSpentWaitingForACore) {
+  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
+  ASSERT_THAT(slow, IsOk());
+  loop_config_.slowdown = *slow;
+  // Each step computes 4 ms (4 samples) and waits 6 ms for a core that a neighbour holds.
+  learner_.waiting_for_a_core = absl::Milliseconds(6);
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  // 3x the work plus the contention once: 4 * 3 + 6 = 18 ms per step. Scaling the wall time
+  // instead would give (4 + 6) * 3 = 30 ms.
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.018, 1e-9);
 }
 
 TEST_F(TrainingLoopTest, ServerRestartMidEpochResumesFromItsCheckpoint) {

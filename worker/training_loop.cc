@@ -18,9 +18,13 @@ std::string MinSec(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
-// Sleeps so that a computation that took `elapsed` appears `factor` times slower.
-void EmulateSlowdown(const Clock* clock, absl::Duration elapsed, double factor) {
-  if (factor > 1.0) clock->SleepFor(elapsed * (factor - 1.0));
+// Sleeps so that a computation that used `cpu` of CPU time appears `factor` times slower, like
+// the same work on a processor `factor` times slower. The sleep scales the work, not the wall
+// time: on a machine shared by several emulated workers, the time a computation waited for a core
+// is contention among them, which separate slow machines would not have, and multiplying it
+// would slow a worker by more than `factor` and make its speed depend on its neighbours' steps.
+void EmulateSlowdown(const Clock* clock, absl::Duration cpu, double factor) {
+  if (factor > 1.0) clock->SleepFor(cpu * (factor - 1.0));
 }
 
 bool InRange(const SampleRange& r, int64_t size) {
@@ -182,8 +186,10 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   const absl::Time t0 = clock_->Now();
   double loss_sum = 0.0;
   if (b > 0) {
+    const absl::Duration cpu0 = clock_->ProcessCpuTime();
     loss_sum = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
-    EmulateSlowdown(clock_, clock_->Now() - t0, config_.slowdown.FactorAt(epoch_, global_step_));
+    EmulateSlowdown(clock_, clock_->ProcessCpuTime() - cpu0,
+                    config_.slowdown.FactorAt(epoch_, global_step_));
   }
   ++global_step_;
   const double compute = Since(t0);
@@ -363,8 +369,9 @@ absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double
   while (done < samples) {
     batch_at(done % n);
     const absl::Time t0 = clock->Now();
+    const absl::Duration cpu0 = clock->ProcessCpuTime();
     learner->ComputeGradient(index, absl::MakeSpan(grad));
-    EmulateSlowdown(clock, clock->Now() - t0, slowdown);
+    EmulateSlowdown(clock, clock->ProcessCpuTime() - cpu0, slowdown);
     seconds += absl::ToDoubleSeconds(clock->Now() - t0);
     done += static_cast<int64_t>(index.size());
   }
