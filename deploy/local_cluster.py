@@ -161,6 +161,8 @@ def build_parser():
     ap.add_argument("--replan_threshold", type=float, default=1.15,
                     help="re-plan mid-epoch when the slowest worker's recent compute time is this "
                          "many times the fastest's")
+    ap.add_argument("--count_communication", default="true", choices=["true", "false"],
+                    help="dbs: balance compute plus each worker's own communication")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="proportional: lowest speed over this many recent epochs")
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
@@ -233,7 +235,8 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--speed_window={args.speed_window}", f"--min_batch={args.min_batch}",
         f"--max_batch={args.max_batch}",
         f"--replan_window_steps={args.replan_window_steps}",
-        f"--replan_threshold={args.replan_threshold}"]
+        f"--replan_threshold={args.replan_threshold}",
+        f"--count_communication={args.count_communication}"]
 
 
 def worker_argv(args, worker_bin, port, i, slowdown, window):

@@ -29,6 +29,7 @@ std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
           {"deadband", f(c.deadband)},
           {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
           {"replan_threshold", f(c.replan_threshold)},
+          {"count_communication", c.count_communication ? "true" : "false"},
           {"optimizer", c.optimizer.name},
           {"lr", f(c.optimizer.name == "adam" ? c.optimizer.adam.lr : c.optimizer.sgd.lr)},
           {"momentum", f(c.optimizer.sgd.momentum)},

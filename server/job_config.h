@@ -36,6 +36,12 @@ struct JobConfig {
   // (ReplanWindowSteps); 0: off, the paper's epoch-boundary rule.
   int replan_window_steps = -1;
   double replan_threshold = kDefaultReplanThreshold;
+  // dbs: a worker's step time, for the model and for re-planning, runs from the previous step's
+  // answers going out to its push arriving: its compute plus its own communication (decoding,
+  // encoding, both transfers), measured by the server, none of the wait for other workers. A
+  // worker whose communication is slow (a throttled CPU, a far link) then gets fewer samples.
+  // False: compute alone, as the workers time it (the paper's measure).
+  bool count_communication = true;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;

@@ -83,6 +83,11 @@ ABSL_FLAG(int, replan_window_steps, -1,
 ABSL_FLAG(double, replan_threshold, 1.15,
           "Re-plan mid-epoch when the slowest worker's recent compute time is this many times "
           "the fastest's (and the gap is clear of the noise).");
+ABSL_FLAG(bool, count_communication, true,
+          "dbs: time each worker's step from the previous step's answers to its push (compute "
+          "plus its own decoding, encoding and transfers, measured here, without the wait for "
+          "other workers), so a worker with slow communication gets fewer samples; false: "
+          "compute alone.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -134,6 +139,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   job.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
   job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
+  job.count_communication = absl::GetFlag(FLAGS_count_communication);
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);

@@ -113,7 +113,14 @@ json EpochWorkers(const EpochRecord& r) {
       continue;
     }
     const EpochTiming& t = report->second;
+    // The step times the controller balanced, as the server measured them (with the worker's
+    // own communication when --count_communication).
+    double step_seconds = 0.0;
+    if (auto st = r.step_times.find(id); st != r.step_times.end()) {
+      for (const auto& [batch, bt] : st->second) step_seconds += bt.seconds;
+    }
     out.push_back({{"id", id},
+                   {"step_seconds", step_seconds},
                    {"share", plan.share},
                    {"batch_size", plan.batch_size},
                    {"final_batch_size", plan.final_batch_size},
@@ -131,6 +138,8 @@ json EpochJson(const RunInfo& run, const EpochRecord& r) {
   json e;
   e["epoch"] = r.epoch;
   e["wall_seconds"] = Seconds(r.start, r.end);
+  // From the plan to the last step's update: training alone, without validation and reports.
+  e["train_seconds"] = r.steps_end > r.start ? Seconds(r.start, r.steps_end) : 0.0;
   e["start_seconds"] = Seconds(run.start, r.start);
   auto loss = run.losses.find(r.epoch);
   e["train_loss"] = loss == run.losses.end() ? 0.0 : loss->second.mean();

@@ -508,6 +508,7 @@ void Scheduler::RecordStep(int epoch, const std::map<int, std::pair<int64_t, dou
   absl::MutexLock lock(&mu_);
   if (epoch < 0 || epoch >= static_cast<int>(records_.size()) || records_[epoch].complete) return;
   EpochRecord& rec = records_[epoch];
+  rec.steps_end = clock_->Now();
   for (const auto& [id, t] : times) {
     if (rec.plans.count(id) == 0 || rec.dead.count(id) > 0 || t.first <= 0 ||
         !std::isfinite(t.second) || t.second < 0) {

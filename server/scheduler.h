@@ -43,7 +43,10 @@ struct SchedulerConfig {
 struct EpochRecord {
   int epoch = 0;
   absl::Time start;
-  absl::Time end;                      // when the last report arrived
+  absl::Time end;  // when the last report arrived
+  // When the newest step of the epoch completed (RecordStep); after the last step, the end of
+  // training, before validation and reports. InfinitePast until a step completes.
+  absl::Time steps_end = absl::InfinitePast();
   std::map<int, WorkerPlan> plans;     // by worker id, as first planned
   std::map<int, StepRanges> layout;    // by worker id: the positions of each step, as revised
   std::map<int, EpochTiming> reports;  // by worker id

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/plan.h"
 #include "server/parameter_store.h"
 
@@ -65,6 +66,11 @@ struct StepStats {
   int step = 0;
   bool last_of_epoch = false;                         // nothing is left to re-plan
   std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
+  // id -> the worker's own communication in this step (or the last step it was measured): the
+  // time from the previous step's answers going out to this push arriving, less its compute.
+  // It holds the worker's decoding and encoding, both transfers and its share of the answers'
+  // serialisation, none of the wait for other workers. Only with a clock (see the constructor).
+  std::map<int, double> overhead;
 };
 
 struct GradientPush {
@@ -82,8 +88,9 @@ class StepAggregator {
  public:
   using Done = std::function<void(const absl::StatusOr<StepResult>&)>;
 
-  // `store` must outlive the aggregator.
-  explicit StepAggregator(ParameterStore* store);
+  // `store` must outlive the aggregator; so must `clock`, which times each worker's own
+  // communication (StepStats::overhead; none without a clock).
+  explicit StepAggregator(ParameterStore* store, const Clock* clock = nullptr);
 
   // Starts `epoch` with one entry of `quotas` per step. Called by the scheduler's listener before
   // any worker sees the plan.
@@ -168,6 +175,7 @@ class StepAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
+  const Clock* const clock_;
   StepHook hook_;
   FailureHook failure_hook_;
   mutable absl::Mutex mu_;
@@ -188,6 +196,11 @@ class StepAggregator {
   std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_
   std::map<int, EpochLoss> epoch_loss_ ABSL_GUARDED_BY(mu_);
+  // When the answers of (released_epoch_, released_step_) went out; each worker's last overhead.
+  absl::Time released_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int released_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  int released_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int, double> overhead_ ABSL_GUARDED_BY(mu_);
   int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   const std::string description = optimizer->Describe();
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
   job->store_ = std::make_unique<ParameterStore>(std::move(optimizer));
-  job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get());
+  job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get(), clock);
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
@@ -195,12 +195,19 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
       if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
     }
   }
-  scheduler_->RecordStep(stats.epoch, stats.workers);
+  // What the controller balances: compute, plus each worker's own communication when counted.
+  std::map<int, std::pair<int64_t, double>> step_times = stats.workers;
+  if (config_.count_communication) {
+    for (auto& [id, t] : step_times) {
+      if (auto o = stats.overhead.find(id); o != stats.overhead.end()) t.second += o->second;
+    }
+  }
+  scheduler_->RecordStep(stats.epoch, step_times);
   if (stats.last_of_epoch) return std::nullopt;
   std::optional<ReplanTrigger> trigger;
   {
     absl::MutexLock lock(&mu_);
-    trigger = replan_.Add(stats.epoch, stats.workers);
+    trigger = replan_.Add(stats.epoch, step_times);
   }
   if (!trigger.has_value()) return std::nullopt;
   absl::StatusOr<PlanChange> replan =
@@ -209,7 +216,8 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
   LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
             << ": slowest worker's compute over the last "
             << ReplanWindowSteps(config_.policy, config_.replan_window_steps) << " steps was "
-            << trigger->imbalance << "x the fastest's";
+            << trigger->imbalance << "x the fastest's"
+            << (config_.count_communication ? " (compute and own communication)" : "");
   return *std::move(replan);
 }
 

@@ -1,9 +1,11 @@
 #include "server/step_aggregator.h"
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -268,6 +270,81 @@ TEST(StepAggregatorEvictionTest, StepCompletesWithoutTheDeadWorkerAndCarriesTheR
   ASSERT_TRUE(b.has_value() && b->ok());
   EXPECT_EQ((*b)->global_samples, 4);
   EXPECT_EQ(agg.AcceptedPushes(0), (std::set<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}, {1, 1}}));
+}
+
+TEST(StepAggregatorTimingTest, MeasuresEachWorkersOwnCommunicationFromTheAnswersToItsPush) {
+  FakeClock clock;
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  ASSERT_THAT(store.Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  StepAggregator agg(&store, &clock);
+  std::vector<StepStats> seen;
+  agg.SetStepHook([&](const StepStats& s) {
+    seen.push_back(s);
+    clock.Advance(absl::Milliseconds(50));  // the server's own time (a checkpoint): not theirs
+    return std::nullopt;
+  });
+  const std::vector<float> g = {1.0f};
+  std::deque<Outcome> outcomes;  // each answer lands in its own place, kept to the end
+  auto push = [&](int worker, int epoch, int step, double compute) {
+    GradientPush p;
+    p.worker_id = worker;
+    p.epoch = epoch;
+    p.step = step;
+    p.num_samples = 1;
+    p.gradient = g;
+    p.compute_seconds = compute;
+    outcomes.emplace_back();
+    agg.Push(p, outcomes.back().callback());
+  };
+  agg.BeginEpoch(0, {{{0, 1}, {1, 1}}, {{0, 1}, {1, 1}}});
+  push(0, 0, 0, 0.010);
+  clock.Advance(absl::Milliseconds(20));
+  push(1, 0, 0, 0.030);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(seen[0].overhead.empty()) << "the first step of a run has no answers to time from";
+  // Step 1: the answers went out after the hook. Worker 0 computes 6 ms and arrives 10 ms
+  // later (4 ms of its own communication); worker 1 computes 30 ms and arrives at 33 ms.
+  clock.Advance(absl::Milliseconds(10));
+  push(0, 0, 1, 0.006);
+  clock.Advance(absl::Milliseconds(23));
+  push(1, 0, 1, 0.030);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NEAR(seen[1].overhead.at(0), 0.004, 1e-9);
+  EXPECT_NEAR(seen[1].overhead.at(1), 0.003, 1e-9);
+  EXPECT_EQ(seen[1].workers.at(1).second, 0.030) << "compute stays as the worker timed it";
+  // The next epoch's first step follows a plan, not answers: each worker's last figure stands.
+  agg.BeginEpoch(1, {{{0, 1}, {1, 1}}});
+  clock.Advance(absl::Seconds(1));
+  push(0, 1, 0, 0.006);
+  push(1, 1, 0, 0.030);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_NEAR(seen[2].overhead.at(0), 0.004, 1e-9);
+  EXPECT_NEAR(seen[2].overhead.at(1), 0.003, 1e-9);
+}
+
+TEST(StepAggregatorTimingTest, NoClockNoOverhead) {
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  ASSERT_THAT(store.Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  StepAggregator agg(&store);
+  std::vector<StepStats> seen;
+  agg.SetStepHook([&](const StepStats& s) {
+    seen.push_back(s);
+    return std::nullopt;
+  });
+  const std::vector<float> g = {1.0f};
+  agg.BeginEpoch(0, {{{0, 1}}, {{0, 1}}});
+  for (int step = 0; step < 2; ++step) {
+    GradientPush p;
+    p.worker_id = 0;
+    p.step = step;
+    p.num_samples = 1;
+    p.gradient = g;
+    Outcome o;  // a lone worker's push completes its step at once
+    agg.Push(p, o.callback());
+    EXPECT_TRUE(o.result.has_value());
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen[1].overhead.empty());
 }
 
 }  // namespace

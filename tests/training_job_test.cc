@@ -142,5 +142,50 @@ TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
   job->Abort(absl::CancelledError("done"));
 }
 
+// Both workers compute 1 s per step at batch 2; worker 1's answers and pushes take another
+// second (a throttled CPU decoding, a slow link). Counting communication, the controller sees
+// worker 1's steps take twice as long and moves samples off it; counting compute alone it
+// sees a balanced split while every step waits a second for worker 1.
+int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 2;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 4;
+  config.replan_window_steps = 3;
+  config.replan_threshold = 1.5;
+  config.count_communication = count_communication;
+  auto job = *TrainingJob::Create(config, &clock);
+  for (const char* name : {"a", "b"}) {
+    EXPECT_THAT(job->scheduler()->Register({name, 64, 8, "cpu"}), IsOk());
+  }
+  EXPECT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  std::vector<float> g = {1.0f};
+  std::map<int, int> batch = {{0, 2}, {1, 2}};
+  for (int step = 0; step < 12; ++step) {
+    std::optional<absl::StatusOr<StepResult>> r0, r1;
+    clock.Advance(absl::Seconds(1));
+    job->aggregator()->Push({0, 0, step, batch[0], 0.0, g, 0.5 * batch[0]},
+                            [&](const absl::StatusOr<StepResult>& r) { r0 = r; });
+    clock.Advance(absl::Seconds(1));
+    job->aggregator()->Push({1, 0, step, batch[1], 0.0, g, 0.5 * batch[1]},
+                            [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+    EXPECT_TRUE(r0.has_value() && r0->ok()) << "step " << step;
+    if (r0.has_value() && r0->ok() && (*r0)->revisions != nullptr) {
+      batch[0] = static_cast<int>(CountSamples((*r0)->revisions->at(0).steps[0]));
+      batch[1] = static_cast<int>(CountSamples((*r1)->revisions->at(1).steps[0]));
+      break;
+    }
+  }
+  EXPECT_EQ(batch[0] + batch[1], 4);
+  job->Abort(absl::CancelledError("done"));
+  return batch[1];
+}
+
+TEST(MidEpochReplanTest, AWorkerWithSlowCommunicationGetsFewerSamples) {
+  EXPECT_LT(ReplannedBatchOfTheSlowCommunicator(true), 2);
+  EXPECT_EQ(ReplannedBatchOfTheSlowCommunicator(false), 2) << "compute alone looks balanced";
+}
+
 }  // namespace
 }  // namespace dbs
