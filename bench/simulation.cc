@@ -314,7 +314,8 @@ class EpochSimulation {
 
   absl::StatusOr<EpochResult> Run(int epoch, std::vector<std::vector<int>> quota) {
     ReplanWindow window(ReplanWindowSteps(config_.policy, config_.replan_window_steps),
-                        config_.replan_threshold);
+                        config_.replan_threshold,
+                        config_.policy == PolicyKind::kDbs ? config_.noise_margin : 0.0);
     const int steps = static_cast<int>(quota.size());
     for (int s = 0; s < steps; ++s) {
       const std::map<int, std::pair<int64_t, double>> times = Step(epoch, quota[s]);
@@ -392,6 +393,7 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
   job.scheduler.epochs = config.epochs;
   job.scheduler.global_batch = config.global_batch;
   job.policy = config.policy;
+  job.noise_margin = config.noise_margin;
   DBS_RETURN_IF_ERROR(ValidateJobConfig(job));
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharePolicy> policy, MakeSharePolicy(PolicyConfigOf(job)));
   FakeClock clock;

@@ -63,7 +63,8 @@ struct SimulationConfig {
   std::vector<Disturbance> disturbances;
   int replan_window_steps = -1;  // mid-epoch re-planning: -1 the policy's default, 0 off
   double replan_threshold = kDefaultReplanThreshold;
-  uint64_t seed = 1;  // of the noise
+  double noise_margin = kDefaultNoiseMargin;  // dbs: see BalancingOptions
+  uint64_t seed = 1;                          // of the noise
 
   // Convenience: linear workers of these speeds (samples per second), no noise.
   static SimulationConfig Linear(const std::vector<double>& speeds);

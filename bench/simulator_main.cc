@@ -27,12 +27,15 @@ ABSL_FLAG(int, trace_cluster, 0,
           "Instead of the table: print every epoch of the random property-test cluster with this "
           "seed (tests/simulation_test.cc) under the dbs, proportional and fixed policies.");
 ABSL_FLAG(bool, trace_drift, true, "With --trace_cluster: the cluster's drift, if it has one.");
+ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
+          "dbs: standard deviations of each worker's per-step time added to its predicted step.");
 
 namespace {
 
 int TraceCluster(uint64_t seed) {
   std::string what;
   dbs::SimulationConfig c = dbs::RandomCluster(seed, absl::GetFlag(FLAGS_trace_drift), &what);
+  c.noise_margin = absl::GetFlag(FLAGS_noise_margin);
   const std::vector<int> best = dbs::BestSplit(c, 0);
   std::printf("cluster %llu: %s\n", static_cast<unsigned long long>(seed), what.c_str());
   for (size_t i = 0; i < c.workers.size(); ++i) {

@@ -115,6 +115,46 @@ StepTimeModel BalancingPolicy::ModelOf(const WorkerObservation& w) const {
   return StepTimeModel::Fit(points, options_.model);
 }
 
+BalancingPolicy::StepNoise BalancingPolicy::StepNoiseOf(const WorkerObservation& w) const {
+  const size_t n = w.history.size();
+  const size_t keep = static_cast<size_t>(std::max(0, options_.noise_measurements));
+  StepNoise out;
+  for (size_t k = n > keep ? n - keep : 0; k < n; ++k) {
+    for (const auto& [batch, t] : w.history[k].by_batch) {
+      if (t.steps < 2 || !(t.seconds > 0) || !std::isfinite(t.square_seconds)) continue;
+      const double mean = t.seconds / t.steps;
+      out.relative_squares += std::max(0.0, t.square_seconds - t.seconds * mean) / (mean * mean);
+      out.dof += t.steps - 1;
+    }
+  }
+  return out;
+}
+
+std::vector<double> BalancingPolicy::NoiseMargins(absl::Span<const WorkerObservation> workers,
+                                                  const std::vector<StepTimeModel>& models) const {
+  std::vector<double> margins(workers.size(), 0.0);
+  if (!(options_.noise_margin > 0)) return margins;
+  std::vector<StepNoise> noise;
+  StepNoise pooled;
+  for (const WorkerObservation& w : workers) {
+    noise.push_back(StepNoiseOf(w));
+    pooled.relative_squares += noise.back().relative_squares;
+    pooled.dof += noise.back().dof;
+  }
+  if (!(pooled.dof > 0)) return margins;
+  // Each worker's relative variance, shrunk toward the cluster's: a few dozen steps estimate a
+  // standard deviation only to 10-20%, and workers equally noisy must not get unequal margins.
+  const double prior = pooled.relative_squares / pooled.dof;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (models[i].empty() || workers[i].current_batch <= 0) continue;
+    const double variance = (noise[i].relative_squares + options_.noise_prior_dof * prior) /
+                            (noise[i].dof + options_.noise_prior_dof);
+    margins[i] =
+        options_.noise_margin * std::sqrt(variance) * models[i].Predict(workers[i].current_batch);
+  }
+  return margins;
+}
+
 namespace {
 
 // One planning pass over a set of observations; each step of BalancingPolicy::Plan is a method.
@@ -310,6 +350,8 @@ BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers)
   if (n == 0) return plan;
   std::vector<StepTimeModel> models;
   for (const WorkerObservation& w : workers) models.push_back(ModelOf(w));
+  const std::vector<double> margins = NoiseMargins(workers, models);
+  for (size_t i = 0; i < n; ++i) models[i] = models[i].WithMargin(margins[i]);
   Planner p(options_, workers, std::move(models));
   if (!p.ProbeUnmeasured()) {
     plan.batches.assign(n, static_cast<double>(options_.global_batch) / n);

@@ -41,6 +41,14 @@ struct BalancingOptions {
   double min_gain = 1.0 / 16;
   double hold_spread = 0.05;
   int history = 16;  // newest measurements per worker that the model uses
+  // Noise: a step lasts as long as its slowest worker, so a worker whose step times scatter
+  // (a bursty neighbour, a CPU quota's periods) delays the others more often than its mean
+  // says. Each worker's curve is raised by this many standard deviations of its per-step
+  // times (pooled over its newest `noise_measurements` measurements), so noisy workers get a
+  // little less and steady ones a little more. 0: balance the means.
+  double noise_margin = 1.0;
+  int noise_measurements = 4;
+  double noise_prior_dof = 64.0;
   StepTimeModelOptions model;
 };
 
@@ -62,6 +70,20 @@ class BalancingPolicy : public SharePolicy {
   BalancingPlan Plan(absl::Span<const WorkerObservation> workers) const;
   // The model of one worker from its newest `options.history` measurements.
   StepTimeModel ModelOf(const WorkerObservation& worker) const;
+
+  // The spread of one worker's per-step times relative to their mean, pooled within each batch
+  // size over its newest `options.noise_measurements` measurements: the sum of squared relative
+  // deviations and its degrees of freedom.
+  struct StepNoise {
+    double relative_squares = 0.0;
+    double dof = 0.0;
+  };
+  StepNoise StepNoiseOf(const WorkerObservation& worker) const;
+  // Each worker's noise margin in seconds: noise_margin standard deviations of its per-step
+  // time at its current batch, the relative deviation shrunk toward the cluster's pooled one
+  // with the weight of `noise_prior_dof` steps. 0 for a worker without a batch or a model.
+  std::vector<double> NoiseMargins(absl::Span<const WorkerObservation> workers,
+                                   const std::vector<StepTimeModel>& models) const;
 
   const BalancingOptions& options() const { return options_; }
 

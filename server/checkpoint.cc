@@ -76,6 +76,7 @@ void EpochToProto(const EpochRecord& r, ckpt::Epoch* out) {
       at->set_batch(batch);
       at->set_steps(t.steps);
       at->set_seconds(t.seconds);
+      at->set_square_seconds(t.square_seconds);
     }
   }
 }
@@ -94,7 +95,7 @@ EpochRecord EpochFromProto(const ckpt::Epoch& m) {
   for (const auto& [id, report] : m.reports()) r.reports[id] = FromProto(report);
   for (const auto& [id, times] : m.step_times()) {
     for (const ckpt::StepTimes::AtBatch& at : times.at()) {
-      r.step_times[id][at.batch()] = {at.steps(), at.seconds()};
+      r.step_times[id][at.batch()] = {at.steps(), at.seconds(), at.square_seconds()};
     }
   }
   return r;

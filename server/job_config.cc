@@ -16,6 +16,7 @@ PolicyConfig PolicyConfigOf(const JobConfig& config) {
   pc.max_batch = config.max_batch;
   pc.smoothing = config.smoothing;
   pc.deadband = config.deadband;
+  pc.noise_margin = config.noise_margin;
   return pc;
 }
 
@@ -30,6 +31,7 @@ std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
           {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
           {"replan_threshold", f(c.replan_threshold)},
           {"count_communication", c.count_communication ? "true" : "false"},
+          {"noise_margin", f(c.noise_margin)},
           {"optimizer", c.optimizer.name},
           {"lr", f(c.optimizer.name == "adam" ? c.optimizer.adam.lr : c.optimizer.sgd.lr)},
           {"momentum", f(c.optimizer.sgd.momentum)},

@@ -42,6 +42,9 @@ struct JobConfig {
   // worker whose communication is slow (a throttled CPU, a far link) then gets fewer samples.
   // False: compute alone, as the workers time it (the paper's measure).
   bool count_communication = true;
+  // dbs: standard deviations of each worker's per-step time added to its predicted step, so a
+  // noisy worker (which more often makes the others wait) gets a little less (BalancingOptions).
+  double noise_margin = kDefaultNoiseMargin;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;

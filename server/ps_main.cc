@@ -88,6 +88,10 @@ ABSL_FLAG(bool, count_communication, true,
           "plus its own decoding, encoding and transfers, measured here, without the wait for "
           "other workers), so a worker with slow communication gets fewer samples; false: "
           "compute alone.");
+ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
+          "dbs: standard deviations of each worker's per-step time added to its predicted step: "
+          "a step waits for its slowest worker, so a noisy worker gets a little less; 0: balance "
+          "the mean step times.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -140,6 +144,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   job.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
   job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
   job.count_communication = absl::GetFlag(FLAGS_count_communication);
+  job.noise_margin = absl::GetFlag(FLAGS_noise_margin);
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);

@@ -29,6 +29,8 @@ std::optional<ReplanTrigger> ReplanWindow::Add(
     }
     const double k = static_cast<double>(w.size());
     const double var = k > 1 ? std::max(0.0, squares - seconds * seconds / k) * k / (k - 1) : 0.0;
+    // var is the variance of the total (k steps); a step's deviation is sqrt(var / k).
+    seconds += noise_margin_ * std::sqrt(var * k);
     if (seconds > slowest) {
       slowest = seconds;
       slowest_var = var;
@@ -51,11 +53,7 @@ std::optional<ReplanTrigger> ReplanWindow::Add(
       m.samples += n;
       m.compute_seconds += t;
       m.steps += 1;
-      if (n > 0) {
-        BatchTime& bt = m.by_batch[static_cast<int>(n)];
-        bt.steps += 1;
-        bt.seconds += t;
-      }
+      if (n > 0) m.by_batch[static_cast<int>(n)].Add(t);
     }
   }
   window_.clear();  // measure afresh under the new split

@@ -29,7 +29,11 @@ struct ReplanTrigger {
 
 class ReplanWindow {
  public:
-  ReplanWindow(int steps, double threshold) : steps_(steps), threshold_(threshold) {}
+  // `noise_margin`: as the dbs controller's, each worker's window total is judged with this many
+  // standard deviations of its per-step times added per step, so a split that is balanced for
+  // the controller is balanced here.
+  ReplanWindow(int steps, double threshold, double noise_margin = 0.0)
+      : steps_(steps), threshold_(threshold), noise_margin_(noise_margin) {}
 
   // One completed step of `epoch`: worker id -> (samples, compute seconds). Returns the window
   // when the rest of the epoch should be re-planned.
@@ -41,6 +45,7 @@ class ReplanWindow {
  private:
   const int steps_;
   const double threshold_;
+  const double noise_margin_;
   int epoch_ = -1;
   std::map<int, std::deque<std::pair<int64_t, double>>> window_;
 };

@@ -514,9 +514,7 @@ void Scheduler::RecordStep(int epoch, const std::map<int, std::pair<int64_t, dou
         !std::isfinite(t.second) || t.second < 0) {
       continue;
     }
-    BatchTime& bt = rec.step_times[id][static_cast<int>(t.first)];
-    bt.steps += 1;
-    bt.seconds += t.second;
+    rec.step_times[id][static_cast<int>(t.first)].Add(t.second);
   }
 }
 

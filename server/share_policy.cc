@@ -122,6 +122,9 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& c) {
     return absl::InvalidArgumentError("deadband must be in [0, 1)");
   }
   if (c.speed_window < 1) return absl::InvalidArgumentError("speed_window must be >= 1");
+  if (!(c.noise_margin >= 0.0 && c.noise_margin <= 4.0)) {
+    return absl::InvalidArgumentError("noise_margin must be in [0, 4] standard deviations");
+  }
   if (c.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
   if (c.min_batch < 0 || c.max_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch)) {
     return absl::InvalidArgumentError("batch bounds need 0 <= min_batch <= max_batch (0: none)");
@@ -138,6 +141,7 @@ absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig&
       o.global_batch = c.global_batch;
       o.min_batch = c.min_batch;
       o.max_batch = c.max_batch;
+      o.noise_margin = c.noise_margin;
       inner = std::make_unique<BalancingPolicy>(o);
       break;
     }

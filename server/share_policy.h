@@ -36,13 +36,25 @@ absl::StatusOr<PolicyKind> ParsePolicy(const std::string& name);
 // re-planning off. The fixed split never re-plans, whatever is configured.
 constexpr int kDbsReplanWindowSteps = 8;
 constexpr double kDefaultReplanThreshold = 1.15;
+// dbs: how many standard deviations of a worker's per-step time are added to its predicted step
+// (BalancingOptions::noise_margin).
+constexpr double kDefaultNoiseMargin = 1.0;
 int ReplanWindowSteps(PolicyKind kind, int configured);
 
-// Steps run at one batch size and their compute seconds in all.
+// Steps run at one batch size, their seconds in all and the sum of their squares (for the
+// spread of the per-step times).
 struct BatchTime {
   int steps = 0;
   double seconds = 0.0;
-  bool operator==(const BatchTime& o) const { return steps == o.steps && seconds == o.seconds; }
+  double square_seconds = 0.0;
+  void Add(double step_seconds) {
+    steps += 1;
+    seconds += step_seconds;
+    square_seconds += step_seconds * step_seconds;
+  }
+  bool operator==(const BatchTime& o) const {
+    return steps == o.steps && seconds == o.seconds && square_seconds == o.square_seconds;
+  }
 };
 
 // What one worker did in one measurement: an epoch, or the last steps of the running epoch.
@@ -115,8 +127,9 @@ class SmoothedPolicy : public SharePolicy {
 struct PolicyConfig {
   PolicyKind kind = PolicyKind::kDbs;
   int global_batch = 128;
-  int min_batch = 0;       // dbs: per-worker bounds
-  int max_batch = 0;       // dbs: 0 = no upper bound
+  int min_batch = 0;                          // dbs: per-worker bounds
+  int max_batch = 0;                          // dbs: 0 = no upper bound
+  double noise_margin = kDefaultNoiseMargin;  // dbs: see BalancingOptions
   int speed_window = 1;    // proportional: lowest speed over this many measurements
   double smoothing = 1.0;  // alpha of SmoothedPolicy (1: none)
   double deadband = 0.0;   // relative share change below which nothing moves

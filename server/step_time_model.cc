@@ -145,6 +145,13 @@ StepTimeModel StepTimeModel::FromKnots(std::vector<std::pair<double, double>> kn
   return m;
 }
 
+StepTimeModel StepTimeModel::WithMargin(double seconds) const {
+  StepTimeModel m = *this;
+  if (!(seconds > 0) || !std::isfinite(seconds)) return m;
+  for (auto& [b, t] : m.knots_) t += seconds;
+  return m;  // the slopes, set from the unshifted knots, stay
+}
+
 void StepTimeModel::SetExtrapolation(double min_relative_slope) {
   const auto& first = knots_.front();
   const auto& last = knots_.back();

@@ -62,6 +62,10 @@ class StepTimeModel {
   static StepTimeModel FromKnots(std::vector<std::pair<double, double>> knots,
                                  const StepTimeModelOptions& options = {});
 
+  // The same curve `seconds` later at every batch above 0, with the same slopes: a worker's
+  // predicted step plus a safety margin for its noise.
+  StepTimeModel WithMargin(double seconds) const;
+
   bool empty() const { return knots_.empty(); }
   // Predicted compute seconds of one step at `batch` (>= 0).
   double Predict(double batch) const;

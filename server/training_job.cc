@@ -34,8 +34,8 @@ TrainingJob::TrainingJob(const JobConfig& config, const Clock* clock,
       optimizer_description_(std::move(optimizer_description)),
       start_(clock->Now()),
       liveness_({config.stall_timeout, config.worker_timeout}, clock),
-      replan_(ReplanWindowSteps(config.policy, config.replan_window_steps),
-              config.replan_threshold) {}
+      replan_(ReplanWindowSteps(config.policy, config.replan_window_steps), config.replan_threshold,
+              config.policy == PolicyKind::kDbs ? config.noise_margin : 0.0) {}
 
 void TrainingJob::OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) {
   StepQuotas quotas(static_cast<size_t>(num_steps));

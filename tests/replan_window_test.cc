@@ -1,5 +1,6 @@
 #include "server/replan_window.h"
 
+#include <cmath>
 #include <map>
 #include <utility>
 
@@ -58,6 +59,25 @@ TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
   ASSERT_TRUE(t.has_value());
   EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
   EXPECT_TRUE(t->window.at(2).by_batch.empty());
+}
+
+TEST(ReplanWindowTest, WithANoiseMarginANoisyWorkerCountsAsMoreLoaded) {
+  // Worker 0 steady at 1 s; worker 1 alternates 0.8 and 1.6 s (mean 1.2, deviation 0.43).
+  // Means alone: 9.6 against 8 s, a gap within two standard errors: no re-plan. With one
+  // deviation per step added, worker 1 weighs 9.6 + 3.4 s: re-planned.
+  auto run = [](double margin) {
+    ReplanWindow w(8, 1.15, margin);
+    std::optional<ReplanTrigger> t;
+    for (int s = 0; s < 8; ++s) {
+      t = w.Add(0, {{0, {10, 1.0}}, {1, {10, s % 2 == 0 ? 0.8 : 1.6}}});
+    }
+    return t;
+  };
+  EXPECT_FALSE(run(0.0).has_value());
+  std::optional<ReplanTrigger> t = run(1.0);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_NEAR(t->imbalance, (9.6 + 8 * std::sqrt(1.28 / 7)) / 8.0, 1e-9);
+  EXPECT_GT(t->window.at(1).by_batch.at(10).square_seconds, 0.0);
 }
 
 }  // namespace

@@ -298,5 +298,39 @@ TEST(ControllerPropertyTest, MidEpochReplanningUsesTheModel) {
   }
 }
 
+// A step waits for its slowest worker, so a worker whose step times scatter delays the others
+// more than its mean says. Half the workers here are noisy (30% per step), half steady (2%);
+// the noise margin gives the noisy ones a little less, and the epoch (the sum over steps of the
+// slowest noisy step) is shorter than when the means are balanced.
+TEST(NoiseMarginTest, NoisyWorkersGetLessAndTheEpochIsShorter) {
+  for (int n : {4, 16}) {
+    SimulationConfig c;
+    for (int i = 0; i < n; ++i) {
+      SpeedModel m;
+      m.speed = 500.0 * (1 + i % 4);
+      m.noise = i % 2 == 0 ? 0.3 : 0.02;
+      c.workers.push_back(m);
+    }
+    c.global_batch = 64 * n;
+    c.epochs = 8;
+    c.train_samples = 64 * n * 32;
+    c.noise_margin = 0.0;
+    absl::StatusOr<SimulationResult> means = Simulate(c);
+    c.noise_margin = kDefaultNoiseMargin;
+    absl::StatusOr<SimulationResult> margins = Simulate(c);
+    ASSERT_THAT(means, IsOk());
+    ASSERT_THAT(margins, IsOk());
+    std::printf(
+        "%d workers, half 30%% noisy: steady epoch %.3f s balancing means, %.3f s with "
+        "margins\n",
+        n, means->SteadyEpochSeconds(), margins->SteadyEpochSeconds());
+    EXPECT_LT(margins->SteadyEpochSeconds(), 0.975 * means->SteadyEpochSeconds()) << n;
+    // Noisy worker 0 and steady worker 1 (speed 500 and 1000): worker 0's share fell.
+    const EpochResult& last = margins->epochs.back();
+    const EpochResult& plain = means->epochs.back();
+    EXPECT_LT(last.batches[0], plain.batches[0]) << n;
+  }
+}
+
 }  // namespace
 }  // namespace dbs
