@@ -4,7 +4,9 @@ split (S-SGD) on every combination of global batch x worker speeds x emulation.
 
 Each cell is a real local cluster (deploy/local_cluster.py: one dbs_ps, 4 dbs_workers, the CNN on
 Fashion-MNIST) with the same seed, data and number of steps per epoch for every policy. Per cell it
-measures each worker's standalone speed (for the ideal epoch time D / sum of speeds), runs the three
+measures each worker's standalone speed (for the ideal epoch time D / sum of speeds) and its standalone
+step-time curve over batch sizes (for the best split: the fastest epoch any split of B whole samples
+can give those curves, without assuming time linear in the batch), runs the three
 policies one after another, and records epoch times, the compute-time spread (max/min over workers)
 of every epoch and the batch trajectory. The report gives every cell: DBS/S-SGD, DBS/ideal, the
 paper's rule beside them, whether DBS settled (spread <= 1.15 from epoch 2 on), and the batches per
@@ -32,6 +34,10 @@ from report import by_launch_index  # noqa: E402  (bench/report.py)
 POLICIES = ("fixed", "proportional", "dbs")
 TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
 SETTLE_EPOCH = 2  # the split must have settled from this epoch on
+SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_spread",
+                "dbs_settled_compute_spread", "dbs_wall_over_sgd", "proportional_over_sgd",
+                "proportional_over_ideal", "proportional_over_best", "proportional_settled_spread",
+                "proportional_settled_compute_spread")
 
 
 def log(msg):
@@ -76,25 +82,36 @@ class Grid:
                 "quotas": None, "slowdowns": slowdowns}, None
 
     def standalone(self, cell, emu, train_limit):
-        batch = max(1, cell["global_batch"] // self.args.workers)
-        speeds = []
+        """Each worker alone under its emulation: its speed at the equal split's batch B/n (for
+        the linear ideal) and its step-time curve over batches from B/64 to 3B/4 (for the best
+        split)."""
+        b = cell["global_batch"]
+        equal = max(1, b // self.args.workers)
+        batches = sorted({max(1, b // 64), max(1, b // 32), max(1, b // 16), max(1, b // 8),
+                          max(1, b // 4), max(1, b // 2), max(1, 3 * b // 4)} - {equal})
+        batches = [equal] + batches
+        speeds, curves = [], []
         for i in range(self.args.workers):
             cg = None
             if emu["quotas"] is not None:
                 cg = hetero.CpuQuota(f"dbs_grid_{os.getpid()}_s{i}", emu["quotas"][i])
             try:
                 argv = [self.worker, f"--measure_speed_samples={self.args.grid_speed_samples}",
-                        f"--measure_batch={batch}", f"--slowdown={emu['slowdowns'][i]}",
+                        "--measure_batch=" + ",".join(str(x) for x in batches),
+                        f"--slowdown={emu['slowdowns'][i]}",
                         f"--data_dir={self.args.data_dir}", f"--train_limit={train_limit}"]
                 p = subprocess.run(argv, stdout=subprocess.PIPE, timeout=600,
                                    preexec_fn=(cg.join if cg else None))
                 if p.returncode != 0:
                     sys.exit(f"standalone speed measurement failed in {cell['name']}")
-                speeds.append(json.loads(p.stdout)["samples_per_second"])
+                m = json.loads(p.stdout)
+                speeds.append(m["samples_per_second"])
+                curves.append([[c["batch"], c["batch"] / c["samples_per_second"]]
+                               for c in m["curve"]])
             finally:
                 if cg:
                     cg.remove()
-        return speeds
+        return speeds, curves
 
     def run_policy(self, cell, emu, policy, train_limit):
         out_dir = os.path.join(self.out, cell["name"], policy)
@@ -129,7 +146,8 @@ class Grid:
                 continue
             train_limit = self.args.grid_steps * cell["global_batch"]
             cell["train_samples"] = train_limit
-            cell["standalone_speeds"] = self.standalone(cell, emu, train_limit)
+            cell["standalone_speeds"], cell["standalone_curves"] = self.standalone(
+                cell, emu, train_limit)
             cell["runs"] = {}
             for policy in POLICIES:
                 summary, seconds = self.run_policy(cell, emu, policy, train_limit)
@@ -143,13 +161,73 @@ class Grid:
             elapsed = time.time() - start
             log(f"[{k + 1}/{len(cells)}] {cell['name']}: DBS/S-SGD {figures['dbs_over_sgd']:.3f}, "
                 f"DBS/ideal {figures['dbs_over_ideal']:.3f}, paper/S-SGD "
-                f"{figures['proportional_over_sgd']:.3f}, DBS spread from epoch {SETTLE_EPOCH} "
+                f"{figures['proportional_over_sgd']:.3f}, DBS balance from epoch {SETTLE_EPOCH} "
                 f"{figures['dbs_settled_spread']:.2f} | {elapsed:.0f} s, ETA "
                 f"{elapsed / (k + 1) * (len(cells) - k - 1):.0f} s")
         results["grid_seconds"] = time.time() - start
         with open(os.path.join(self.out, "grid_results.json"), "w") as f:
             json.dump(results, f, indent=2)
         return build(self.out)
+
+
+def best_split_step(curves, global_batch):
+    """The best any split of `global_batch` whole samples can do with these standalone
+    step-time curves ([[batch, seconds per step], ...] per worker): the smallest slowest step.
+    Each curve is read piecewise linearly between its points, made non-decreasing, and
+    continued with its end segments' slopes (a batch of 0 costs nothing)."""
+    def at(curve, b):
+        pts = sorted(curve)
+        if b <= 0:
+            return 0.0
+        if len(pts) == 1:
+            return pts[0][1] * b / pts[0][0]
+        k = 0
+        while k + 2 < len(pts) and b > pts[k + 1][0]:
+            k += 1
+        (b0, t0), (b1, t1) = pts[k], pts[k + 1]
+        return max(1e-9, t0 + (t1 - t0) * (b - b0) / (b1 - b0))
+    tables = []
+    for curve in curves:
+        t, best = [], 0.0
+        for b in range(global_batch + 1):
+            best = max(best, at(curve, b))  # non-decreasing
+            t.append(best)
+        tables.append(t)
+    candidates = sorted({x for t in tables for x in t})
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        tau = candidates[mid]
+        fits = sum(max(b for b in range(global_batch + 1) if t[b] <= tau) for t in tables)
+        if fits >= global_batch:
+            hi = mid
+        else:
+            lo = mid + 1
+    return candidates[lo]
+
+
+def epoch_seconds(e):
+    """An epoch's training time: from its plan to its last step's update, without validation
+    and reports (the ideal counts training only); the wall time for records without it."""
+    return e.get("train_seconds") or e["wall_seconds"]
+
+
+def balance(e):
+    """(raw compute spread, balance) of one epoch over the workers that trained.
+
+    Raw: max/min of the compute time the workers report. Balance: max/min of the step time the
+    server measured for each worker (compute plus its own communication, what the controller
+    balances), where a worker counts as fully loaded when one more sample per step would make it
+    the slowest: batches are whole samples, and a worker at 4 samples cannot be loaded finer than
+    25%."""
+    ws = [w for w in e["workers"] if w.get("samples", 0) > 0]
+    compute = [w["compute_seconds"] for w in ws]
+    raw = max(compute) / max(1e-9, min(compute))
+    steps = max(1, e.get("steps", 1))
+    times = [(w.get("step_seconds") or w["compute_seconds"], w["samples"] / steps) for w in ws]
+    slowest = max(t for t, _ in times)
+    loaded = [min(slowest, t * (m + 1) / m) for t, m in times]
+    return raw, slowest / max(1e-9, min(loaded))
 
 
 def cell_figures(cell, out):
@@ -160,16 +238,21 @@ def cell_figures(cell, out):
             runs[policy] = json.load(fh)
     d = cell["train_samples"]
     f["ideal_epoch_seconds"] = d / sum(cell["standalone_speeds"])
+    if cell.get("standalone_curves"):
+        steps = d // cell["global_batch"]
+        f["best_split_epoch_seconds"] = steps * best_split_step(cell["standalone_curves"],
+                                                                cell["global_batch"])
     for policy, s in runs.items():
         steady = s["epochs"][1:] or s["epochs"]
-        f[f"{policy}_epoch_seconds"] = statistics.mean(e["wall_seconds"] for e in steady)
-        # Over the workers that trained on samples (batch 0 computes nothing).
-        f[f"{policy}_spread"] = [
-            max(w["compute_seconds"] for w in e["workers"] if w["samples"] > 0) /
-            max(1e-9, min(w["compute_seconds"] for w in e["workers"] if w["samples"] > 0))
-            for e in s["epochs"]]
+        f[f"{policy}_epoch_seconds"] = statistics.mean(epoch_seconds(e) for e in steady)
+        f[f"{policy}_wall_epoch_seconds"] = statistics.mean(e["wall_seconds"] for e in steady)
+        spreads = [balance(e) for e in s["epochs"]]
+        f[f"{policy}_compute_spread"] = [raw for raw, _ in spreads]
+        f[f"{policy}_spread"] = [b for _, b in spreads]
         late = f[f"{policy}_spread"][SETTLE_EPOCH:] or f[f"{policy}_spread"][-1:]
         f[f"{policy}_settled_spread"] = max(late)
+        late = f[f"{policy}_compute_spread"][SETTLE_EPOCH:] or f[f"{policy}_compute_spread"][-1:]
+        f[f"{policy}_settled_compute_spread"] = max(late)
         f[f"{policy}_batches"] = [[w["batch_size"] for w in ws] for ws in by_launch_index(s)]
         f[f"{policy}_revisions"] = [e.get("revisions", 0) for e in s["epochs"]]
         f[f"{policy}_audit_ok"] = all(e["audit"]["every_sample_once"] for e in s["epochs"])
@@ -177,6 +260,11 @@ def cell_figures(cell, out):
     for policy in ("dbs", "proportional"):
         f[f"{policy}_over_sgd"] = f[f"{policy}_epoch_seconds"] / sgd
         f[f"{policy}_over_ideal"] = f[f"{policy}_epoch_seconds"] / f["ideal_epoch_seconds"]
+        if "best_split_epoch_seconds" in f:
+            f[f"{policy}_over_best"] = (f[f"{policy}_epoch_seconds"] /
+                                        f["best_split_epoch_seconds"])
+        f[f"{policy}_wall_over_sgd"] = (f[f"{policy}_wall_epoch_seconds"] /
+                                        f["fixed_wall_epoch_seconds"])
     return f
 
 
@@ -186,8 +274,9 @@ def summarize(cells):
          "cells_skipped": [c["name"] for c in cells if "skipped" in c]}
     if not done:
         return s
-    for key in ("dbs_over_sgd", "dbs_over_ideal", "dbs_settled_spread", "proportional_over_sgd",
-                "proportional_over_ideal", "proportional_settled_spread"):
+    for key in SUMMARY_KEYS:
+        if any(key not in c for c in done):
+            continue  # a record from before the figure existed
         values = sorted(c[key] for c in done)
         worst = max(done, key=lambda c: c[key])
         s[key] = {"worst": values[-1], "median": statistics.median(values), "best": values[0],
@@ -203,7 +292,11 @@ def summarize(cells):
          "worst": s["dbs_over_ideal"]["worst"],
          "cells_missing": [c["name"] for c in done
                            if c["dbs_over_ideal"] > TARGETS["dbs_over_ideal"]]},
-        {"figure": f"dbs spread from epoch {SETTLE_EPOCH}", "limit": TARGETS["settled_spread"],
+        {"figure": "dbs_over_best", "limit": TARGETS["dbs_over_ideal"],
+         "worst": s.get("dbs_over_best", {}).get("worst", float("nan")),
+         "cells_missing": [c["name"] for c in done
+                           if c.get("dbs_over_best", 0) > TARGETS["dbs_over_ideal"]]},
+        {"figure": f"dbs balance from epoch {SETTLE_EPOCH}", "limit": TARGETS["settled_spread"],
          "worst": s["dbs_settled_spread"]["worst"],
          "cells_missing": [c["name"] for c in done
                            if c["dbs_settled_spread"] > TARGETS["settled_spread"]]},
@@ -223,15 +316,18 @@ def build(out):
     with open(os.path.join(out, "grid.json"), "w") as f:
         json.dump({"summary": summary, "cells": cells}, f, indent=2)
     columns = ["name", "global_batch", "speeds", "emulation", "ideal_epoch_seconds",
-               "fixed_epoch_seconds", "proportional_epoch_seconds", "dbs_epoch_seconds",
+               "best_split_epoch_seconds", "fixed_epoch_seconds", "proportional_epoch_seconds",
+               "dbs_epoch_seconds", "dbs_over_best",
                "dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
-               "proportional_over_ideal", "dbs_settled_spread", "proportional_settled_spread"]
+               "proportional_over_ideal", "dbs_settled_spread", "proportional_settled_spread",
+               "dbs_settled_compute_spread", "proportional_settled_compute_spread",
+               "dbs_wall_epoch_seconds", "fixed_wall_epoch_seconds", "dbs_wall_over_sgd"]
     with open(os.path.join(out, "grid.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
         for c in cells:
             if "runs" in c:
-                w.writerow([c[k] if not isinstance(c[k], float) else f"{c[k]:.4g}"
+                w.writerow([c.get(k, "") if not isinstance(c.get(k), float) else f"{c[k]:.4g}"
                             for k in columns])
     lines = ["# Scenario grid: DBS, the paper's rule and the fixed split", "",
              f"4 workers, CNN on Fashion-MNIST, {results['config']['grid_steps']} steps per epoch "
@@ -239,30 +335,42 @@ def build(out):
              f"{results['config']['lr']}, seed {results['config']['seed']}; the quota emulation "
              f"gives the workers CPU quotas in the ratio of the speeds adding up to "
              f"{results['config']['total_cores']:g} core, the slowdown emulation the same shares "
-             f"of a core as slowdown factors (1/share). Epoch times are means over epochs 1+ (epoch 0 measures); "
-             f"spread = max/min compute time over the workers. Grid wall time "
+             f"of a core as slowdown factors (1/share). Epoch times are means over epochs 1+ (epoch 0 "
+             f"measures) of the training time, from the plan to the last step's update (the "
+             f"ideal counts training only; the wall-time ratio, with validation and reports, is "
+             f"in its own column). Balance = max/min over the workers of the step time the "
+             f"server measured (compute plus the worker's own communication, what the "
+             f"controller balances), a worker counting as fully loaded when one more sample per "
+             f"step would make it the slowest; compute spread = max/min of the compute time the "
+             f"workers report, as measured before. Grid wall time "
              f"{results.get('grid_seconds', 0) / 60:.1f} min."
              + (f" The DBS runs had the extra flags `{results['config']['grid_dbs_flags']}`."
                 if results["config"].get("grid_dbs_flags") else ""), "",
-             "| cell | ideal s | S-SGD s | paper s | DBS s | DBS/S-SGD | DBS/ideal | paper/S-SGD "
-             "| paper/ideal | DBS spread from epoch 2 | paper spread from epoch 2 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| cell | ideal s | best split s | S-SGD s | paper s | DBS s | DBS/S-SGD | DBS/ideal "
+             "| DBS/best split | paper/S-SGD | paper/ideal | DBS balance from epoch 2 | paper balance from epoch 2 "
+             "| DBS compute spread from epoch 2 | DBS/S-SGD wall |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+             "| --- |"]
     for c in cells:
         if "skipped" in c:
-            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||")
+            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||")
             continue
         lines.append(
-            f"| {c['name']} | {c['ideal_epoch_seconds']:.2f} | {c['fixed_epoch_seconds']:.2f} | "
+            f"| {c['name']} | {c['ideal_epoch_seconds']:.2f} | "
+            f"{c.get('best_split_epoch_seconds', float('nan')):.2f} | "
+            f"{c['fixed_epoch_seconds']:.2f} | "
             f"{c['proportional_epoch_seconds']:.2f} | {c['dbs_epoch_seconds']:.2f} | "
             f"**{c['dbs_over_sgd']:.3f}** | **{c['dbs_over_ideal']:.3f}** | "
+            f"**{c.get('dbs_over_best', float('nan')):.3f}** | "
             f"{c['proportional_over_sgd']:.3f} | {c['proportional_over_ideal']:.3f} | "
-            f"{c['dbs_settled_spread']:.2f} | {c['proportional_settled_spread']:.2f} |")
+            f"{c['dbs_settled_spread']:.2f} | {c['proportional_settled_spread']:.2f} | "
+            f"{c['dbs_settled_compute_spread']:.2f} | {c['dbs_wall_over_sgd']:.3f} |")
     if summary.get("cells_run"):
         lines += ["", "## Worst and median cell", "",
                   "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
-        for key in ("dbs_over_sgd", "dbs_over_ideal", "dbs_settled_spread",
-                    "proportional_over_sgd", "proportional_over_ideal",
-                    "proportional_settled_spread"):
+        for key in SUMMARY_KEYS:
+            if key not in summary:
+                continue
             v = summary[key]
             lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
                          f"{v['worst_cell']} |")
@@ -279,12 +387,13 @@ def build(out):
         for c in cells:
             if "runs" not in c:
                 continue
-            lines.append(f"- {c['name']}: DBS {fmt_traj(c['dbs_batches'])}, spreads "
-                         f"{' '.join(f'{x:.2f}' for x in c['dbs_spread'])}; paper "
-                         f"{fmt_traj(c['proportional_batches'])}, spreads "
+            lines.append(f"- {c['name']}: DBS {fmt_traj(c['dbs_batches'])}, balance "
+                         f"{' '.join(f'{x:.2f}' for x in c['dbs_spread'])} (compute "
+                         f"{' '.join(f'{x:.2f}' for x in c['dbs_compute_spread'])}); paper "
+                         f"{fmt_traj(c['proportional_batches'])}, balance "
                          f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
         if plot(out, cells):
-            lines += ["", "![compute-time spread per epoch, every cell](grid_batches.png)"]
+            lines += ["", "![balance per epoch, every cell](grid_batches.png)"]
     if results.get("note"):  # provenance added to the record by hand
         lines += ["", results["note"]]
     with open(os.path.join(out, "grid.md"), "w") as f:
@@ -318,7 +427,7 @@ def plot(out, cells):
     for ax in list(axes.flat)[len(done):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
-    fig.suptitle("compute-time spread (max/min) per epoch", fontsize=9)
+    fig.suptitle("balance (max/min step time, one sample allowed) per epoch", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "grid_batches.png"), dpi=80)
     plt.close(fig)

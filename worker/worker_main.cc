@@ -5,8 +5,10 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cli.h"
 #include "common/clock.h"
@@ -49,7 +51,9 @@ ABSL_FLAG(std::string, init_params, "",
 ABSL_FLAG(int64_t, measure_speed_samples, 0,
           "If > 0, do not train: measure standalone compute speed over this many samples, print "
           "it as JSON and exit.");
-ABSL_FLAG(int, measure_batch, 32, "Batch size of --measure_speed_samples.");
+ABSL_FLAG(std::vector<std::string>, measure_batch, {"32"},
+          "Batch size(s) of --measure_speed_samples, comma-separated: one measurement each "
+          "(a step-time curve), printed as 'curve'.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial parameters (the first worker's are used).");
 ABSL_FLAG(double, log_every_s, 5.0, "Seconds between progress lines.");
 ABSL_FLAG(double, connect_timeout_s, 60.0,
@@ -83,7 +87,7 @@ struct WorkerConfig {
   dbs::LoopConfig loop;
   dbs::GrpcClientConfig client;
   int64_t measure_speed_samples = 0;
-  int measure_batch = 32;
+  std::vector<int> measure_batches = {32};
 };
 
 absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
@@ -155,9 +159,17 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
     return absl::InvalidArgumentError("--tls_cert needs --tls_ca (the CA of the server)");
   }
   c.measure_speed_samples = absl::GetFlag(FLAGS_measure_speed_samples);
-  c.measure_batch = absl::GetFlag(FLAGS_measure_batch);
-  if (c.measure_speed_samples > 0 && c.measure_batch < 1) {
-    return absl::InvalidArgumentError("--measure_batch must be >= 1");
+  c.measure_batches.clear();
+  for (const std::string& b : absl::GetFlag(FLAGS_measure_batch)) {
+    int batch = 0;
+    if (!absl::SimpleAtoi(b, &batch) || batch < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--measure_batch: '", b, "' is not a batch size (an integer >= 1)"));
+    }
+    c.measure_batches.push_back(batch);
+  }
+  if (c.measure_speed_samples > 0 && c.measure_batches.empty()) {
+    return absl::InvalidArgumentError("--measure_batch must name at least one batch size");
   }
   return c;
 }
@@ -199,13 +211,22 @@ int main(int argc, char** argv) {
   const dbs::RealClock clock;
 
   if (config->measure_speed_samples > 0) {
-    absl::StatusOr<double> speed =
-        dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
-                          config->measure_speed_samples, config->measure_batch);
-    if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
-    std::cout << "{\"samples_per_second\": " << *speed
+    // The first batch's speed at the top level; every batch's in 'curve'.
+    std::string curve;
+    double first = 0.0;
+    for (int batch : config->measure_batches) {
+      absl::StatusOr<double> speed =
+          dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
+                            config->measure_speed_samples, batch);
+      if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
+      if (curve.empty()) first = *speed;
+      absl::StrAppend(&curve, curve.empty() ? "" : ", ", "{\"batch\": ", batch,
+                      ", \"samples_per_second\": ", *speed, "}");
+    }
+    std::cout << "{\"samples_per_second\": " << first
               << ", \"slowdown\": " << config->loop.slowdown.base()
-              << ", \"batch\": " << config->measure_batch << "}" << std::endl;
+              << ", \"batch\": " << config->measure_batches.front() << ", \"curve\": [" << curve
+              << "]}" << std::endl;
     return dbs::kExitOk;
   }
 
