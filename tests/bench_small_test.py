@@ -90,8 +90,9 @@ class GridSmallTest(unittest.TestCase):
         self.assertEqual([c["name"] for c in cells],
                          ["B64_1-1-2-4_slowdown", "B64_1-1-1-8_slowdown"])
         for c in cells:
-            for key in ("dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
-                        "dbs_settled_spread", "dbs_batches", "proportional_batches"):
+            for key in ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "proportional_over_sgd",
+                        "dbs_settled_spread", "dbs_settled_compute_spread", "dbs_batches",
+                        "proportional_batches", "best_split_epoch_seconds"):
                 self.assertIn(key, c)
             self.assertEqual(c["fixed_batches"], [[16, 16, 16, 16]] * 3)
             # The slowest worker (launch index 0) gets less than its equal share from epoch 1.
@@ -100,7 +101,13 @@ class GridSmallTest(unittest.TestCase):
         summary = grid["summary"]
         self.assertEqual(summary["cells_run"], 2)
         self.assertEqual({t["figure"] for t in summary["targets"]},
-                         {"dbs_over_sgd", "dbs_over_ideal", "dbs spread from epoch 2"})
+                         {"dbs_over_sgd", "dbs_over_ideal", "dbs_over_best",
+                          "dbs balance from epoch 2"})
+        for c in cells:  # a standalone curve per worker, at B/n first
+            self.assertEqual(len(c["standalone_curves"]), 4)
+            for curve in c["standalone_curves"]:
+                self.assertEqual(curve[0][0], 16)
+                self.assertGreaterEqual(len(curve), 5)
         md = open(os.path.join(grid_dir, "grid.md")).read()
         self.assertIn("## Worst and median cell", md)
         self.assertIn("B64_1-1-1-8_slowdown", md)
@@ -114,6 +121,32 @@ class GridSmallTest(unittest.TestCase):
         with open(os.path.join(grid_dir, "grid.json"), "w") as f:
             json.dump(grid, f)
         self.assertTrue(any("sum to" in p for p in grid_module.check(grid_dir)))
+
+
+class BestSplitTest(unittest.TestCase):
+    """bench/grid.py's best split of standalone step-time curves."""
+
+    def setUp(self):
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
+        import grid as grid_module
+        self.best = grid_module.best_split_step
+
+    def test_linear_workers_split_in_proportion(self):
+        # 1 and 3 samples per second: 2 and 6 of 8 samples, 2 s each.
+        self.assertAlmostEqual(self.best([[[1, 1], [4, 4]], [[3, 1], [6, 2]]], 8), 2.0)
+
+    def test_a_per_step_overhead_moves_samples_to_the_other_worker(self):
+        # 1 s + 1 s per sample against 0.5 s per sample: 3 and 7 of 10 (4 s), not the 5 and 5
+        # of equal speeds at the measured batches.
+        self.assertAlmostEqual(self.best([[[1, 2], [4, 5]], [[2, 1], [8, 4]]], 10), 4.0)
+
+    def test_a_curve_that_bends_is_read_between_its_points(self):
+        # Worker 0 is cheap up to 4 samples and 0.9 s a sample beyond (a quota's knee); worker 1
+        # takes 0.25 s a sample. 5 and 5: 1.3 s (4 and 6 would be 1.5 s; 6 and 4, 2.2 s).
+        knee = [[1, 0.1], [4, 0.4], [8, 4.0]]
+        self.assertAlmostEqual(self.best([knee, [[4, 1.0], [8, 2.0]]], 10), 1.3)
 
 
 if __name__ == "__main__":
