@@ -82,36 +82,44 @@ class Grid:
                 "quotas": None, "slowdowns": slowdowns}, None
 
     def standalone(self, cell, emu, train_limit):
-        """Each worker alone under its emulation: its speed at the equal split's batch B/n (for
-        the linear ideal) and its step-time curve over batches from B/64 to 3B/4 (for the best
-        split)."""
+        """Each worker alone under its emulation: its speed at the equal split's batch B/n over
+        --grid_speed_samples samples (for the linear ideal) and its step-time curve over batches
+        from B/64 to 3B/4, --grid_curve_samples samples each (for the best split)."""
         b = cell["global_batch"]
         equal = max(1, b // self.args.workers)
-        batches = sorted({max(1, b // 64), max(1, b // 32), max(1, b // 16), max(1, b // 8),
-                          max(1, b // 4), max(1, b // 2), max(1, 3 * b // 4)} - {equal})
-        batches = [equal] + batches
+        others = sorted({max(1, b // 64), max(1, b // 32), max(1, b // 16), max(1, b // 8),
+                         max(1, b // 2), max(1, 3 * b // 4)} - {equal})
         speeds, curves = [], []
         for i in range(self.args.workers):
             cg = None
             if emu["quotas"] is not None:
                 cg = hetero.CpuQuota(f"dbs_grid_{os.getpid()}_s{i}", emu["quotas"][i])
             try:
-                argv = [self.worker, f"--measure_speed_samples={self.args.grid_speed_samples}",
-                        "--measure_batch=" + ",".join(str(x) for x in batches),
-                        f"--slowdown={emu['slowdowns'][i]}",
-                        f"--data_dir={self.args.data_dir}", f"--train_limit={train_limit}"]
-                p = subprocess.run(argv, stdout=subprocess.PIPE, timeout=600,
-                                   preexec_fn=(cg.join if cg else None))
-                if p.returncode != 0:
-                    sys.exit(f"standalone speed measurement failed in {cell['name']}")
-                m = json.loads(p.stdout)
-                speeds.append(m["samples_per_second"])
-                curves.append([[c["batch"], c["batch"] / c["samples_per_second"]]
-                               for c in m["curve"]])
+                curve = []
+                for samples, batches in ((self.args.grid_speed_samples, [equal]),
+                                         (self.args.grid_curve_samples, others)):
+                    m = self.measure(cell, cg, emu["slowdowns"][i], train_limit, samples,
+                                     batches)
+                    if batches[0] == equal:
+                        speeds.append(m["samples_per_second"])
+                    curve += [[c["batch"], c["batch"] / c["samples_per_second"]]
+                              for c in m["curve"]]
+                curves.append(curve)
             finally:
                 if cg:
                     cg.remove()
         return speeds, curves
+
+    def measure(self, cell, cg, slowdown, train_limit, samples, batches):
+        argv = [self.worker, f"--measure_speed_samples={samples}",
+                "--measure_batch=" + ",".join(str(x) for x in batches),
+                f"--slowdown={slowdown}", f"--data_dir={self.args.data_dir}",
+                f"--train_limit={train_limit}"]
+        p = subprocess.run(argv, stdout=subprocess.PIPE, timeout=600,
+                           preexec_fn=(cg.join if cg else None))
+        if p.returncode != 0:
+            sys.exit(f"standalone speed measurement failed in {cell['name']}")
+        return json.loads(p.stdout)
 
     def run_policy(self, cell, emu, policy, train_limit):
         out_dir = os.path.join(self.out, cell["name"], policy)

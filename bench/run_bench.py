@@ -214,6 +214,7 @@ def run_grid(args):
         args.grid_batches, args.grid_speeds, args.grid_emulations = "64", "1:1:2:4,1:1:1:8", "slowdown"
         args.grid_steps, args.grid_epochs, args.grid_test_limit = 12, 3, 128
         args.grid_speed_samples = 128
+        args.grid_curve_samples = 64
     ps = args.ps_bin or os.path.join(args.bin_dir, "server", "dbs_ps")
     worker = args.worker_bin or os.path.join(args.bin_dir, "worker", "dbs_worker")
     for b in (ps, worker):
@@ -276,6 +277,8 @@ def main(argv=None):
     ap.add_argument("--grid_epochs", type=int, default=5)
     ap.add_argument("--grid_test_limit", type=int, default=500)
     ap.add_argument("--grid_speed_samples", type=int, default=512)
+    ap.add_argument("--grid_curve_samples", type=int, default=128,
+                    help="samples per batch size of each worker's standalone curve")
     ap.add_argument("--grid_dbs_flags", default="",
                     help="extra launcher flags for the dbs runs, e.g. '--replan_window_steps=0'")
     ap.add_argument("--skip_ddp", action="store_true")
