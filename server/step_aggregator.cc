@@ -134,25 +134,9 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
         result = valid;
         to_run.push_back(std::move(done));
       } else {
-        loss_sum_ += push.loss_sum;
-        samples_ += push.num_samples;
-        ++accepted_pushes_;
-        pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
-        accepted_[epoch_].insert({push.worker_id, step_});
-        stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
-        if (clock_ != nullptr && released_epoch_ == epoch_ && released_step_ == step_ - 1) {
-          const double cycle = absl::ToDoubleSeconds(clock_->Now() - released_);
-          overhead_[push.worker_id] = std::max(0.0, cycle - push.compute_seconds);
-        }
+        AcceptLocked(push, std::move(done));
         if (pending_.size() < quotas_[step_].size()) return last_ticket_;
-        stats.epoch = epoch_;
-        stats.step = step_;
-        stats.workers = std::move(stats_.workers);
-        stats_.workers.clear();
-        for (const auto& [id, unused] : stats.workers) {
-          if (auto o = overhead_.find(id); o != overhead_.end()) stats.overhead[id] = o->second;
-        }
-        stats.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
+        stats = TakeStepStatsLocked();
         completed = true;
         CompleteStepLocked(&to_run, &result);
       }
@@ -181,16 +165,45 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       if (last_.has_value()) last_->revisions = revisions;
     }
   }
-  if (completed && clock_ != nullptr && result.ok()) {
-    // The answers go out now: each worker's next push measures its cycle from here (the hook's
-    // checkpoints and re-plans above are the server's time, not the workers').
-    absl::MutexLock lock(&mu_);
-    released_ = clock_->Now();
-    released_epoch_ = stats.epoch;
-    released_step_ = stats.step;
-  }
+  // The answers go out now: each worker's next push measures its cycle from here (the hook's
+  // checkpoints and re-plans above are the server's time, not the workers').
+  if (completed && result.ok()) MarkReleased(stats.epoch, stats.step);
   for (Done& d : to_run) d(result);
   return 0;
+}
+
+void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {
+  loss_sum_ += push.loss_sum;
+  samples_ += push.num_samples;
+  ++accepted_pushes_;
+  pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
+  accepted_[epoch_].insert({push.worker_id, step_});
+  stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
+  if (clock_ != nullptr && released_epoch_ == epoch_ && released_step_ == step_ - 1) {
+    const double cycle = absl::ToDoubleSeconds(clock_->Now() - released_);
+    overhead_[push.worker_id] = std::max(0.0, cycle - push.compute_seconds);
+  }
+}
+
+StepStats StepAggregator::TakeStepStatsLocked() {
+  StepStats stats;
+  stats.epoch = epoch_;
+  stats.step = step_;
+  stats.workers = std::move(stats_.workers);
+  stats_.workers.clear();
+  for (const auto& [id, unused] : stats.workers) {
+    if (auto o = overhead_.find(id); o != overhead_.end()) stats.overhead[id] = o->second;
+  }
+  stats.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
+  return stats;
+}
+
+void StepAggregator::MarkReleased(int epoch, int step) {
+  if (clock_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  released_ = clock_->Now();
+  released_epoch_ = epoch;
+  released_step_ = step;
 }
 
 bool StepAggregator::CancelWait(uint64_t ticket) {

@@ -167,6 +167,12 @@ class StepAggregator {
   bool IsRetryLocked(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves every waiting answer into `to_run` and forgets the pending pushes.
   void TakePendingLocked(std::vector<Done>* to_run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a valid push (its sum already added): its loss, its place in the wait, its timing.
+  void AcceptLocked(const GradientPush& push, Done done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The complete step's statistics for the hook; the next step's start empty.
+  StepStats TakeStepStatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answers of (epoch, step) go out now (a no-op without a clock).
+  void MarkReleased(int epoch, int step) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds b_i * g_i to the step's sum; INVALID_ARGUMENT (and nothing added) if it would overflow.
   absl::Status AddToSumLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -92,20 +92,32 @@ TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {
 namespace dbs {
 namespace {
 
-TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
-  FakeClock clock;
+// Two registered workers, one epoch of B = 4 and a one-float model; re-planned over a window of
+// 3 steps at a ratio of 1.5.
+JobConfig ReplanConfig() {
   JobConfig config;
   config.scheduler.expected_workers = 2;
   config.scheduler.epochs = 1;
   config.scheduler.global_batch = 4;
   config.replan_window_steps = 3;
   config.replan_threshold = 1.5;
-  config.noise_margin = 0.0;  // the window's means alone, for the arithmetic below
-  auto job = *TrainingJob::Create(config, &clock);
+  return config;
+}
+
+std::unique_ptr<TrainingJob> TwoWorkerJob(const JobConfig& config, const Clock* clock) {
+  auto job = *TrainingJob::Create(config, clock);
   for (const char* name : {"a", "b"}) {
-    ASSERT_THAT(job->scheduler()->Register({name, 64, 8, "cpu"}), IsOk());
+    EXPECT_THAT(job->scheduler()->Register({name, 64, 8, "cpu"}), IsOk());
   }
-  ASSERT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  EXPECT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  return job;
+}
+
+TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
+  FakeClock clock;
+  JobConfig config = ReplanConfig();
+  config.noise_margin = 0.0;  // the window's means alone, for the arithmetic below
+  auto job = TwoWorkerJob(config, &clock);
   std::vector<float> g = {1.0f};
   std::map<int, int> batch = {{0, 2}, {1, 2}};
   int replanned_after = -1;
@@ -149,18 +161,9 @@ TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
 // sees a balanced split while every step waits a second for worker 1.
 int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
   FakeClock clock;
-  JobConfig config;
-  config.scheduler.expected_workers = 2;
-  config.scheduler.epochs = 1;
-  config.scheduler.global_batch = 4;
-  config.replan_window_steps = 3;
-  config.replan_threshold = 1.5;
+  JobConfig config = ReplanConfig();
   config.count_communication = count_communication;
-  auto job = *TrainingJob::Create(config, &clock);
-  for (const char* name : {"a", "b"}) {
-    EXPECT_THAT(job->scheduler()->Register({name, 64, 8, "cpu"}), IsOk());
-  }
-  EXPECT_THAT(job->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  auto job = TwoWorkerJob(config, &clock);
   std::vector<float> g = {1.0f};
   std::map<int, int> batch = {{0, 2}, {1, 2}};
   for (int step = 0; step < 12; ++step) {
