@@ -238,9 +238,15 @@ class WorkerDeathTest(ProcessTestCase):
         with open(summary) as f:
             clean = json.load(f)
 
-        ps, procs, summary = self.start_job("kill", 4, ["--epochs=2", "--worker_timeout_s=2"])
+        # The timeout is long against a step (~20 ms) so that a worker starved of CPU by other
+        # tests on a 2-core machine is not declared dead before the victim is killed.
+        ps, procs, summary = self.start_job("kill", 4, ["--epochs=2", "--worker_timeout_s=5"])
         victim = procs[1]
-        self.assertIn("step", self.wait_for_training(victim))
+        line = self.wait_for_training(victim)
+        if "step" not in line:
+            victim.kill()
+            out, err = victim.communicate(timeout=30)
+            self.fail("the victim stopped before its first step:\n" + (out + err).decode()[-3000:])
         victim.kill()
         _, err = ps.communicate(timeout=120)
         log = err.decode()

@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kTrain = 22;
 constexpr int kTest = 10;
@@ -323,6 +324,19 @@ TEST_F(TrainingLoopTest, AnEvictedWorkerRejoinsAtTheNextEpoch) {
   EXPECT_TRUE(client.left());
   EXPECT_THAT(Log(), HasSubstr("declared dead"));
   EXPECT_THAT(Log(), HasSubstr("joined again as worker 1 from epoch 2"));
+}
+
+// Evicted during the last epoch: the job has nothing left to join, and the worker says so
+// instead of "joined again from epoch 3" of a 2-epoch job.
+TEST_F(TrainingLoopTest, AWorkerEvictedInTheLastEpochFinishesWithNothingLeftToJoin) {
+  FakePsClient client(job_, &clock_);
+  client.EvictAt(1, 3);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.rejoins(), 1);
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2));
+  ASSERT_EQ(client.reports().size(), 1u) << "epoch 1 only";
+  EXPECT_THAT(Log(), HasSubstr("nothing left to join"));
+  EXPECT_THAT(Log(), Not(HasSubstr("from epoch 3")));
 }
 
 TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {

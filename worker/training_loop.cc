@@ -292,8 +292,15 @@ bool TrainingLoop::Rejoin(const absl::Status& why) {
   epoch_ = joined->start_epoch;
   need_plan_ = true;
   pull_before_training_ = true;
-  Say(absl::StrFormat("removed from the job (%s); joined again as worker %d from epoch %d",
-                      why.message(), id_, epoch_ + 1));
+  if (joined->start_epoch >= joined->epochs) {
+    Say(
+        absl::StrFormat("removed from the job (%s); its last epoch was already under way, so "
+                        "there is nothing left to join",
+                        why.message()));
+  } else {
+    Say(absl::StrFormat("removed from the job (%s); joined again as worker %d from epoch %d",
+                        why.message(), id_, epoch_ + 1));
+  }
   return true;
 }
 
