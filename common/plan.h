@@ -180,6 +180,8 @@ struct RegistrationResult {
   std::string policy;
   // The worker's credential for every later call (see Scheduler::Authenticate).
   std::string token;
+  // How a step's gradient and parameters travel (WireDtype: 0 fp32, 1 bf16, 2 fp16).
+  int wire_dtype = 0;
 };
 
 }  // namespace dbs

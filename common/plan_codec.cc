@@ -135,6 +135,7 @@ RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
   r.global_batch = m.global_batch();
   r.policy = m.policy();
   r.token = m.token();
+  r.wire_dtype = static_cast<int>(m.wire_dtype());
   return r;
 }
 

@@ -31,6 +31,23 @@ inline void Answer(WaitingReactor* reactor, const absl::Status& s) {
   reactor->FinishOnce(ToGrpcStatus(s));
 }
 
+// How a raw call's request is parsed and its reply serialized: with the generated code for
+// protobuf messages; another type (a message read without copying its payload, a reply that
+// shares pre-serialized bytes) provides overloads of these, found by argument-dependent lookup.
+template <typename Req>
+grpc::Status RawDecode(grpc::ByteBuffer* in, Req* request) {
+  if (grpc::SerializationTraits<Req>::Deserialize(in, request).ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      std::string("malformed request: the bytes are not a valid ") +
+                          std::string(Req::descriptor()->full_name()));
+}
+
+template <typename Resp>
+bool RawEncode(const Resp& reply, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  return grpc::SerializationTraits<Resp>::Serialize(reply, out, &own_buffer).ok();
+}
+
 // What a service does around every call.
 struct CallHooks {
   CallObserver* observer = nullptr;  // hears of every call as it is answered (may be null)
@@ -51,11 +68,8 @@ grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc:
   auto* reactor =
       new WaitingReactor([reply, out, method, observer, received](const grpc::Status& status) {
         grpc::Status answer = status;
-        if (status.ok()) {
-          bool own_buffer = false;
-          if (!grpc::SerializationTraits<Resp>::Serialize(*reply, out, &own_buffer).ok()) {
-            answer = grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply");
-          }
+        if (status.ok() && !RawEncode(*reply, out)) {
+          answer = grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply");
         }
         if (observer != nullptr) {
           observer->OnCall(method, received, answer.ok() ? out->Length() : 0,
@@ -68,10 +82,8 @@ grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc:
   if (hooks.serving != nullptr && !hooks.serving->load()) {
     reactor->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                      "dbs_ps is starting (restoring its checkpoint); retry"));
-  } else if (!grpc::SerializationTraits<Req>::Deserialize(&bytes, &request).ok()) {
-    reactor->FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                     std::string("malformed request: the bytes are not a valid ") +
-                                         std::string(Req::descriptor()->full_name())));
+  } else if (grpc::Status parsed = RawDecode(&bytes, &request); !parsed.ok()) {
+    reactor->FinishOnce(parsed);
   } else {
     handler(ctx, request, reply.get(), reactor);
   }

@@ -163,6 +163,10 @@ def build_parser():
                          "many times the fastest's")
     ap.add_argument("--count_communication", default="true", choices=["true", "false"],
                     help="dbs: balance compute plus each worker's own communication")
+    ap.add_argument("--wire_dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="how gradients and parameters travel each step (dbs_ps --wire_dtype)")
+    ap.add_argument("--deterministic", default="true", choices=["true", "false"],
+                    help="sum each step's gradients in worker order (bit-identical reruns)")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="proportional: lowest speed over this many recent epochs")
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
@@ -236,7 +240,8 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--max_batch={args.max_batch}",
         f"--replan_window_steps={args.replan_window_steps}",
         f"--replan_threshold={args.replan_threshold}",
-        f"--count_communication={args.count_communication}"]
+        f"--count_communication={args.count_communication}",
+        f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}"]
 
 
 def worker_argv(args, worker_bin, port, i, slowdown, window):

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(tensor_decoder plan_codec checkpoint call_sequence)
+targets=(tensor_decoder step_wire plan_codec checkpoint call_sequence)
 bazel build --config=fuzz $(printf '//tests/fuzz:%s_fuzzer ' "${targets[@]}")
 bin=$(bazel info --config=fuzz bazel-bin 2>/dev/null)
 scratch=$(mktemp -d)

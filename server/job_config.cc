@@ -31,6 +31,7 @@ std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
           {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
           {"replan_threshold", f(c.replan_threshold)},
           {"count_communication", c.count_communication ? "true" : "false"},
+          {"wire_dtype", WireDtypeName(c.wire_dtype)},
           {"noise_margin", f(c.noise_margin)},
           {"optimizer", c.optimizer.name},
           {"lr", f(c.optimizer.name == "adam" ? c.optimizer.adam.lr : c.optimizer.sgd.lr)},

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/wire_values.h"
 #include "server/optimizer.h"
 #include "server/scheduler.h"
 #include "server/share_policy.h"
@@ -45,6 +46,12 @@ struct JobConfig {
   // dbs: standard deviations of each worker's per-step time added to its predicted step, so a
   // noisy worker (which more often makes the others wait) gets a little less (BalancingOptions).
   double noise_margin = kDefaultNoiseMargin;
+  // How gradients and parameters travel in each step (workers learn it when they register);
+  // the server keeps and accumulates fp32 whatever travels.
+  WireDtype wire_dtype = WireDtype::kFp32;
+  // Sum each step's gradients in worker-id order, whatever order they arrive in, so the same job
+  // gives bit-identical parameters run after run (AggregatorOptions::deterministic).
+  bool deterministic = true;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;

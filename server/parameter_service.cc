@@ -32,7 +32,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServ
 grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServerContext* ctx,
                                                              const grpc::ByteBuffer* in,
                                                              grpc::ByteBuffer* out) {
-  return ServeRaw<v1::PushGradientRequest, v1::PushGradientReply>(
+  return ServeRaw<PushRequest, PushAnswer>(
       ctx, in, out, "PushGradient", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPushGradient(c, req, reply, r);
@@ -88,10 +88,22 @@ void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
   return Answer(reactor, snap.status());
 }
 
+grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
+  absl::MutexLock lock(&values_mu_);
+  if (values_of_.values != snap.values || values_of_.version != snap.version) {
+    const size_t count = snap.values->size();
+    uint8_t* data = nullptr;
+    values_ = pool_->Acquire(ValuesFieldSize(snap.version, count, wire_dtype_), &data);
+    WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
+    values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
+  }
+  return values_;
+}
+
 void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
-                                          const v1::PushGradientRequest& request,
-                                          v1::PushGradientReply* reply, WaitingReactor* reactor) {
-  const v1::PushGradientRequest* req = &request;
+                                          const PushRequest& request, PushAnswer* reply,
+                                          WaitingReactor* reactor) {
+  const v1::PushGradientRequest* req = &request.header;
   if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   if (req->num_samples() < 0) {
     return Answer(reactor, absl::InvalidArgumentError("num_samples is negative"));
@@ -99,9 +111,12 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
   if (!std::isfinite(req->loss_sum())) {
     return Answer(reactor, absl::InvalidArgumentError("loss_sum is not finite"));
   }
-  // Callback threads are pooled, so a per-thread scratch buffer is reused across steps.
-  thread_local std::vector<float> scratch;
-  const ModelLayout layout = store_->layout();
+  if (request.gradient->bytes > 0 && static_cast<WireDtype>(req->wire_dtype()) != wire_dtype_) {
+    return Answer(reactor, absl::InvalidArgumentError(absl::StrCat(
+                               "the gradient travels in ",
+                               WireDtypeName(static_cast<WireDtype>(req->wire_dtype())),
+                               "; this job's wire dtype is ", WireDtypeName(wire_dtype_))));
+  }
   GradientPush push;
   push.worker_id = req->worker_id();
   push.epoch = req->epoch();
@@ -109,35 +124,28 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
   push.num_samples = req->num_samples();
   push.loss_sum = req->loss_sum();
   push.compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
-  // Who, which step and how many samples are checked before the tensors are decoded: a push
-  // the barrier would refuse costs no copy of its (possibly 512 MiB) payload.
+  // Who, which step and how many samples are checked before the values are read: a push the
+  // barrier would refuse costs no pass over its (possibly 512 MiB) payload.
   if (absl::Status pre = aggregator_->Precheck(push); !pre.ok()) return Answer(reactor, pre);
-  if (req->num_samples() > 0 || req->gradients_size() > 0) {
-    if (layout.empty()) {
-      return Answer(reactor, absl::FailedPreconditionError("no model registered yet"));
-    }
-    scratch.resize(static_cast<size_t>(TotalElements(layout)));
-    absl::Status decoded =
-        DecodeTensors(req->gradients(), layout, /*require_finite=*/true, absl::MakeSpan(scratch));
-    if (!decoded.ok()) {
-      return Answer(reactor, absl::InvalidArgumentError(
-                                 absl::StrCat("gradient rejected: ", decoded.message())));
-    }
-    push.gradient = scratch;
+  if (req->num_samples() > 0 && !store_->registered()) {
+    return Answer(reactor, absl::FailedPreconditionError("no model registered yet"));
   }
+  // The gradient stays in the received message (no copy) until the aggregator has summed it.
+  if (request.gradient->bytes > 0 || req->num_samples() > 0) push.gradient = request.gradient;
   const int worker = req->worker_id();
-  const uint64_t ticket = aggregator_->Push(
-      push, [reactor, reply, layout, worker](const absl::StatusOr<StepResult>& r) {
+  const uint64_t ticket =
+      aggregator_->Push(push, [this, reactor, reply, worker](const absl::StatusOr<StepResult>& r) {
         if (r.ok()) {
+          v1::PushGradientReply* head = &reply->head;
           if (r->revisions != nullptr) {
             auto rev = r->revisions->find(worker);
-            if (rev != r->revisions->end()) ToProto(rev->second, reply->mutable_revision());
+            if (rev != r->revisions->end()) ToProto(rev->second, head->mutable_revision());
           }
-          reply->set_epoch(r->epoch);
-          reply->set_step(r->step);
-          reply->set_global_loss(r->global_loss);
-          reply->set_global_samples(r->global_samples);
-          FillParameters(layout, r->parameters, reply->mutable_parameters());
+          head->set_epoch(r->epoch);
+          head->set_step(r->step);
+          head->set_global_loss(r->global_loss);
+          head->set_global_samples(r->global_samples);
+          reply->values = ValuesOf(r->parameters);
         }
         Answer(reactor, r.status());
       });

@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "common/grpc_step_wire.h"
 #include "common/plan.h"
 #include "common/raw_call.h"
 #include "common/waiting_reactor.h"
@@ -30,13 +31,17 @@ class ParameterServiceImpl final : public ParameterRawService {
 
   // `store` and `aggregator` must outlive the service.
   // What `hooks` point to must outlive the service too.
+  // Steps' gradients and parameters travel in `wire_dtype` (the job's).
   ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, Authenticate authenticate,
-                       ResumeFn resume = nullptr, CallHooks hooks = {})
+                       ResumeFn resume = nullptr, CallHooks hooks = {},
+                       WireDtype wire_dtype = WireDtype::kFp32)
       : store_(store),
         aggregator_(aggregator),
         authenticate_(std::move(authenticate)),
         resume_(std::move(resume)),
-        hooks_(hooks) {}
+        hooks_(hooks),
+        wire_dtype_(wire_dtype),
+        pool_(SlicePool::Create()) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
@@ -53,8 +58,10 @@ class ParameterServiceImpl final : public ParameterRawService {
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
                        v1::Parameters* reply, WaitingReactor* reactor);
-  void DoPushGradient(grpc::CallbackServerContext* ctx, const v1::PushGradientRequest& req,
-                      v1::PushGradientReply* reply, WaitingReactor* reactor);
+  void DoPushGradient(grpc::CallbackServerContext* ctx, const PushRequest& req, PushAnswer* reply,
+                      WaitingReactor* reactor);
+  // The step's parameters serialized for the replies: once per snapshot, shared by all.
+  grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
                         v1::Parameters* reply, WaitingReactor* reactor);
   void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
@@ -68,6 +75,11 @@ class ParameterServiceImpl final : public ParameterRawService {
   const Authenticate authenticate_;
   const ResumeFn resume_;
   const CallHooks hooks_;
+  const WireDtype wire_dtype_;
+  const std::shared_ptr<SlicePool> pool_;
+  absl::Mutex values_mu_;
+  ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
+  grpc::Slice values_ ABSL_GUARDED_BY(values_mu_);
 };
 
 }  // namespace dbs

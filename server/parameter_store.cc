@@ -77,7 +77,23 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
 }
 
 ParameterSnapshot ParameterStore::SnapshotLocked() const {
-  if (!cached_) cached_ = std::make_shared<const std::vector<float>>(values_);
+  if (!cached_) {
+    // Reuse a pooled buffer nobody outside holds any more (its pages are already mapped), so
+    // a step allocates nothing.
+    std::shared_ptr<std::vector<float>> buffer;
+    for (const auto& b : pool_) {
+      if (b.use_count() == 1 && b->size() == values_.size()) {
+        buffer = b;
+        break;
+      }
+    }
+    if (buffer == nullptr) {
+      buffer = std::make_shared<std::vector<float>>();
+      if (pool_.size() < kSnapshotPool) pool_.push_back(buffer);
+    }
+    buffer->assign(values_.begin(), values_.end());
+    cached_ = std::move(buffer);
+  }
   return ParameterSnapshot{version_, cached_};
 }
 

@@ -67,6 +67,9 @@ class ParameterStore {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // The last snapshot handed out, reused until the values change.
   mutable std::shared_ptr<const std::vector<float>> cached_ ABSL_GUARDED_BY(mu_);
+  // Snapshot buffers, reused once nobody else holds them (the step before last's, usually).
+  static constexpr size_t kSnapshotPool = 3;
+  mutable std::vector<std::shared_ptr<std::vector<float>>> pool_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dbs

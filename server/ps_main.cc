@@ -92,6 +92,14 @@ ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
           "dbs: standard deviations of each worker's per-step time added to its predicted step: "
           "a step waits for its slowest worker, so a noisy worker gets a little less; 0: balance "
           "the mean step times.");
+ABSL_FLAG(std::string, wire_dtype, "fp32",
+          "How each step's gradients and parameters travel: fp32, or bf16 / fp16 (half the "
+          "bytes; the server still accumulates and keeps the parameters in fp32). Workers learn "
+          "it when they register.");
+ABSL_FLAG(bool, deterministic, true,
+          "Sum each step's gradients in worker order whatever order they arrive in, so the same "
+          "job gives bit-identical parameters run after run (a push that arrives early is held, "
+          "not copied, until its turn); false: sum on arrival.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -145,6 +153,10 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
   job.count_communication = absl::GetFlag(FLAGS_count_communication);
   job.noise_margin = absl::GetFlag(FLAGS_noise_margin);
+  absl::StatusOr<dbs::WireDtype> wire = dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype));
+  if (!wire.ok()) return wire.status();
+  job.wire_dtype = *wire;
+  job.deterministic = absl::GetFlag(FLAGS_deterministic);
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);

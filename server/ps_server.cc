@@ -45,7 +45,8 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
     : config_(config),
       clock_(clock),
       job_(std::move(job)),
-      scheduler_service_(job_->scheduler(), config.job_token, CallHooks{&metrics_, &serving_}),
+      scheduler_service_(job_->scheduler(), config.job_token, CallHooks{&metrics_, &serving_},
+                         config.job.wire_dtype),
       parameter_service_(
           job_->store(), job_->aggregator(),
           [scheduler = job_->scheduler()](int id, absl::string_view token) {
@@ -54,7 +55,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
           },
-          CallHooks{&metrics_, &serving_}) {
+          CallHooks{&metrics_, &serving_}, config.job.wire_dtype) {
   job_->SetObserver(&metrics_);
 }
 

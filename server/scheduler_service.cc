@@ -52,7 +52,10 @@ void SchedulerServiceImpl::DoRegisterWorker(grpc::CallbackServerContext* ctx,
                                "RegisterWorker needs the job's secret (dbs_worker --job_token)"));
   }
   absl::StatusOr<RegistrationResult> r = scheduler_->Register(FromProto(req));
-  if (r.ok()) ToProto(*r, reply);
+  if (r.ok()) {
+    ToProto(*r, reply);
+    reply->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+  }
   Answer(reactor, r.status());
 }
 

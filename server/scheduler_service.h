@@ -9,6 +9,7 @@
 
 #include "common/raw_call.h"
 #include "common/waiting_reactor.h"
+#include "common/wire_values.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/scheduler.h"
 
@@ -24,9 +25,13 @@ class SchedulerServiceImpl final : public SchedulerRawService {
  public:
   // `scheduler` (and what `hooks` point to) must outlive the service. With a `job_token`,
   // RegisterWorker requires it.
+  // Registering workers learn the job's `wire_dtype`.
   explicit SchedulerServiceImpl(Scheduler* scheduler, std::string job_token = "",
-                                CallHooks hooks = {})
-      : scheduler_(scheduler), job_token_(std::move(job_token)), hooks_(hooks) {}
+                                CallHooks hooks = {}, WireDtype wire_dtype = WireDtype::kFp32)
+      : scheduler_(scheduler),
+        job_token_(std::move(job_token)),
+        hooks_(hooks),
+        wire_dtype_(wire_dtype) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
@@ -52,6 +57,7 @@ class SchedulerServiceImpl final : public SchedulerRawService {
   Scheduler* const scheduler_;
   const std::string job_token_;
   const CallHooks hooks_;
+  const WireDtype wire_dtype_;
 };
 
 }  // namespace dbs

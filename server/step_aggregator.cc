@@ -10,8 +10,8 @@
 
 namespace dbs {
 
-StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock)
-    : store_(store), clock_(clock) {}
+StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, AggregatorOptions options)
+    : store_(store), clock_(clock), options_(options) {}
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
@@ -24,6 +24,8 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
                  << " had " << pending_.size() << " pushes waiting; they are refused";
       TakePendingLocked(&orphans);
       std::fill(sum_.begin(), sum_.end(), 0.0f);
+      held_.clear();
+      summed_.clear();
       stats_.workers.clear();
     }
     BeginEpochLocked(epoch, std::move(quotas));
@@ -66,12 +68,35 @@ absl::Status StepAggregator::Precheck(const GradientPush& header) const {
 
 absl::Status StepAggregator::Validate(const GradientPush& push) const {
   DBS_RETURN_IF_ERROR(ValidateHeader(push));
-  const size_t model = sum_.size();
-  if (push.num_samples > 0 && push.gradient.size() != model) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient holds ", push.gradient.size(), " floats; the model has ", model));
+  if (sum_.empty() && push.num_samples > 0) {
+    return absl::FailedPreconditionError("no model registered yet");
   }
   return absl::OkStatus();
+}
+
+absl::Status StepAggregator::CheckGradient(const GradientPush& push) const {
+  if (push.num_samples <= 0) return absl::OkStatus();  // nothing of it is summed
+  if (push.gradient == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a push of ", push.num_samples, " samples carries no gradient"));
+  }
+  const size_t model = static_cast<size_t>(store_->num_elements());
+  if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
+  }
+  return ForEachBlock(*push.gradient, [&](size_t first, absl::Span<const float> v) {
+    int bad = 0;  // branch-free, so the compiler vectorizes the common case
+    for (size_t i = 0; i < v.size(); ++i) bad |= !(std::fabs(v[i]) <= kMaxAbsGradient);
+    if (bad == 0) return absl::OkStatus();
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!(std::fabs(v[i]) <= kMaxAbsGradient)) {  // NaN fails too
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient rejected: worker ", push.worker_id, "'s element ", first + i, " is ", v[i],
+            " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
@@ -105,6 +130,9 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
 }
 
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
+  // The values are checked before the lock, so pushes arriving together check in parallel. A
+  // retry's gradient is not used (the first push's was counted), whatever it holds.
+  const absl::Status gradient_ok = CheckGradient(push);
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
   StepStats stats;
@@ -129,12 +157,13 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     } else {
       if (sum_.empty()) sum_.assign(static_cast<size_t>(store_->num_elements()), 0.0f);
       absl::Status valid = Validate(push);
-      if (valid.ok()) valid = AddToSumLocked(push);
+      if (valid.ok()) valid = gradient_ok;
       if (!valid.ok()) {
         result = valid;
         to_run.push_back(std::move(done));
       } else {
         AcceptLocked(push, std::move(done));
+        CollectLocked(push);
         if (pending_.size() < quotas_[step_].size()) return last_ticket_;
         stats = TakeStepStatsLocked();
         completed = true;
@@ -173,7 +202,6 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
 }
 
 void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {
-  loss_sum_ += push.loss_sum;
   samples_ += push.num_samples;
   ++accepted_pushes_;
   pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
@@ -217,25 +245,47 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-absl::Status StepAggregator::AddToSumLocked(const GradientPush& push) {
-  if (push.num_samples == 0) return absl::OkStatus();
-  const float w = static_cast<float>(push.num_samples);
-  // Each value is finite (checked when decoded), but a sum can still overflow: check first,
-  // so a refused push leaves the step's sum as it was.
-  for (size_t i = 0; i < sum_.size(); ++i) {
-    if (!std::isfinite(sum_[i] + w * push.gradient[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", push.worker_id, "'s gradient is out of range: element ", i, " (",
-                       push.gradient[i], ") overflows the step's sum; the push is refused"));
-    }
+void StepAggregator::CollectLocked(const GradientPush& push) {
+  if (!options_.deterministic) {
+    loss_sum_ += push.loss_sum;
+    AddLocked(push.num_samples, push.gradient.get());
+    summed_.insert(push.worker_id);
+    return;
   }
-  for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += w * push.gradient[i];
-  return absl::OkStatus();
+  held_[push.worker_id] = Held{push.num_samples, push.loss_sum, push.gradient.shared()};
+  ReduceReadyLocked();
+}
+
+void StepAggregator::ReduceReadyLocked() {
+  if (step_ >= static_cast<int>(quotas_.size())) return;
+  for (const auto& [id, quota] : quotas_[step_]) {  // ascending ids
+    if (summed_.count(id) > 0) continue;
+    auto h = held_.find(id);
+    if (h == held_.end()) return;     // its turn has not come: wait for this id's push
+    loss_sum_ += h->second.loss_sum;  // the loss too, so reports repeat to the last bit
+    AddLocked(h->second.samples, h->second.gradient.get());
+    summed_.insert(id);
+    held_.erase(h);  // releases the received message
+  }
+}
+
+void StepAggregator::AddLocked(int num_samples, const WirePayload* gradient) {
+  if (num_samples <= 0 || gradient == nullptr) return;
+  const float w = static_cast<float>(num_samples);
+  float* const sum = sum_.data();
+  // Checked when it arrived (CheckGradient): the right size, and small enough that the sum
+  // stays finite.
+  ForEachBlock(*gradient, [&](size_t first, absl::Span<const float> v) {
+    float* s = sum + first;
+    for (size_t i = 0; i < v.size(); ++i) s[i] += w * v[i];
+    return absl::OkStatus();
+  }).IgnoreError();
 }
 
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
                                         absl::StatusOr<StepResult>* result) {
   // Every worker of the step has pushed: apply the sample-weighted mean.
+  ReduceReadyLocked();
   StepResult r;
   r.epoch = epoch_;
   r.step = step_;
@@ -267,6 +317,8 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   }
   TakePendingLocked(to_run);
   std::fill(sum_.begin(), sum_.end(), 0.0f);
+  held_.clear();
+  summed_.clear();
   loss_sum_ = 0.0;
   samples_ = 0;
   ++step_;
@@ -294,6 +346,7 @@ void StepAggregator::CompleteEviction(PlanChange change) {
     quotas_.resize(static_cast<size_t>(step_) + 1);
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
     revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
+    ReduceReadyLocked();  // an evicted worker may have been the one the sum waited for
     if (pending_.size() < quotas_[step_].size()) return;  // the survivors are still pushing
     CompleteStepLocked(&to_run, &result);
   }
@@ -312,6 +365,7 @@ void StepAggregator::Abort(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
+    held_.clear();
   }
   for (Done& d : to_run) d(status);
 }
@@ -354,6 +408,8 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   accepted_[s.epoch] = s.accepted;
   pending_.clear();
   sum_.clear();
+  held_.clear();
+  summed_.clear();
   loss_sum_ = 0.0;
   samples_ = 0;
   last_.reset();

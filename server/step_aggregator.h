@@ -27,6 +27,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/plan.h"
+#include "common/wire_values.h"
 #include "server/parameter_store.h"
 
 namespace dbs {
@@ -73,15 +74,49 @@ struct StepStats {
   std::map<int, double> overhead;
 };
 
+// Gradients beyond this magnitude are refused: with at most kMaxGlobalBatch samples a step's
+// weighted sum of accepted gradients then stays finite, so accepting a push never needs to look
+// at the sum (the values are checked before the aggregator's lock is taken).
+inline constexpr float kMaxAbsGradient = 1e30f;
+
+// A push's gradient: the received message's payload (held, not copied), or, for tests and
+// in-process callers, a copy of plain floats in fp32.
+class PushedGradient {
+ public:
+  PushedGradient() = default;
+  PushedGradient(std::shared_ptr<const WirePayload> payload)  // NOLINT: implicit on purpose
+      : payload_(std::move(payload)) {}
+  PushedGradient(absl::Span<const float> values)  // NOLINT
+      : payload_(values.empty() ? nullptr : WirePayload::FromFloats(values)) {}
+  PushedGradient(const std::vector<float>& values)  // NOLINT
+      : PushedGradient(absl::MakeConstSpan(values)) {}
+
+  const WirePayload* get() const { return payload_.get(); }
+  const std::shared_ptr<const WirePayload>& shared() const { return payload_; }
+  bool operator==(std::nullptr_t) const { return payload_ == nullptr; }
+  const WirePayload& operator*() const { return *payload_; }
+
+ private:
+  std::shared_ptr<const WirePayload> payload_;
+};
+
 struct GradientPush {
   int worker_id = 0;
   int epoch = 0;
   int step = 0;
   int num_samples = 0;
   double loss_sum = 0.0;
-  // The worker's mean gradient (model size); may be empty when num_samples is 0.
-  absl::Span<const float> gradient;
+  // The worker's mean gradient (model size) as it arrived; may be null when num_samples is 0.
+  // Held (not copied) until it is summed.
+  PushedGradient gradient;
   double compute_seconds = 0.0;  // piggybacked timing of this step
+};
+
+struct AggregatorOptions {
+  // Sum the pushes of a step in worker-id order whatever order they arrive in, so that the same
+  // job gives bit-identical parameters run after run. A push that arrives before a lower id's
+  // is held (the received message, not a copy) until its turn. Off: summed on arrival.
+  bool deterministic = true;
 };
 
 class StepAggregator {
@@ -90,7 +125,8 @@ class StepAggregator {
 
   // `store` must outlive the aggregator; so must `clock`, which times each worker's own
   // communication (StepStats::overhead; none without a clock).
-  explicit StepAggregator(ParameterStore* store, const Clock* clock = nullptr);
+  explicit StepAggregator(ParameterStore* store, const Clock* clock = nullptr,
+                          AggregatorOptions options = {});
 
   // Starts `epoch` with one entry of `quotas` per step. Called by the scheduler's listener before
   // any worker sees the plan.
@@ -173,8 +209,15 @@ class StepAggregator {
   StepStats TakeStepStatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answers of (epoch, step) go out now (a no-op without a clock).
   void MarkReleased(int epoch, int step) ABSL_LOCKS_EXCLUDED(mu_);
-  // Adds b_i * g_i to the step's sum; INVALID_ARGUMENT (and nothing added) if it would overflow.
-  absl::Status AddToSumLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
+  absl::Status CheckGradient(const GradientPush& push) const;
+  // Takes an accepted push's gradient into the step's sum: at once, or in worker order
+  // (AggregatorOptions::deterministic).
+  void CollectLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the held gradients whose turn has come (every lower id of the step summed).
+  void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // sum += num_samples * gradient.
+  void AddLocked(int num_samples, const WirePayload* gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
@@ -182,6 +225,7 @@ class StepAggregator {
 
   ParameterStore* const store_;
   const Clock* const clock_;
+  const AggregatorOptions options_;
   StepHook hook_;
   FailureHook failure_hook_;
   mutable absl::Mutex mu_;
@@ -196,6 +240,15 @@ class StepAggregator {
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
+  // Of the step being collected: pushes waiting for their turn in the sum, and the ids already
+  // summed.
+  struct Held {
+    int samples = 0;
+    double loss_sum = 0.0;
+    std::shared_ptr<const WirePayload> gradient;
+  };
+  std::map<int, Held> held_ ABSL_GUARDED_BY(mu_);
+  std::set<int> summed_ ABSL_GUARDED_BY(mu_);
   std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
   double loss_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;

@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   const std::string description = optimizer->Describe();
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
   job->store_ = std::make_unique<ParameterStore>(std::move(optimizer));
-  job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get(), clock);
+  job->aggregator_ = std::make_unique<StepAggregator>(job->store_.get(), clock,
+                                                      AggregatorOptions{config.deterministic});
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();

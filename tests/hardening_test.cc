@@ -282,7 +282,8 @@ using ::testing::HasSubstr;
 
 // Item 8: each push was checked for NaN/Inf but the weighted sum was not: values near 1e38
 // overflowed to Inf, and every worker and checkpoint got Inf/NaN parameters.
-TEST_F(HardeningTest, APushThatWouldOverflowTheSumIsRefusedNamingItsWorker) {
+// Every accepted gradient is at most kMaxAbsGradient in magnitude, so no step's sum can overflow.
+TEST_F(HardeningTest, APushBeyondTheGradientBoundIsRefusedNamingItsWorker) {
   auto* a = Push(0, 0, 0, 2);
   std::vector<float> huge = {3e38f};
   std::optional<absl::StatusOr<StepResult>> refused;
@@ -290,7 +291,7 @@ TEST_F(HardeningTest, APushThatWouldOverflowTheSumIsRefusedNamingItsWorker) {
                            [&refused](const absl::StatusOr<StepResult>& r) { refused = r; });
   ASSERT_TRUE(refused.has_value());
   EXPECT_THAT(*refused, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 HasSubstr("worker 1's gradient is out of range")));
+                                 HasSubstr("worker 1's element 0 is 3e+38")));
   EXPECT_FALSE(a->has_value()) << "the step still waits for a valid push from worker 1";
   Push(1, 0, 0, 2);
   Push(2, 0, 0, 2);

@@ -262,7 +262,9 @@ class Attacker {
           push.set_step(step);
           push.set_num_samples(step == 1 ? -5 : 16);
           push.set_loss_sum(step == -1 ? 1e308 * 10 : 1.0);
-          *push.add_gradients() = bad;
+          push.set_gradient(bad.data());
+          // Every dtype, and one that does not exist.
+          push.set_wire_dtype(static_cast<dbs::v1::WireDtype>((step + 4) % 4));
           dbs::v1::PushGradientReply reply;
           grpc::ClientContext ctx;
           Deadline(&ctx);
@@ -306,10 +308,7 @@ class Attacker {
         dbs::v1::PushGradientRequest push;
         push.set_worker_id(t % 2);
         push.set_num_samples(16);
-        dbs::v1::Tensor* g = push.add_gradients();
-        g->set_name("fc1.weight");
-        g->add_shape(static_cast<int64_t>(big.size() / 4));
-        g->set_data(big);
+        push.set_gradient(big);
         dbs::v1::PushGradientReply reply;
         grpc::ClientContext ctx;
         Deadline(&ctx);

@@ -91,7 +91,7 @@ class ServiceTest : public ::testing::Test {
     req.set_step(step);
     req.set_num_samples(2);
     req.set_loss_sum(1.0);
-    EncodeTensors(kLayout, g, req.mutable_gradients());
+    req.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
     return req;
   }
 
@@ -146,15 +146,31 @@ class ServiceTest : public ::testing::Test {
 
 TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   v1::PushGradientReply reply;
-  v1::PushGradientRequest wrong_shape = Push(0, 0, {1, 1, 1});
-  wrong_shape.mutable_gradients(0)->set_shape(0, 3);
-  EXPECT_EQ(Send(wrong_shape, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  v1::PushGradientRequest wrong_size = Push(0, 0, {1, 1, 1});
-  wrong_size.mutable_gradients(1)->mutable_data()->append("xxxx");
-  EXPECT_EQ(Send(wrong_size, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest too_long = Push(0, 0, {1, 1, 1});
+  too_long.mutable_gradient()->append("xxxx");
+  grpc::Status refused = Send(too_long, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("16 bytes (fp32); the model needs 3"));
+  v1::PushGradientRequest split_value = Push(0, 0, {1, 1, 1});
+  split_value.mutable_gradient()->push_back('x');
+  EXPECT_EQ(Send(split_value, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::PushGradientRequest missing = Push(0, 0, {1, 1, 1});
-  missing.mutable_gradients()->RemoveLast();
+  missing.mutable_gradient()->resize(8);
   EXPECT_EQ(Send(missing, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest nan = Push(0, 0, {1, std::nanf(""), 1});
+  refused = Send(nan, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("element 1 is nan"));
+  v1::PushGradientRequest huge = Push(0, 0, {1, 1, 3e30f});
+  EXPECT_EQ(Send(huge, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushGradientRequest other_dtype = Push(0, 0, {1, 1, 1});
+  other_dtype.set_wire_dtype(v1::WIRE_BF16);
+  refused = Send(other_dtype, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("this job's wire dtype is fp32"));
+  v1::PushGradientRequest unknown_dtype = Push(0, 0, {1, 1, 1});
+  unknown_dtype.set_wire_dtype(static_cast<v1::WireDtype>(7));
+  EXPECT_EQ(Send(unknown_dtype, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::PushGradientRequest wrong_count = Push(0, 0, {1, 1, 1});
   wrong_count.set_num_samples(3);
   EXPECT_EQ(Send(wrong_count, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -170,13 +186,13 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   // g = (2*[2,0,4] + 2*[0,2,0]) / 4 = [1, 1, 2]; p = [1,2,3] - 0.5 * g.
   const v1::PushGradientReply r = GoodStep();
   EXPECT_EQ(r.global_samples(), 4);
-  EXPECT_EQ(r.parameters().version(), 1);
+  EXPECT_EQ(r.values().version(), 1);
   EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
 
   // A stale push (step 0 again, from a worker with a different gradient) is answered as a retry
   // and changes nothing.
   EXPECT_THAT(Send(Push(1, 0, {100, 100, 100}), &reply), IsOk());
-  EXPECT_EQ(reply.parameters().version(), 1);
+  EXPECT_EQ(reply.values().version(), 1);
   EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
   EXPECT_EQ(version, 1);
 }

@@ -1,6 +1,8 @@
 #include "server/step_aggregator.h"
 
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -345,6 +347,78 @@ TEST(StepAggregatorTimingTest, NoClockNoOverhead) {
   }
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_TRUE(seen[1].overhead.empty());
+}
+
+}  // namespace
+}  // namespace dbs
+
+namespace dbs {
+namespace {
+
+// One step of `workers` pushes in `order`, with gradients whose fp32 sum depends on the order
+// of addition; returns the parameters after the step.
+std::vector<float> StepInOrder(const std::vector<int>& order, bool deterministic) {
+  const int workers = static_cast<int>(order.size());
+  const size_t model = 64;
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  EXPECT_THAT(
+      store.Register({{"w", {static_cast<int64_t>(model)}}}, std::vector<float>(model, 0.0f)),
+      IsOk());
+  StepAggregator agg(&store, nullptr, AggregatorOptions{deterministic});
+  std::map<int, int> quota;
+  for (int w = 0; w < workers; ++w) quota[w] = 1 + w % 3;
+  agg.BeginEpoch(0, {quota});
+  int answered = 0;
+  for (int w : order) {
+    std::vector<float> g(model);
+    // Large and small magnitudes mixed: rounding makes the sum depend on the order.
+    for (size_t i = 0; i < model; ++i) {
+      g[i] = (w % 2 == 0 ? 1e7f : 1.0f) * (1.0f + 0.1f * static_cast<float>((w * 7 + i) % 11)) *
+             (((w + i) % 3 == 0) ? -1.0f : 1.0f);
+    }
+    agg.Push({w, 0, 0, quota[w], 0.0, g}, [&](const absl::StatusOr<StepResult>& r) {
+      EXPECT_THAT(r, IsOk());
+      ++answered;
+    });
+  }
+  EXPECT_EQ(answered, workers);
+  return *store.Snapshot()->values;
+}
+
+TEST(DeterministicAggregationTest, AnyArrivalOrderGivesBitIdenticalParameters) {
+  const std::vector<int> in_order = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> reference = StepInOrder(in_order, true);
+  std::vector<int> order = in_order;
+  int orders = 0;
+  do {
+    ASSERT_EQ(StepInOrder(order, true), reference) << "order #" << orders;
+    ++orders;
+  } while (std::next_permutation(order.begin(), order.end()) && orders < 120);
+}
+
+TEST(DeterministicAggregationTest, SummedOnArrivalTheResultDependsOnTheOrder) {
+  // What the deterministic mode is for: without it the same pushes give other parameters.
+  const std::vector<float> in_order = StepInOrder({0, 1, 2, 3, 4, 5}, false);
+  EXPECT_EQ(StepInOrder({0, 1, 2, 3, 4, 5}, true), in_order) << "worker order is the reference";
+  EXPECT_NE(StepInOrder({5, 3, 1, 4, 2, 0}, false), in_order);
+}
+
+TEST(DeterministicAggregationTest, AnEvictedWorkerDoesNotHoldUpTheSumOfTheOthers) {
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  ASSERT_THAT(store.Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  StepAggregator agg(&store);
+  agg.BeginEpoch(0, {{{0, 1}, {1, 1}, {2, 2}}, {{0, 1}, {1, 1}, {2, 2}}});
+  std::optional<absl::StatusOr<StepResult>> r1, r2;
+  // Workers 1 and 2 wait for worker 0's turn in the sum; worker 0 never pushes.
+  agg.Push({1, 0, 0, 1, 0.0, std::vector<float>{4.0f}},
+           [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+  agg.Push({2, 0, 0, 2, 0.0, std::vector<float>{1.0f}},
+           [&](const absl::StatusOr<StepResult>& r) { r2 = r; });
+  ASSERT_TRUE(agg.Evict(0, 0, {0}));
+  agg.CompleteEviction({{{{1, 2}, {2, 2}}}, {}});
+  ASSERT_TRUE(r1.has_value() && r1->ok() && r2.has_value() && r2->ok());
+  // (1 * 4 + 2 * 1) / 3 = 2.
+  EXPECT_FLOAT_EQ((*store.Snapshot()->values)[0], -2.0f);
 }
 
 }  // namespace

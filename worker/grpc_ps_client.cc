@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/plan_codec.h"
 #include "common/secrets.h"
@@ -42,6 +43,7 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   channel_ = grpc::CreateCustomChannel(config.address, credentials, args);
   scheduler_ = v1::SchedulerService::NewStub(channel_);
   parameters_ = v1::ParameterService::NewStub(channel_);
+  generic_ = std::make_unique<grpc::GenericStub>(channel_);
 }
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
@@ -71,6 +73,12 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     if (End()) return absl::CancelledError("interrupted");
     if (last.ok()) {
       token_ = reply.token();
+      if (!v1::WireDtype_IsValid(reply.wire_dtype())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dbs_ps at ", config_.address, " asks for an unknown wire dtype ",
+                         static_cast<int>(reply.wire_dtype()), " (a newer server?)"));
+      }
+      wire_dtype_ = static_cast<WireDtype>(reply.wire_dtype());
       return FromProto(reply);
     }
     const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -100,16 +108,6 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
                                "RegisterModel"));
   DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout, false, params));
   layout_ = layout;
-  // Prepare the reusable push request: one tensor per parameter.
-  push_.Clear();
-  push_.set_worker_id(worker_id);
-  for (const TensorSpec& spec : layout) {
-    v1::Tensor* t = push_.add_gradients();
-    t->set_name(spec.name);
-    for (int64_t d : spec.shape) t->add_shape(d);
-    if (spec.buffer) t->set_buffer(true);
-    t->mutable_data()->resize(static_cast<size_t>(spec.NumElements()) * sizeof(float));
-  }
   return absl::OkStatus();
 }
 
@@ -230,39 +228,58 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
                                                        absl::Span<const float> gradient,
                                                        absl::Span<float> params) {
   if (layout_.empty()) return absl::FailedPreconditionError("RegisterModel first");
+  const size_t model = static_cast<size_t>(TotalElements(layout_));
   const bool send = num_samples > 0;
-  // A push with samples reuses push_ and its tensor buffers; an empty one carries no tensors.
-  v1::PushGradientRequest empty;
-  v1::PushGradientRequest& req = send ? push_ : empty;
-  req.set_worker_id(worker_id);
-  req.set_epoch(epoch);
-  req.set_step(step);
-  req.set_num_samples(num_samples);
-  req.set_loss_sum(loss_sum);
-  req.set_compute_seconds(compute_seconds);
-  if (send) {
-    if (gradient.size() != static_cast<size_t>(TotalElements(layout_))) {
-      return absl::InternalError("gradient buffer does not match the model");
-    }
-    size_t offset = 0;
-    for (int i = 0; i < push_.gradients_size(); ++i) {
-      std::string* data = push_.mutable_gradients(i)->mutable_data();
-      std::memcpy(data->data(), gradient.data() + offset, data->size());
-      offset += data->size() / sizeof(float);
-    }
+  if (params.size() != model || (send && gradient.size() != model)) {
+    return absl::InternalError("gradient or parameter buffer does not match the model");
   }
+  v1::PushGradientRequest head;
+  head.set_worker_id(worker_id);
+  head.set_epoch(epoch);
+  head.set_step(step);
+  head.set_num_samples(num_samples);
+  head.set_loss_sum(loss_sum);
+  head.set_compute_seconds(compute_seconds);
+  // A push with samples carries the gradient, encoded once into a reused buffer; an empty one
+  // carries none.
+  grpc::Slice slices[2] = {grpc::Slice(head.SerializeAsString()), grpc::Slice()};
+  if (send) {
+    head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+    slices[0] = grpc::Slice(head.SerializeAsString());
+    uint8_t* data = nullptr;
+    slices[1] = pool_->Acquire(GradientFieldSize(model, wire_dtype_), &data);
+    WriteGradientField(wire_dtype_, gradient, data);
+  }
+  const grpc::ByteBuffer request(slices, send ? 2 : 1);
   auto call = [&](grpc::ClientContext* ctx) {
-    return parameters_->PushGradient(ctx, req, &push_reply_);
+    absl::Notification done;
+    grpc::Status status;
+    generic_->UnaryCall(ctx, "/dbs.v1.ParameterService/PushGradient", grpc::StubOptions(), &request,
+                        &push_reply_, [&](grpc::Status s) {
+                          status = std::move(s);
+                          done.Notify();
+                        });
+    done.WaitForNotification();
+    return status;
   };
   DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "PushGradient"));
-  DBS_RETURN_IF_ERROR(DecodeTensors(push_reply_.parameters().parameters(), layout_, false, params));
+  v1::PushGradientReply reply;
+  int64_t version = 0;
+  const absl::Status parsed =
+      ParsePushReply(SegmentsOf(push_reply_, &reply_slices_), &reply, params, &version);
+  reply_slices_.clear();
+  push_reply_.Clear();
+  if (!parsed.ok()) {
+    return absl::Status(parsed.code(), absl::StrCat("PushGradient at dbs_ps ", config_.address,
+                                                    ": ", parsed.message()));
+  }
   StepOutcome out;
-  out.global_loss = push_reply_.global_loss();
-  out.global_samples = push_reply_.global_samples();
-  out.version = push_reply_.parameters().version();
-  if (push_reply_.has_revision()) {
+  out.global_loss = reply.global_loss();
+  out.global_samples = reply.global_samples();
+  out.version = version;
+  if (reply.has_revision()) {
     out.revised = true;
-    out.revision = FromProto(push_reply_.revision());
+    out.revision = FromProto(reply.revision());
   }
   return out;
 }

@@ -2,7 +2,9 @@
 //
 // RegisterWorker retries with exponential backoff while the server is unreachable and, when
 // `connect_timeout` runs out, fails with a message naming the address and the attempts made.
-// Push requests are reused between steps so their tensor buffers are not reallocated.
+// A step's push and its answer travel as raw bytes (common/step_wire.h): the gradient is encoded
+// once into a reused buffer, and the parameters are decoded from the received message straight
+// into the caller's storage.
 // Not thread-safe: one client per worker loop.
 #ifndef DBS_WORKER_GRPC_PS_CLIENT_H_
 #define DBS_WORKER_GRPC_PS_CLIENT_H_
@@ -13,6 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
+#include "common/grpc_step_wire.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/dbs.grpc.pb.h"
 #include "worker/ps_client.h"
 
@@ -73,9 +77,12 @@ class GrpcPsClient : public PsClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> scheduler_;
   std::unique_ptr<v1::ParameterService::Stub> parameters_;
+  std::unique_ptr<grpc::GenericStub> generic_;
   ModelLayout layout_;
-  v1::PushGradientRequest push_;
-  v1::PushGradientReply push_reply_;
+  WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
+  std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
+  grpc::ByteBuffer push_reply_;
+  std::vector<grpc::Slice> reply_slices_;
   bool reconnected_ = false;
   const std::string incarnation_;  // this process's, for every registration
   std::string token_;              // from RegisterWorker, sent with every later call

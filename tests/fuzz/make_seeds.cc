@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/plan.h"
 #include "common/plan_codec.h"
+#include "common/step_wire.h"
 #include "common/tensor_codec.h"
 #include "proto/dbs.pb.h"
 #include "server/checkpoint.h"
@@ -23,14 +24,34 @@ void Write(const std::string& path, const std::string& bytes) {
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string dir = argv[1];
-  // Tensors.
-  dbs::v1::PushGradientRequest push;
-  push.set_worker_id(1);
-  push.set_num_samples(4);
+  // Tensors (a model registration).
+  dbs::v1::RegisterModelRequest model;
+  model.set_worker_id(1);
   dbs::EncodeTensors({{"conv1.weight", {2, 3}}, {"fc.bias", {4}}},
                      std::vector<float>{1, 2, 3, 4, 5, 6, 0.5, -1, 1e-3f, 7},
-                     push.mutable_gradients());
-  Write(dir + "/tensor_decoder/push", push.SerializeAsString());
+                     model.mutable_parameters());
+  Write(dir + "/tensor_decoder/register_model", model.SerializeAsString());
+  // A step's push and reply, flat values: byte 0 picks the segment size, byte 1 the model size.
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 0.5, -1, 1e-3f, 7};
+  for (const dbs::WireDtype dtype : {dbs::WireDtype::kFp32, dbs::WireDtype::kBf16}) {
+    dbs::v1::PushGradientRequest push;
+    push.set_worker_id(1);
+    push.set_num_samples(4);
+    push.set_wire_dtype(static_cast<dbs::v1::WireDtype>(dtype));
+    std::string bytes = push.SerializeAsString();
+    std::string field(dbs::GradientFieldSize(values.size(), dtype), '\0');
+    dbs::WriteGradientField(dtype, values, reinterpret_cast<uint8_t*>(field.data()));
+    Write(dir + "/step_wire/push_" + dbs::WireDtypeName(dtype),
+          std::string("\x06\x0a", 2) + bytes + field);
+    dbs::v1::PushGradientReply reply;
+    reply.set_step(3);
+    reply.set_global_samples(16);
+    bytes = reply.SerializeAsString();
+    field.assign(dbs::ValuesFieldSize(7, values.size(), dtype), '\0');
+    dbs::WriteValuesField(7, dtype, values, reinterpret_cast<uint8_t*>(field.data()));
+    Write(dir + "/step_wire/reply_" + dbs::WireDtypeName(dtype),
+          std::string("\x02\x0a", 2) + bytes + field);
+  }
   // Plans.
   dbs::WorkerPlan plan;
   plan.epoch = 1;

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""The data-plane benchmark: one synchronous step of dbs_ps against gloo all_reduce, same machine.
+
+For each model size it starts dbs_ps (--workers=4, fixed split, one epoch) on a loopback port it
+picks itself, runs bench/dataplane_client (4 fake workers using the workers' own C++ client: push a
+gradient, receive the parameters) and reads the step time, the server's CPU and page faults per
+step and its peak RSS; then it runs PyTorch's gloo all_reduce among 4 processes of the same size.
+Both sides run --rounds times, interleaved, so that both see the same machine; the report quotes
+the median over rounds of each round's median step (and the spread).
+
+  python3 bench/dataplane.py --out_dir=bench/results/dataplane            # 46,730 .. 25M
+  python3 bench/dataplane.py --sizes=46730,1000000 --rounds=1 --steps=5   # quick look
+
+Writes dataplane.json (every round's figures), dataplane.md (the table) and dataplane.png.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_SIZES = "46730,1000000,10000000,25000000"
+
+GLOO_WORKER = r"""
+import os, sys, time, json, statistics
+import torch, torch.distributed as dist
+rank, world, port, n, warmup, steps = (int(a) for a in sys.argv[1:7])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world)
+t = torch.full((n,), 1e-3 * (rank + 1), dtype=torch.float32)
+times = []
+for s in range(warmup + steps):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(t)
+    t.div_(world)
+    if s >= warmup:
+        times.append(time.perf_counter() - t0)
+# A step ends for everyone when the slowest rank is done.
+gathered = [None] * world
+dist.all_gather_object(gathered, times)
+if rank == 0:
+    per_step = [max(g[i] for g in gathered) for i in range(steps)]
+    print(json.dumps({"step_ms_median": 1e3 * statistics.median(per_step),
+                      "step_ms_min": 1e3 * min(per_step), "step_ms_max": 1e3 * max(per_step)}))
+dist.destroy_process_group()
+"""
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_dbs(args, n, wire_dtype):
+    with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
+        port_file = os.path.join(tmp, "port")
+        steps = args.warmup + args.steps
+        ps_argv = [args.ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+                   f"--workers={args.clients}", f"--global_batch={args.clients}", "--epochs=1",
+                   "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
+                   f"--summary_path={os.path.join(tmp, 'summary.json')}",
+                   "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
+        if wire_dtype != "fp32":
+            ps_argv.append(f"--wire_dtype={wire_dtype}")
+        ps = subprocess.Popen(ps_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.time() + 30
+            while not os.path.exists(port_file):
+                if ps.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("dbs_ps did not start: " + ps.stderr.read().decode()[-2000:])
+                time.sleep(0.05)
+            port = open(port_file).read().strip()
+            client = subprocess.run(
+                [args.client_bin, f"--server=127.0.0.1:{port}", f"--clients={args.clients}",
+                 f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
+                 f"--server_pid={ps.pid}"],
+                capture_output=True, text=True, timeout=1800)
+            if client.returncode != 0:
+                raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
+                                   f"{client.stderr[-2000:]}")
+            del steps
+            return json.loads(client.stdout.strip().splitlines()[-1])
+        finally:
+            ps.kill()
+            ps.wait()
+
+
+def run_gloo(args, n):
+    port = free_port()
+    procs = [subprocess.Popen([args.python, "-c", GLOO_WORKER, str(r), str(args.clients), str(port),
+                               str(n), str(args.warmup), str(args.steps)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(args.clients)]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"gloo rank failed: {err[-2000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def median_of(rounds, key):
+    return statistics.median(r[key] for r in rounds)
+
+
+def summarize(results, clients):
+    rows = []
+    for key, entry in results.items():
+        gloo = median_of(entry["gloo"], "step_ms_median")
+        dbs = entry["dbs"]
+        step = median_of(dbs, "step_ms_median")
+        worst = max(r["step_ms_median"] for r in dbs)
+        rows.append({
+            "params": entry["params"], "wire_dtype": entry["wire_dtype"],
+            "dbs_step_ms": step, "dbs_step_ms_worst_round": worst,
+            "gloo_step_ms": gloo,
+            "gloo_step_ms_spread": [min(r["step_ms_median"] for r in entry["gloo"]),
+                                    max(r["step_ms_median"] for r in entry["gloo"])],
+            "ratio": step / gloo,
+            "server_cpu_ms_per_step": median_of(dbs, "server_cpu_ms_per_step"),
+            "server_faults_per_step": median_of(dbs, "server_faults_per_step"),
+            "server_peak_rss_mib": max(r["server_peak_rss_bytes"] for r in dbs) / 2**20,
+            "model_mib": entry["params"] * 4 / 2**20,
+            "client_cpu_ms_per_step": median_of(dbs, "client_cpu_ms_per_step"),
+        })
+    return rows
+
+
+def table(rows, clients, rounds):
+    lines = [f"{clients} clients on loopback, median over {rounds} round(s) of each round's median "
+             "step; gloo = PyTorch all_reduce among the same number of processes, same run.", "",
+             "| parameters | wire | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
+             "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(
+            f"| {r['params']:,} | {r['wire_dtype']} | {r['dbs_step_ms']:.1f} "
+            f"(worst round {r['dbs_step_ms_worst_round']:.1f}) | {r['gloo_step_ms']:.1f} | "
+            f"{r['ratio']:.2f}x | {r['server_cpu_ms_per_step']:.1f} | "
+            f"{r['server_faults_per_step']:.0f} | {r['server_peak_rss_mib']:.0f} "
+            f"({r['model_mib']:.1f}) | {r['client_cpu_ms_per_step']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+    except ImportError:
+        print("no matplotlib in this python: no plot (run with /usr/bin/python3)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for dtype in sorted({r["wire_dtype"] for r in rows}):
+        pts = [r for r in rows if r["wire_dtype"] == dtype]
+        ax.plot([r["params"] for r in pts], [r["dbs_step_ms"] for r in pts], "o-",
+                label=f"dbs_ps ({dtype} on the wire)")
+    gl = sorted({(r["params"], r["gloo_step_ms"]) for r in rows if r["wire_dtype"] == "fp32"})
+    ax.plot([p for p, _ in gl], [g for _, g in gl], "s--", label="gloo all_reduce (fp32)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("one synchronous step, ms (median)")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
+    p.add_argument("--wire_dtypes", default="fp32", help="fp32 and/or bf16/fp16, comma-separated")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=3, help="dbs and gloo runs per size, interleaved")
+    p.add_argument("--no_gloo", action="store_true", help="skip gloo (no python3-torch)")
+    p.add_argument("--out_dir", default=os.path.join(HERE, "results", "dataplane"))
+    p.add_argument("--ps_bin", default=os.path.join(ROOT, "bazel-bin", "server", "dbs_ps"))
+    p.add_argument("--client_bin",
+                   default=os.path.join(ROOT, "bazel-bin", "bench", "dataplane_client"))
+    p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch (gloo)")
+    args = p.parse_args()
+    for b in (args.ps_bin, args.client_bin):
+        if not os.path.exists(b):
+            sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    dtypes = args.wire_dtypes.split(",")
+    os.makedirs(args.out_dir, exist_ok=True)
+    results = {}
+    total = len(sizes) * args.rounds
+    done = 0
+    start = time.time()
+    for n in sizes:
+        for rnd in range(args.rounds):
+            gloo = None if args.no_gloo else run_gloo(args, n)
+            for dtype in dtypes:
+                entry = results.setdefault(f"{n}/{dtype}", {"params": n, "wire_dtype": dtype,
+                                                            "dbs": [], "gloo": []})
+                entry["dbs"].append(run_dbs(args, n, dtype))
+                if gloo is not None:
+                    entry["gloo"].append(gloo)
+                d = entry["dbs"][-1]
+                print(f"[{done + 1}/{total}] {n:>10,} params {dtype} round {rnd + 1}: dbs "
+                      f"{d['step_ms_median']:.1f} ms/step (server CPU "
+                      f"{d['server_cpu_ms_per_step']:.1f} ms, "
+                      f"{d['server_faults_per_step']:.0f} faults)"
+                      + (f", gloo {gloo['step_ms_median']:.1f} ms" if gloo else "")
+                      + f" | {time.time() - start:.0f} s elapsed", flush=True)
+            done += 1
+            elapsed = time.time() - start
+            print(f"  ETA {elapsed / done * (total - done):.0f} s", flush=True)
+    record = {"clients": args.clients, "steps": args.steps, "rounds": args.rounds,
+              "results": list(results.values())}
+    if not args.no_gloo:
+        rows = summarize(results, args.clients)
+        record["summary"] = rows
+        text = table(rows, args.clients, args.rounds)
+        with open(os.path.join(args.out_dir, "dataplane.md"), "w") as f:
+            f.write(text)
+        plot(rows, os.path.join(args.out_dir, "dataplane.png"))
+        print(text)
+    with open(os.path.join(args.out_dir, "dataplane.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"written to {args.out_dir}/dataplane.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+// dataplane_client: the dbs side of the data-plane benchmark (bench/dataplane.py).
+//
+// Runs --clients fake workers in one process, each with its own GrpcPsClient (the workers' own
+// client code) and channel, against a running dbs_ps: register, register a model of --params
+// floats, then push a gradient and receive the parameters for --warmup + --steps synchronous
+// steps. No training happens: what is timed is the data plane alone (push, aggregate, update,
+// reply to all). Prints one JSON object: the step time (median and spread, from the slowest
+// client of each step), and, over the timed steps, this process's CPU per client and step and the
+// server's CPU, minor page faults and peak RSS (read from /proc/--server_pid).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "worker/grpc_ps_client.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
+ABSL_FLAG(int, clients, 4, "Fake workers (dbs_ps must be started with --workers equal to this).");
+ABSL_FLAG(int64_t, params, 1000000, "Model size in floats.");
+ABSL_FLAG(int, tensors, 8, "Number of tensors the model is split into (sizes halve).");
+ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
+ABSL_FLAG(int, steps, 20, "Timed steps.");
+ABSL_FLAG(int, server_pid, 0, "dbs_ps's pid, for its CPU time, page faults and peak RSS.");
+
+namespace {
+
+struct ProcStat {
+  double cpu_seconds = 0;
+  long long minor_faults = 0;
+};
+
+// utime + stime and minflt of `pid` from /proc/PID/stat.
+ProcStat ReadProcStat(int pid) {
+  ProcStat s;
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return s;
+  std::vector<std::string> fields = absl::StrSplit(text.substr(close + 2), ' ');
+  // After "pid (comm) ": state is field 3, so field k is fields[k - 3].
+  if (fields.size() < 15) return s;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  s.minor_faults = std::stoll(fields[10 - 3]);
+  s.cpu_seconds = (std::stod(fields[14 - 3]) + std::stod(fields[15 - 3])) / tick;
+  return s;
+}
+
+// VmHWM of `pid` in bytes.
+long long PeakRss(int pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream in(line.substr(6));
+      long long kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
+// --params floats in --tensors tensors, each half the size of the one before (the rest in the
+// first), like a network whose last layers are small.
+dbs::ModelLayout MakeLayout(int64_t params, int tensors) {
+  std::vector<int64_t> sizes;
+  int64_t left = params;
+  for (int i = 0; i < tensors - 1 && left > 1; ++i) {
+    sizes.push_back(left / 2);
+    left -= left / 2;
+  }
+  sizes.push_back(left);
+  dbs::ModelLayout layout;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    layout.push_back({absl::StrCat("t", i), {sizes[i]}, false});
+  }
+  return layout;
+}
+
+struct ClientResult {
+  absl::Status status;
+  std::vector<double> step_seconds;  // of every timed step
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "The dbs side of the data-plane benchmark: fake workers push and pull a model of --params "
+      "floats through dbs_ps. Usually run by bench/dataplane.py.");
+  absl::ParseCommandLine(argc, argv);
+  const int clients = absl::GetFlag(FLAGS_clients);
+  const int64_t params = absl::GetFlag(FLAGS_params);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int server_pid = absl::GetFlag(FLAGS_server_pid);
+  if (clients < 1 || params < 1 || steps < 1 || warmup < 0 || absl::GetFlag(FLAGS_tensors) < 1) {
+    std::fprintf(stderr, "--clients, --params, --steps and --tensors must be >= 1\n");
+    return 2;
+  }
+  const dbs::ModelLayout layout = MakeLayout(params, absl::GetFlag(FLAGS_tensors));
+  std::vector<ClientResult> results(clients);
+  absl::Barrier start_timing(clients + 1);
+  absl::Barrier end_timing(clients + 1);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      ClientResult& r = results[c];
+      dbs::GrpcClientConfig config;
+      config.address = absl::GetFlag(FLAGS_server);
+      config.connect_timeout = absl::Seconds(30);
+      config.call_timeout = absl::Seconds(300);
+      config.max_message_mb = 2047;
+      dbs::GrpcPsClient client(config);
+      std::vector<float> values(static_cast<size_t>(params), 0.0f);
+      std::vector<float> gradient(static_cast<size_t>(params));
+      for (size_t i = 0; i < gradient.size(); ++i) gradient[i] = 1e-3f * ((i + c) % 17);
+      int id = -1;
+      int num_steps = 0;
+      dbs::WorkerPlan plan;
+      auto setup = [&]() -> absl::Status {
+        const int64_t samples = static_cast<int64_t>(clients) * (warmup + steps);
+        auto reg = client.RegisterWorker({absl::StrCat("bench-", c), samples, clients, "cpu", 0});
+        if (!reg.ok()) return reg.status();
+        id = reg->worker_id;
+        absl::Status s = client.RegisterModel(id, layout, values, absl::MakeSpan(values));
+        if (!s.ok()) return s;
+        auto p = client.GetEpochPlan(id, 0);
+        if (!p.ok()) return p.status();
+        plan = *p;
+        num_steps = plan.num_steps;
+        if (num_steps < warmup + steps) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("the plan has ", num_steps, " steps; need ", warmup + steps));
+        }
+        return absl::OkStatus();
+      };
+      r.status = setup();
+      auto push = [&](int step) -> absl::Status {
+        auto out = client.PushGradient(id, 0, step, plan.BatchAt(step), 1.0, 0.0, gradient,
+                                       absl::MakeSpan(values));
+        return out.status();
+      };
+      for (int s = 0; s < warmup && r.status.ok(); ++s) r.status = push(s);
+      start_timing.Block();
+      for (int s = warmup; s < warmup + steps && r.status.ok(); ++s) {
+        const absl::Time t0 = absl::Now();
+        r.status = push(s);
+        r.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      }
+      end_timing.Block();
+    });
+  }
+  start_timing.Block();
+  const ProcStat server_before = server_pid > 0 ? ReadProcStat(server_pid) : ProcStat{};
+  const double self_before = SelfCpuSeconds();
+  const absl::Time t0 = absl::Now();
+  end_timing.Block();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double self_after = SelfCpuSeconds();
+  const ProcStat server_after = server_pid > 0 ? ReadProcStat(server_pid) : ProcStat{};
+  for (std::thread& t : threads) t.join();
+  for (const ClientResult& r : results) {
+    if (!r.status.ok()) {
+      std::fprintf(stderr, "dataplane_client: %s\n", r.status.ToString().c_str());
+      return 1;
+    }
+  }
+  // A step ends for everyone when its slowest client gets its answer.
+  std::vector<double> per_step(steps, 0.0);
+  for (const ClientResult& r : results) {
+    for (int s = 0; s < steps; ++s) per_step[s] = std::max(per_step[s], r.step_seconds[s]);
+  }
+  std::sort(per_step.begin(), per_step.end());
+  nlohmann::json out = {
+      {"params", params},
+      {"clients", clients},
+      {"steps", steps},
+      {"step_ms_median", 1e3 * per_step[steps / 2]},
+      {"step_ms_min", 1e3 * per_step.front()},
+      {"step_ms_max", 1e3 * per_step.back()},
+      {"wall_ms_per_step", 1e3 * wall / steps},
+      {"client_cpu_ms_per_step", 1e3 * (self_after - self_before) / steps / clients},
+  };
+  if (server_pid > 0) {
+    out["server_cpu_ms_per_step"] =
+        1e3 * (server_after.cpu_seconds - server_before.cpu_seconds) / steps;
+    out["server_faults_per_step"] =
+        static_cast<double>(server_after.minor_faults - server_before.minor_faults) / steps;
+    out["server_peak_rss_bytes"] = PeakRss(server_pid);
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}

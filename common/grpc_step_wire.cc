@@ -1,0 +1,105 @@
+#include "common/grpc_step_wire.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace dbs {
+
+struct SlicePool::Buffer {
+  std::unique_ptr<uint8_t[]> data;
+  size_t capacity = 0;
+  std::shared_ptr<SlicePool> owner;  // while lent out: the pool outlives its slices
+};
+
+std::shared_ptr<SlicePool> SlicePool::Create(size_t max_free) {
+  return std::shared_ptr<SlicePool>(new SlicePool(max_free));
+}
+
+SlicePool::~SlicePool() {
+  for (Buffer* b : free_) delete b;
+}
+
+grpc::Slice SlicePool::Acquire(size_t bytes, uint8_t** data) {
+  Buffer* buffer = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    // The smallest free buffer that fits and is not far too large.
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if ((*it)->capacity >= bytes && (*it)->capacity <= 2 * bytes + 4096 &&
+          (best == free_.end() || (*it)->capacity < (*best)->capacity)) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      buffer = *best;
+      free_.erase(best);
+    } else {
+      ++allocations_;
+    }
+  }
+  if (buffer == nullptr) {
+    buffer = new Buffer;
+    buffer->capacity = std::max<size_t>(bytes, 1);
+    buffer->data.reset(new uint8_t[buffer->capacity]);
+  }
+  buffer->owner = shared_from_this();
+  *data = buffer->data.get();
+  return grpc::Slice(buffer->data.get(), bytes, &SlicePool::Release, buffer);
+}
+
+void SlicePool::Release(void* p) {
+  Buffer* buffer = static_cast<Buffer*>(p);
+  std::shared_ptr<SlicePool> pool = std::move(buffer->owner);
+  {
+    absl::MutexLock lock(&pool->mu_);
+    if (pool->free_.size() < pool->max_free_) {
+      pool->free_.push_back(buffer);
+      return;
+    }
+  }
+  delete buffer;
+}
+
+int64_t SlicePool::allocations() const {
+  absl::MutexLock lock(&mu_);
+  return allocations_;
+}
+
+Segments SegmentsOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* keep) {
+  keep->clear();
+  Segments segments;
+  if (!buffer.Dump(keep).ok()) return segments;
+  segments.reserve(keep->size());
+  for (const grpc::Slice& s : *keep) {
+    if (s.size() > 0) segments.emplace_back(s.begin(), s.size());
+  }
+  return segments;
+}
+
+grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  const Segments message = SegmentsOf(*in, slices.get());
+  auto gradient = std::make_shared<WirePayload>();
+  absl::Status parsed = ParsePushRequest(message, &request->header, gradient.get());
+  if (!parsed.ok()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("malformed request (dbs.v1.PushGradientRequest): ", parsed.message()));
+  }
+  gradient->keepalive = std::move(slices);  // the segments point into these
+  request->gradient = std::move(gradient);
+  return grpc::Status::OK;
+}
+
+bool RawEncode(const PushAnswer& answer, grpc::ByteBuffer* out) {
+  std::string head;
+  if (!answer.head.SerializeToString(&head)) return false;
+  grpc::Slice slices[2] = {grpc::Slice(head), answer.values};
+  *out = grpc::ByteBuffer(slices, answer.values.size() > 0 ? 2 : 1);
+  return true;
+}
+
+}  // namespace dbs

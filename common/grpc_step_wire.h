@@ -1,0 +1,69 @@
+// The per-step messages over gRPC without copies (the adapter half of common/step_wire.h).
+//
+//  - A received message is read where gRPC delivered it: its slices are referenced, not
+//    flattened, and a gradient stays in them until the aggregator has summed it.
+//  - Outgoing payloads (a worker's gradient, a step's parameters) are written once into buffers
+//    of a SlicePool, which gRPC hands back when the last reference goes: the same memory, already
+//    mapped, serves every step, and one step's parameters are shared by all N replies.
+#ifndef DBS_COMMON_GRPC_STEP_WIRE_H_
+#define DBS_COMMON_GRPC_STEP_WIRE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/step_wire.h"
+#include "common/wire_values.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "grpcpp/support/status.h"
+#include "proto/dbs.pb.h"
+
+namespace dbs {
+
+// Reusable memory for outgoing slices. Thread-safe; slices may outlive the pool's owner.
+class SlicePool : public std::enable_shared_from_this<SlicePool> {
+ public:
+  static std::shared_ptr<SlicePool> Create(size_t max_free = 4);
+  ~SlicePool();
+
+  // A slice of `bytes` bytes; `*data` is where to write them before the slice is shared.
+  grpc::Slice Acquire(size_t bytes, uint8_t** data);
+
+  // Buffers allocated so far (for tests: steady state allocates none).
+  int64_t allocations() const;
+
+ private:
+  struct Buffer;
+  explicit SlicePool(size_t max_free) : max_free_(max_free) {}
+  static void Release(void* buffer);
+
+  const size_t max_free_;
+  mutable absl::Mutex mu_;
+  std::vector<Buffer*> free_ ABSL_GUARDED_BY(mu_);
+  int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The segments of `buffer`; `keep` receives references to its slices (which the segments point
+// into). No bytes are copied.
+Segments SegmentsOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* keep);
+
+// A push as the server reads it: the header, and the gradient still in the received slices.
+struct PushRequest {
+  v1::PushGradientRequest header;
+  std::shared_ptr<const WirePayload> gradient;
+};
+grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request);
+
+// A push's answer: the per-worker fields, and the step's parameters serialized once
+// (WriteValuesField) and shared by every reply; an empty slice when the answer has none.
+struct PushAnswer {
+  v1::PushGradientReply head;
+  grpc::Slice values;
+};
+bool RawEncode(const PushAnswer& answer, grpc::ByteBuffer* out);
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_GRPC_STEP_WIRE_H_

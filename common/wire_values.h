@@ -1,0 +1,72 @@
+// Flat model values on the wire: every tensor of the registered layout in layout order,
+// concatenated, little-endian, in the job's wire dtype (fp32, bf16 or fp16).
+//
+// A received payload is a list of byte segments (the pieces of the message as the transport
+// delivered them, never copied into one buffer); values may straddle segments. Decoding goes
+// block by block through a small buffer that stays in the L1 cache, so each received byte is read
+// from memory once per pass. Free of gRPC; stateless; thread-safe.
+#ifndef DBS_COMMON_WIRE_VALUES_H_
+#define DBS_COMMON_WIRE_VALUES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace dbs {
+
+enum class WireDtype { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
+
+// 4 or 2.
+size_t BytesPerValue(WireDtype dtype);
+// "fp32", "bf16", "fp16".
+const char* WireDtypeName(WireDtype dtype);
+absl::StatusOr<WireDtype> ParseWireDtype(absl::string_view name);
+
+// Round to nearest even; NaN stays NaN, out-of-range values become infinities (fp16).
+uint16_t FloatToBf16(float v);
+float Bf16ToFloat(uint16_t v);
+uint16_t FloatToFp16(float v);
+float Fp16ToFloat(uint16_t v);
+
+// Writes `values` in `dtype` to `out` (values.size() * BytesPerValue(dtype) bytes).
+void EncodeValues(absl::Span<const float> values, WireDtype dtype, uint8_t* out);
+// Reads `out.size()` values in `dtype` from `in`.
+void DecodeValues(const uint8_t* in, WireDtype dtype, absl::Span<float> out);
+
+// A received payload of values: byte segments in order, kept alive by `keepalive` (the message
+// they point into; may be null when the caller guarantees the lifetime).
+struct WirePayload {
+  WireDtype dtype = WireDtype::kFp32;
+  std::vector<absl::Span<const uint8_t>> segments;
+  size_t bytes = 0;  // the sum of the segments' sizes
+  std::shared_ptr<const void> keepalive;
+
+  // How many values the bytes hold; INVALID_ARGUMENT unless that is exactly `count`.
+  absl::Status CheckCount(size_t count) const;
+
+  // An owned copy of `values` in `dtype` (tests, in-process clients).
+  static std::shared_ptr<const WirePayload> FromFloats(absl::Span<const float> values,
+                                                       WireDtype dtype = WireDtype::kFp32);
+};
+
+// Calls `block(first_index, values)` for consecutive blocks of the payload's decoded values
+// (at most kDecodeBlock each), stopping at the first non-OK status, which it returns.
+inline constexpr size_t kDecodeBlock = 2048;
+absl::Status ForEachBlock(
+    const WirePayload& payload,
+    const std::function<absl::Status(size_t, absl::Span<const float>)>& block);
+
+// Decodes the whole payload into `out` (which must hold exactly its values).
+absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out);
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_WIRE_VALUES_H_

@@ -1,0 +1,270 @@
+// The flat values on the wire (common/wire_values.h) and the zero-copy step messages
+// (common/step_wire.h, common/grpc_step_wire.h): conversions, values split anywhere across
+// segments, malformed messages refused, and byte-for-byte agreement with protobuf's own encoding.
+#include "common/step_wire.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/grpc_step_wire.h"
+#include "common/status_matchers.h"
+#include "common/wire_values.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Segments Split(const std::string& bytes, size_t piece) {
+  Segments s;
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    s.emplace_back(p + at, std::min(piece, bytes.size() - at));
+  }
+  return s;
+}
+
+TEST(WireValuesTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(-2.5f)), -2.5f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to the even (1).
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 1.0f / 256)), 1.0f);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to the even (1 + 2^-6).
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 3.0f / 256)), 1.0f + 1.0f / 64);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::max()))));
+}
+
+TEST(WireValuesTest, Fp16CoversNormalsSubnormalsAndOverflow) {
+  EXPECT_EQ(FloatToFp16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToFp16(-2.0f), 0xc000);
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(65504.0f)), 65504.0f);      // the largest half
+  EXPECT_TRUE(std::isinf(Fp16ToFloat(FloatToFp16(65520.0f))));  // rounds past it
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(std::ldexp(1.0f, -26))), 0.0f);  // below half the least
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(std::ldexp(3.0f, -20))), std::ldexp(3.0f, -20));
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 1.0f / 2048)), 1.0f);  // a tie, to the even
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(FloatToFp16(std::nanf("")))));
+  // Every half converts to float and back unchanged.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = Fp16ToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToFp16(f), h) << h;
+  }
+}
+
+TEST(WireValuesTest, SixteenBitRoundTripsStayWithinHalfAnUlp) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.0f, 1e-2f);
+  for (int i = 0; i < 10000; ++i) {
+    const float v = n(rng);
+    EXPECT_LE(std::fabs(Bf16ToFloat(FloatToBf16(v)) - v), std::fabs(v) * (1.0f / 256));
+    if (std::fabs(v) > 1e-4f) {
+      EXPECT_LE(std::fabs(Fp16ToFloat(FloatToFp16(v)) - v), std::fabs(v) * (1.0f / 2048));
+    }
+  }
+}
+
+TEST(WireValuesTest, ValuesSplitAnywhereAcrossSegmentsDecodeTheSame) {
+  std::vector<float> values(5000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 100;
+  for (WireDtype dtype : {WireDtype::kFp32, WireDtype::kBf16, WireDtype::kFp16}) {
+    std::string bytes(values.size() * BytesPerValue(dtype), '\0');
+    EncodeValues(values, dtype, reinterpret_cast<uint8_t*>(bytes.data()));
+    std::vector<float> whole(values.size());
+    DecodeValues(reinterpret_cast<const uint8_t*>(bytes.data()), dtype, absl::MakeSpan(whole));
+    for (size_t piece : {1, 3, 7, 4096, 100000}) {
+      WirePayload p;
+      p.dtype = dtype;
+      p.segments = Split(bytes, piece);
+      p.bytes = bytes.size();
+      std::vector<float> got(values.size(), -1.0f);
+      ASSERT_THAT(DecodePayload(p, absl::MakeSpan(got)), IsOk());
+      EXPECT_EQ(got, whole) << WireDtypeName(dtype) << " in pieces of " << piece;
+    }
+  }
+}
+
+TEST(WireValuesTest, APayloadOfTheWrongSizeIsNamedAndNothingIsWritten) {
+  auto p = WirePayload::FromFloats(std::vector<float>{1, 2, 3});
+  std::vector<float> out(4, 9.0f);
+  EXPECT_THAT(DecodePayload(*p, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("holds 12 bytes (fp32); the model needs 4 values = 16 bytes")));
+  EXPECT_THAT(out, ElementsAre(9, 9, 9, 9));
+  EXPECT_FALSE(ParseWireDtype("fp8").ok());
+}
+
+std::string PushBytes(const v1::PushGradientRequest& head, const std::vector<float>& g,
+                      WireDtype dtype) {
+  std::string bytes = head.SerializeAsString();
+  std::string field(GradientFieldSize(g.size(), dtype), '\0');
+  WriteGradientField(dtype, g, reinterpret_cast<uint8_t*>(field.data()));
+  return bytes + field;
+}
+
+TEST(StepWireTest, APushIsReadWithItsGradientLeftInPlace) {
+  v1::PushGradientRequest head;
+  head.set_worker_id(3);
+  head.set_epoch(1);
+  head.set_step(17);
+  head.set_num_samples(12);
+  head.set_loss_sum(2.5);
+  head.set_compute_seconds(0.125);
+  head.set_wire_dtype(v1::WIRE_BF16);
+  const std::vector<float> g = {1.5f, -2.0f, 0.0f, 1e-3f};
+  const std::string bytes = PushBytes(head, g, WireDtype::kBf16);
+  for (size_t piece : {1, 2, 5, 1000}) {
+    const Segments message = Split(bytes, piece);
+    v1::PushGradientRequest got;
+    WirePayload gradient;
+    ASSERT_THAT(ParsePushRequest(message, &got, &gradient), IsOk());
+    EXPECT_EQ(got.worker_id(), 3);
+    EXPECT_EQ(got.step(), 17);
+    EXPECT_EQ(got.num_samples(), 12);
+    EXPECT_EQ(got.compute_seconds(), 0.125);
+    EXPECT_TRUE(got.gradient().empty()) << "the payload is not copied into the header";
+    EXPECT_EQ(gradient.dtype, WireDtype::kBf16);
+    EXPECT_EQ(gradient.bytes, 8u);
+    // The segments point into the message itself.
+    for (const auto& seg : gradient.segments) {
+      EXPECT_GE(seg.data(), reinterpret_cast<const uint8_t*>(bytes.data()));
+      EXPECT_LE(seg.data() + seg.size(),
+                reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+    }
+    std::vector<float> values(4);
+    ASSERT_THAT(DecodePayload(gradient, absl::MakeSpan(values)), IsOk());
+    EXPECT_EQ(values[0], 1.5f);
+    EXPECT_EQ(values[1], -2.0f);
+    EXPECT_NEAR(values[3], 1e-3f, 1e-5f);
+  }
+  // The same bytes are an ordinary message for protobuf.
+  v1::PushGradientRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_EQ(parsed.gradient().size(), 8u);
+}
+
+TEST(StepWireTest, MalformedPushesAreRefused) {
+  v1::PushGradientRequest head;
+  head.set_worker_id(1);
+  const std::string good = PushBytes(head, {1, 2}, WireDtype::kFp32);
+  v1::PushGradientRequest got;
+  WirePayload gradient;
+  // Cut short inside the gradient.
+  EXPECT_THAT(ParsePushRequest(Split(good.substr(0, good.size() - 3), 4), &got, &gradient),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cut short")));
+  // The gradient twice.
+  const std::string twice = good + PushBytes(v1::PushGradientRequest(), {3}, WireDtype::kFp32);
+  EXPECT_THAT(ParsePushRequest(Split(twice, 3), &got, &gradient),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("appears twice")));
+  // Field 8 as a varint.
+  EXPECT_THAT(ParsePushRequest(Split(std::string("\x40\x01", 2), 1), &got, &gradient),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not length-delimited")));
+  // A zero tag, and garbage.
+  EXPECT_FALSE(ParsePushRequest(Split(std::string("\x00\x01", 2), 1), &got, &gradient).ok());
+  EXPECT_FALSE(ParsePushRequest(Split("\xff\xff\xff\xff\xff\xff", 2), &got, &gradient).ok());
+  // An unknown dtype.
+  head.set_wire_dtype(static_cast<v1::WireDtype>(9));
+  EXPECT_THAT(ParsePushRequest(Split(head.SerializeAsString(), 3), &got, &gradient),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown wire dtype 9")));
+  // Unknown fields of a newer client are skipped.
+  v1::PushGradientRequest plain;
+  plain.set_step(4);
+  const std::string unknown = plain.SerializeAsString() + std::string("\xf8\x07\x05", 3);
+  ASSERT_THAT(ParsePushRequest(Split(unknown, 1), &got, &gradient), IsOk());
+  EXPECT_EQ(got.step(), 4);
+}
+
+TEST(StepWireTest, TheSharedValuesFieldIsWhatProtobufWouldWrite) {
+  const std::vector<float> values = {0.5f, -1.0f, 3.0f};
+  for (WireDtype dtype : {WireDtype::kFp32, WireDtype::kBf16}) {
+    for (int64_t version : {int64_t{0}, int64_t{1}, int64_t{300}, int64_t{1} << 40}) {
+      v1::PushGradientReply head;
+      head.set_epoch(2);
+      head.set_step(5);
+      head.set_global_loss(0.75);
+      head.set_global_samples(64);
+      head.mutable_revision()->set_from_step(6);
+      std::string field(ValuesFieldSize(version, values.size(), dtype), '\0');
+      WriteValuesField(version, dtype, values, reinterpret_cast<uint8_t*>(field.data()));
+      const std::string ours = head.SerializeAsString() + field;
+
+      v1::PushGradientReply full = head;
+      full.mutable_values()->set_version(version);
+      full.mutable_values()->set_wire_dtype(static_cast<v1::WireDtype>(dtype));
+      std::string encoded(values.size() * BytesPerValue(dtype), '\0');
+      EncodeValues(values, dtype, reinterpret_cast<uint8_t*>(encoded.data()));
+      full.mutable_values()->set_values(encoded);
+      EXPECT_EQ(ours, full.SerializeAsString()) << WireDtypeName(dtype) << " v" << version;
+
+      v1::PushGradientReply got;
+      std::vector<float> params(3);
+      int64_t got_version = -1;
+      ASSERT_THAT(ParsePushReply(Split(ours, 3), &got, absl::MakeSpan(params), &got_version),
+                  IsOk());
+      EXPECT_EQ(got_version, version);
+      EXPECT_EQ(got.step(), 5);
+      EXPECT_EQ(got.revision().from_step(), 6);
+      EXPECT_EQ(params, values);  // exact in both dtypes
+    }
+  }
+}
+
+TEST(StepWireTest, AReplyWithoutOrWithTheWrongParametersLeavesTheModelAlone) {
+  v1::PushGradientReply head;
+  head.set_step(1);
+  std::vector<float> params = {7, 7};
+  int64_t version = 0;
+  v1::PushGradientReply got;
+  EXPECT_THAT(
+      ParsePushReply(Split(head.SerializeAsString(), 2), &got, absl::MakeSpan(params), &version),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no parameters")));
+  std::string field(ValuesFieldSize(3, 3, WireDtype::kFp32), '\0');
+  WriteValuesField(3, WireDtype::kFp32, std::vector<float>{1, 2, 3},
+                   reinterpret_cast<uint8_t*>(field.data()));
+  EXPECT_THAT(ParsePushReply(Split(head.SerializeAsString() + field, 2), &got,
+                             absl::MakeSpan(params), &version),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 2 values")));
+  EXPECT_THAT(params, ElementsAre(7, 7));
+}
+
+TEST(SlicePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {
+  auto pool = SlicePool::Create(2);
+  for (int step = 0; step < 10; ++step) {
+    uint8_t* data = nullptr;
+    grpc::Slice s = pool->Acquire(1 << 20, &data);
+    std::memset(data, step, 1 << 20);
+    grpc::Slice shared = s;  // N replies share one buffer
+    grpc::ByteBuffer reply(&shared, 1);
+    EXPECT_EQ(reply.Length(), 1u << 20);
+  }
+  EXPECT_EQ(pool->allocations(), 1) << "one buffer served every step";
+  // Two held at once need two buffers.
+  uint8_t* a = nullptr;
+  uint8_t* b = nullptr;
+  grpc::Slice first = pool->Acquire(100, &a);
+  grpc::Slice second = pool->Acquire(100, &b);
+  EXPECT_NE(a, b);
+}
+
+TEST(SlicePoolTest, SlicesOutliveThePoolsOwner) {
+  grpc::Slice kept;
+  {
+    auto pool = SlicePool::Create();
+    uint8_t* data = nullptr;
+    kept = pool->Acquire(16, &data);
+    std::memset(data, 0xab, 16);
+  }
+  EXPECT_EQ(kept.begin()[15], 0xab);  // still valid; freed with the slice
+}
+
+}  // namespace
+}  // namespace dbs
