@@ -60,7 +60,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_dbs(args, n, wire_dtype):
+def run_dbs(args, n, variant):
+    wire_dtype, _, mode = variant.partition("/")
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
         port_file = os.path.join(tmp, "port")
         steps = args.warmup + args.steps
@@ -69,8 +70,8 @@ def run_dbs(args, n, wire_dtype):
                    "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
                    f"--summary_path={os.path.join(tmp, 'summary.json')}",
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
-        if wire_dtype != "fp32":
-            ps_argv.append(f"--wire_dtype={wire_dtype}")
+        ps_argv.append(f"--wire_dtype={wire_dtype}")
+        ps_argv.append(f"--deterministic={'false' if mode == 'arrival' else 'true'}")
         ps = subprocess.Popen(ps_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.time() + 30
@@ -136,8 +137,9 @@ def summarize(results, clients):
 
 def table(rows, clients, rounds):
     lines = [f"{clients} clients on loopback, median over {rounds} round(s) of each round's median "
-             "step; gloo = PyTorch all_reduce among the same number of processes, same run.", "",
-             "| parameters | wire | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
+             "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
+             "Sum: in worker order (deterministic, the default) unless marked /arrival.", "",
+             "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -179,7 +181,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
-    p.add_argument("--wire_dtypes", default="fp32", help="fp32 and/or bf16/fp16, comma-separated")
+    p.add_argument("--variants", default="fp32,fp32/arrival,bf16",
+                   help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
+                        "order (deterministic, the default) or with /arrival on arrival")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=15)
@@ -195,7 +199,7 @@ def main():
         if not os.path.exists(b):
             sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
     sizes = [int(s) for s in args.sizes.split(",")]
-    dtypes = args.wire_dtypes.split(",")
+    dtypes = args.variants.split(",")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds

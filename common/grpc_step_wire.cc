@@ -94,11 +94,12 @@ grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request) {
   return grpc::Status::OK;
 }
 
-bool RawEncode(const PushAnswer& answer, grpc::ByteBuffer* out) {
-  std::string head;
-  if (!answer.head.SerializeToString(&head)) return false;
-  grpc::Slice slices[2] = {grpc::Slice(head), answer.values};
-  *out = grpc::ByteBuffer(slices, answer.values.size() > 0 ? 2 : 1);
+bool EncodeShared(const google::protobuf::MessageLite& head, const grpc::Slice& values,
+                  grpc::ByteBuffer* out) {
+  std::string bytes;
+  if (!head.SerializeToString(&bytes)) return false;
+  grpc::Slice slices[2] = {grpc::Slice(bytes), values};
+  *out = grpc::ByteBuffer(slices, values.size() > 0 ? 2 : 1);
   return true;
 }
 

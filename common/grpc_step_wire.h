@@ -56,13 +56,24 @@ struct PushRequest {
 };
 grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request);
 
-// A push's answer: the per-worker fields, and the step's parameters serialized once
-// (WriteValuesField) and shared by every reply; an empty slice when the answer has none.
-struct PushAnswer {
-  v1::PushGradientReply head;
+// An answer made of its own fields (`head`) and the parameters serialized once per version
+// (WriteValuesField, field 7 of both PushGradientReply and Parameters) and shared by every such
+// answer; an empty slice when the answer has none.
+template <typename Head>
+struct SharedAnswer {
+  Head head;
   grpc::Slice values;
 };
-bool RawEncode(const PushAnswer& answer, grpc::ByteBuffer* out);
+using PushAnswer = SharedAnswer<v1::PushGradientReply>;
+using ParametersAnswer = SharedAnswer<v1::Parameters>;
+
+// The head's bytes followed by the shared ones.
+bool EncodeShared(const google::protobuf::MessageLite& head, const grpc::Slice& values,
+                  grpc::ByteBuffer* out);
+template <typename Head>
+bool RawEncode(const SharedAnswer<Head>& answer, grpc::ByteBuffer* out) {
+  return EncodeShared(answer.head, answer.values, out);
+}
 
 }  // namespace dbs
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/tensor_codec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -223,6 +224,25 @@ absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head
   DBS_RETURN_IF_ERROR(DecodePayload(values, params));
   *version = meta.version();
   return absl::OkStatus();
+}
+
+absl::Status DecodeParameters(const v1::Parameters& message, const ModelLayout& layout,
+                              absl::Span<float> params) {
+  if (params.size() != static_cast<size_t>(TotalElements(layout))) {
+    return absl::InternalError("the parameter buffer does not match the model");
+  }
+  if (!message.has_values()) return DecodeTensors(message.parameters(), layout, false, params);
+  if (!v1::WireDtype_IsValid(message.values().wire_dtype())) {
+    return absl::InvalidArgumentError("malformed parameters: unknown wire dtype");
+  }
+  const std::string& bytes = message.values().values();
+  WirePayload values;
+  values.dtype = static_cast<WireDtype>(message.values().wire_dtype());
+  values.bytes = bytes.size();
+  if (!bytes.empty()) {
+    values.segments.emplace_back(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+  return DecodePayload(values, params);
 }
 
 }  // namespace dbs

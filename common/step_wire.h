@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/tensor.h"
 #include "common/wire_values.h"
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "proto/dbs.pb.h"
@@ -63,6 +64,11 @@ void WriteGradientField(WireDtype dtype, absl::Span<const float> values, uint8_t
 // `*version`. Nothing is written to `params` unless the whole reply is well formed.
 absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
                             absl::Span<float> params, int64_t* version);
+
+// The values of a Parameters message into `params` (TotalElements(layout) floats): its flat
+// `values` when present, else its tensors (ResumeReply). Nothing is written on error.
+absl::Status DecodeParameters(const v1::Parameters& message, const ModelLayout& layout,
+                              absl::Span<float> params);
 
 }  // namespace dbs
 

@@ -22,7 +22,7 @@ void FillParameters(const ModelLayout& layout, const ParameterSnapshot& snap, v1
 grpc::ServerUnaryReactor* ParameterServiceImpl::RegisterModel(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* in,
                                                               grpc::ByteBuffer* out) {
-  return ServeRaw<v1::RegisterModelRequest, v1::Parameters>(
+  return ServeRaw<v1::RegisterModelRequest, ParametersAnswer>(
       ctx, in, out, "RegisterModel", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoRegisterModel(c, req, reply, r);
@@ -42,7 +42,7 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::PushGradient(grpc::CallbackServe
 grpc::ServerUnaryReactor* ParameterServiceImpl::PullParameters(grpc::CallbackServerContext* ctx,
                                                                const grpc::ByteBuffer* in,
                                                                grpc::ByteBuffer* out) {
-  return ServeRaw<v1::PullParametersRequest, v1::Parameters>(
+  return ServeRaw<v1::PullParametersRequest, ParametersAnswer>(
       ctx, in, out, "PullParameters", hooks_,
       [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
         DoPullParameters(c, req, reply, r);
@@ -65,26 +65,37 @@ absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int
 
 void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterModelRequest& request,
-                                           v1::Parameters* reply, WaitingReactor* reactor) {
+                                           ParametersAnswer* reply, WaitingReactor* reactor) {
   const v1::RegisterModelRequest* req = &request;
   if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
   if (!layout.ok()) return Answer(reactor, layout.status());
-  std::vector<float> initial(static_cast<size_t>(TotalElements(*layout)));
-  absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
-  if (!decoded.ok()) return Answer(reactor, decoded);
+  // Only the first registration's values are kept; later ones are checked against its layout
+  // and get the stored values, so their (possibly large) values are not decoded.
+  std::vector<float> initial;
+  if (!store_->registered()) {
+    initial.resize(static_cast<size_t>(TotalElements(*layout)));
+    absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
+    if (!decoded.ok()) return Answer(reactor, decoded);
+  }
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
-  if (snap.ok()) FillParameters(*layout, *snap, reply);
+  if (snap.ok()) {
+    reply->head.set_version(snap->version);
+    reply->values = ValuesOf(*snap);
+  }
   return Answer(reactor, snap.status());
 }
 
 void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
                                             const v1::PullParametersRequest& request,
-                                            v1::Parameters* reply, WaitingReactor* reactor) {
+                                            ParametersAnswer* reply, WaitingReactor* reactor) {
   const v1::PullParametersRequest* req = &request;
   if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
-  if (snap.ok()) FillParameters(store_->layout(), *snap, reply);
+  if (snap.ok()) {
+    reply->head.set_version(snap->version);
+    reply->values = ValuesOf(*snap);
+  }
   return Answer(reactor, snap.status());
 }
 

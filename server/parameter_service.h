@@ -57,13 +57,13 @@ class ParameterServiceImpl final : public ParameterRawService {
 
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
-                       v1::Parameters* reply, WaitingReactor* reactor);
+                       ParametersAnswer* reply, WaitingReactor* reactor);
   void DoPushGradient(grpc::CallbackServerContext* ctx, const PushRequest& req, PushAnswer* reply,
                       WaitingReactor* reactor);
   // The step's parameters serialized for the replies: once per snapshot, shared by all.
   grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
-                        v1::Parameters* reply, WaitingReactor* reactor);
+                        ParametersAnswer* reply, WaitingReactor* reactor);
   void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
                 v1::ResumeReply* reply, WaitingReactor* reactor);
 

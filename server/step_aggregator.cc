@@ -295,10 +295,10 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   revisions_.reset();
   absl::StatusOr<ParameterSnapshot> snap;
   if (samples_ > 0) {
-    mean_.resize(sum_.size());
+    // The mean in place: the sum is cleared after the step anyway.
     const float inv = 1.0f / static_cast<float>(samples_);
-    for (size_t i = 0; i < sum_.size(); ++i) mean_[i] = sum_[i] * inv;
-    snap = store_->ApplyGradient(mean_);
+    for (float& v : sum_) v *= inv;
+    snap = store_->ApplyGradient(sum_);
   } else {
     snap = store_->Snapshot();
   }

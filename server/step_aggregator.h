@@ -249,7 +249,6 @@ class StepAggregator {
   };
   std::map<int, Held> held_ ABSL_GUARDED_BY(mu_);
   std::set<int> summed_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> mean_ ABSL_GUARDED_BY(mu_);
   double loss_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);

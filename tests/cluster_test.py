@@ -324,6 +324,38 @@ class DeterministicAggregationTest(ProcessTestCase):
               f"{len(wa)} exported bytes identical")
 
 
+class WireDtypeTest(ProcessTestCase):
+    """Issue 11 item 3: gradients and parameters in bf16 on the wire train the CNN as well as
+    fp32 (same job, same seed, fixed split so only the wire differs)."""
+
+    def run_job(self, dtype):
+        summary = os.path.join(self.tmp, f"{dtype}.json")
+        ps, port = self.start_ps(["--workers=3", "--epochs=2", "--global_batch=64",
+                                  "--policy=fixed", f"--wire_dtype={dtype}",
+                                  f"--summary_path={summary}"], dtype)
+        procs = [self.spawn(self.worker_argv(port, "--train_limit=6000", "--test_limit=2000",
+                                             "--model=cnn", f"--name={dtype}-{i}",
+                                             "--log_every_s=30"))
+                 for i in range(3)]
+        _, err = ps.communicate(timeout=300)
+        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        for p in procs:
+            out, werr = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
+        with open(summary) as f:
+            return json.load(f)
+
+    def test_bf16_on_the_wire_reaches_the_accuracy_of_fp32(self):
+        fp32 = self.run_job("fp32")
+        bf16 = self.run_job("bf16")
+        a, b = fp32["final_test_accuracy"], bf16["final_test_accuracy"]
+        print(f"CNN, 2 epochs on 6000 images: accuracy fp32 {a:.4f}, bf16 {b:.4f}")
+        self.assertGreaterEqual(b, ClusterTest.MIN_ACCURACY)
+        # 2000 test images: one image is 0.05 pp. The full-data figures are in docs/dataplane.md.
+        self.assertLess(abs(a - b), 0.02)
+        self.assertNotEqual(a, b, "bf16 must really have travelled (the runs are deterministic)")
+
+
 class MidEpochReplanTest(ProcessTestCase):
     def test_a_worker_slowed_mid_epoch_is_replanned_within_the_window(self):
         window, slowed_from = 4, 30

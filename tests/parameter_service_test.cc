@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_matchers.h"
+#include "common/step_wire.h"
 #include "common/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -74,7 +75,7 @@ class ServiceTest : public ::testing::Test {
       Sign(&ctx, req.worker_id());
       ASSERT_THAT(params_->RegisterModel(&ctx, req, &reply), IsOk());
       std::vector<float> got(3);
-      ASSERT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
+      ASSERT_THAT(DecodeParameters(reply, kLayout, absl::MakeSpan(got)), IsOk());
       EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
     }
   }
@@ -117,7 +118,7 @@ class ServiceTest : public ::testing::Test {
     Sign(&ctx, req.worker_id());
     EXPECT_THAT(params_->PullParameters(&ctx, req, &reply), IsOk());
     std::vector<float> got(3);
-    EXPECT_THAT(DecodeTensors(reply.parameters(), kLayout, true, absl::MakeSpan(got)), IsOk());
+    EXPECT_THAT(DecodeParameters(reply, kLayout, absl::MakeSpan(got)), IsOk());
     *version = reply.version();
     return got;
   }

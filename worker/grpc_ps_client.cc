@@ -106,7 +106,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
                                  return parameters_->RegisterModel(ctx, req, &reply);
                                }),
                                "RegisterModel"));
-  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout, false, params));
+  DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
   layout_ = layout;
   return absl::OkStatus();
 }
@@ -195,7 +195,7 @@ absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float
     info.plan = FromProto(reply.plan());
     info.schedule = FromProto(reply.schedule());
   }
-  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters().parameters(), layout_, false, params));
+  DBS_RETURN_IF_ERROR(DecodeParameters(reply.parameters(), layout_, params));
   return info;
 }
 
@@ -208,7 +208,7 @@ absl::StatusOr<int64_t> GrpcPsClient::PullParameters(int worker_id, absl::Span<f
                                  return parameters_->PullParameters(ctx, req, &reply);
                                }),
                                "PullParameters"));
-  DBS_RETURN_IF_ERROR(DecodeTensors(reply.parameters(), layout_, false, params));
+  DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout_, params));
   return reply.version();
 }
 
