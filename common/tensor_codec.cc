@@ -24,7 +24,7 @@ void EncodeTensors(const ModelLayout& layout, absl::Span<const float> flat, Tens
   }
 }
 
-absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors) {
+absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors, bool with_data) {
   ModelLayout layout;
   layout.reserve(tensors.size());
   for (const v1::Tensor& t : tensors) {
@@ -33,7 +33,8 @@ absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors) {
   }
   DBS_RETURN_IF_ERROR(ValidateLayout(layout));
   for (int i = 0; i < tensors.size(); ++i) {
-    const uint64_t want = static_cast<uint64_t>(layout[i].NumElements()) * sizeof(float);
+    const uint64_t want =
+        with_data ? static_cast<uint64_t>(layout[i].NumElements()) * sizeof(float) : 0;
     if (tensors[i].data().size() != want) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", layout[i].name, "' of shape ", layout[i].ShapeString(),
@@ -70,6 +71,15 @@ absl::Status DecodeTensors(const TensorList& tensors, const ModelLayout& layout,
     offset += t.data().size() / sizeof(float);
   }
   return absl::OkStatus();
+}
+
+void EncodeLayout(const ModelLayout& layout, TensorList* out) {
+  for (const TensorSpec& spec : layout) {
+    v1::Tensor* t = out->Add();
+    t->set_name(spec.name);
+    for (int64_t d : spec.shape) t->add_shape(d);
+    if (spec.buffer) t->set_buffer(true);
+  }
 }
 
 }  // namespace dbs

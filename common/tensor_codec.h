@@ -21,9 +21,12 @@ using TensorList = google::protobuf::RepeatedPtrField<v1::Tensor>;
 // Appends one tensor per layout entry, taking values from `flat` (TotalElements(layout) floats).
 void EncodeTensors(const ModelLayout& layout, absl::Span<const float> flat, TensorList* out);
 
-// Reads the names and shapes of `tensors`; INVALID_ARGUMENT if a byte size does not match its
-// shape or the layout is invalid.
-absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors);
+// Reads the names and shapes of `tensors`; INVALID_ARGUMENT if the layout is invalid or a byte
+// size does not match its shape (with `with_data`; without, every tensor must carry no data).
+absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors, bool with_data = true);
+
+// Appends one tensor per layout entry with its name and shape and no data.
+void EncodeLayout(const ModelLayout& layout, TensorList* out);
 
 // Checks `tensors` against `layout` and, only if all is well, copies their values into `flat`
 // (TotalElements(layout) floats). With `require_finite`, NaN or infinite values are refused.

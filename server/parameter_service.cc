@@ -68,8 +68,12 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
                                            ParametersAnswer* reply, WaitingReactor* reactor) {
   const v1::RegisterModelRequest* req = &request;
   if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
-  absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters());
+  absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters(), !req->layout_only());
   if (!layout.ok()) return Answer(reactor, layout.status());
+  if (req->layout_only() && !store_->registered()) {
+    return Answer(reactor, absl::FailedPreconditionError(
+                               "no model is registered yet: send the initial values"));
+  }
   // Only the first registration's values are kept; later ones are checked against its layout
   // and get the stored values, so their (possibly large) values are not decoded.
   std::vector<float> initial;

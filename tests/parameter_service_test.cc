@@ -198,6 +198,73 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   EXPECT_EQ(version, 1);
 }
 
+TEST_F(ServiceTest, ALaterWorkerGetsTheStoredValuesForItsLayoutAlone) {
+  v1::RegisterModelRequest req;
+  req.set_worker_id(1);
+  req.set_layout_only(true);
+  EncodeLayout(kLayout, req.mutable_parameters());
+  v1::Parameters reply;
+  {
+    grpc::ClientContext ctx;
+    Sign(&ctx, 1);
+    ASSERT_THAT(params_->RegisterModel(&ctx, req, &reply), IsOk());
+  }
+  std::vector<float> got(3);
+  ASSERT_THAT(DecodeParameters(reply, kLayout, absl::MakeSpan(got)), IsOk());
+  EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
+  // Data in a layout-only request, or another layout, is refused.
+  req.mutable_parameters(0)->set_data(std::string(8, '\0'));
+  {
+    grpc::ClientContext ctx;
+    Sign(&ctx, 1);
+    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  req.mutable_parameters(0)->clear_data();
+  req.mutable_parameters(0)->set_shape(0, 3);
+  {
+    grpc::ClientContext ctx;
+    Sign(&ctx, 1);
+    EXPECT_EQ(params_->RegisterModel(&ctx, req, &reply).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST(ServiceLayoutOnlyTest, BeforeAnyModelALayoutAloneIsAskedForTheValues) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 1;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 2;
+  auto job = *TrainingJob::Create(config, &clock);
+  auto reg = job->scheduler()->Register({"w0", 8, 2, "cpu"});
+  ASSERT_THAT(reg, IsOk());
+  Scheduler* s = job->scheduler();
+  ParameterServiceImpl service(
+      job->store(), job->aggregator(),
+      [s](int id, absl::string_view token) { return s->Authenticate(id, token); });
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::ParameterService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  v1::RegisterModelRequest req;
+  req.set_worker_id(reg->worker_id);
+  req.set_layout_only(true);
+  EncodeLayout(kLayout, req.mutable_parameters());
+  v1::Parameters reply;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kWorkerTokenKey, reg->token);
+  const grpc::Status refused = stub->RegisterModel(&ctx, req, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("send the initial values"));
+  EXPECT_FALSE(job->store()->registered()) << "nothing was registered from a layout alone";
+  job->Abort(absl::CancelledError("test over"));
+  server->Shutdown();
+}
+
 TEST_F(ServiceTest, UnknownWorkersAndMismatchedModelsAreRefused) {
   v1::RegisterModelRequest req;
   req.set_worker_id(5);

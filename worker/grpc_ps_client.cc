@@ -97,15 +97,25 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
 absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layout,
                                          absl::Span<const float> initial,
                                          absl::Span<float> params) {
+  // The layout alone first: usually another worker registered the model already, and the
+  // stored values come back without this worker sending its own. Otherwise, the values.
   v1::RegisterModelRequest req;
   req.set_worker_id(worker_id);
-  EncodeTensors(layout, initial, req.mutable_parameters());
+  req.set_layout_only(true);
+  EncodeLayout(layout, req.mutable_parameters());
   v1::Parameters reply;
   // Idempotent (the first registration wins): safe to retry like the other calls.
-  DBS_RETURN_IF_ERROR(Annotate(WithRetry([&](grpc::ClientContext* ctx) {
-                                 return parameters_->RegisterModel(ctx, req, &reply);
-                               }),
-                               "RegisterModel"));
+  auto call = [&](grpc::ClientContext* ctx) {
+    return parameters_->RegisterModel(ctx, req, &reply);
+  };
+  grpc::Status status = WithRetry(call);
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    req.Clear();
+    req.set_worker_id(worker_id);
+    EncodeTensors(layout, initial, req.mutable_parameters());
+    status = WithRetry(call);
+  }
+  DBS_RETURN_IF_ERROR(Annotate(status, "RegisterModel"));
   DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
   layout_ = layout;
   return absl::OkStatus();
