@@ -300,7 +300,10 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
         print(f"local_cluster: dbs_ps on 127.0.0.1:{port}; starting {args.workers} workers "
               f"({describe_emulation(*emulation)}); logs in {args.out_dir}", flush=True)
         workers = [cluster.start(f"worker-{i}",
-                                 worker_argv(args, worker_bin, port, i, slow, windows[i]),
+                                 worker_argv(args, worker_bin, port, i, slow, windows[i])
+                                 # Under a CPU quota a slow window slows the whole step (its
+                                 # time off the CPU is the quota's throttling).
+                                 + (["--slowdown_of=wall"] if cgroups[i] else []),
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
         everyone = [("ps", ps)] + [(f"worker-{i}", w) for i, w in enumerate(workers)]

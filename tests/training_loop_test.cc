@@ -226,6 +226,19 @@ TEST_F(TrainingLoopTest, SlowdownScalesTheWorkNotTheTimeSpentWaitingForACore) {
   EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.018, 1e-9);
 }
 
+// A worker held to a CPU quota: its time off the CPU is its own throttling, so the slowdown
+// multiplies all of it (slowing only its CPU time would let the quota refill while it sleeps).
+TEST_F(TrainingLoopTest, SlowdownOfWallScalesTheWholeComputation) {
+  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
+  ASSERT_THAT(slow, IsOk());
+  loop_config_.slowdown = *slow;
+  loop_config_.slowdown_of_wall = true;
+  learner_.waiting_for_a_core = absl::Milliseconds(6);
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.030, 1e-9);  // (4 + 6) * 3 ms
+}
+
 TEST_F(TrainingLoopTest, ServerRestartMidEpochResumesFromItsCheckpoint) {
   FakePsClient reference(job_, &clock_);
   ASSERT_THAT(Run(&reference), IsOk());

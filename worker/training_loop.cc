@@ -188,8 +188,9 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   if (b > 0) {
     const absl::Duration cpu0 = clock_->ProcessCpuTime();
     loss_sum = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
-    EmulateSlowdown(clock_, clock_->ProcessCpuTime() - cpu0,
-                    config_.slowdown.FactorAt(epoch_, global_step_));
+    const absl::Duration spent =
+        config_.slowdown_of_wall ? clock_->Now() - t0 : clock_->ProcessCpuTime() - cpu0;
+    EmulateSlowdown(clock_, spent, config_.slowdown.FactorAt(epoch_, global_step_));
   }
   ++global_step_;
   const double compute = Since(t0);

@@ -38,6 +38,10 @@ struct LoopConfig {
   std::string model;          // the model's name, for the log
   int max_batch = 0;          // the largest batch this worker can hold (0: no limit)
   SlowdownSchedule slowdown;  // emulated slowness: compute takes this many times longer
+  // The slowdown multiplies the computation's elapsed time, not its CPU time: for a worker held
+  // to a CPU quota, whose time off the CPU is its own throttling (with CPU time, the sleep would
+  // let its quota refill and slow it hardly at all).
+  bool slowdown_of_wall = false;
   absl::Duration log_every = absl::Seconds(5);
   std::string record_path;  // optional JSON record of this worker's epochs
   std::FILE* out = stdout;  // progress lines

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/signal_watcher.h"
+#include "common/status_macros.h"
 #include "worker/fashion_mnist.h"
 #include "worker/grpc_ps_client.h"
 #include "worker/torch_learner.h"
@@ -41,6 +42,10 @@ ABSL_FLAG(double, slowdown, 1.0,
 ABSL_FLAG(std::string, slow_windows, "",
           "Extra slowdown while training, like a background job: 'e<begin>:<end>:<factor>' "
           "(epochs) or 's<begin>:<end>:<factor>' (global steps), ';'-separated, e.g. e2:4:3.");
+ABSL_FLAG(std::string, slowdown_of, "cpu",
+          "What the slowdown multiplies: 'cpu', the step's CPU time (several emulated workers "
+          "sharing cores), or 'wall', its elapsed time (a worker held to a CPU quota, whose "
+          "waiting is its own throttling).");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
 ABSL_FLAG(int, max_batch, 0,
           "The largest batch this worker can hold (its memory cap), honoured by the server's "
@@ -81,6 +86,19 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 
 namespace {
 
+absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
+  absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
+      absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
+  if (!slowdown.ok()) return slowdown.status();
+  loop->slowdown = *slowdown;
+  const std::string of = absl::GetFlag(FLAGS_slowdown_of);
+  if (of != "cpu" && of != "wall") {
+    return absl::InvalidArgumentError("--slowdown_of must be 'cpu' or 'wall'");
+  }
+  loop->slowdown_of_wall = of == "wall";
+  return absl::OkStatus();
+}
+
 // Every flag's check lives here: main only composes what these return.
 struct WorkerConfig {
   dbs::LearnerConfig learner;
@@ -112,10 +130,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
     c.loop.name = absl::StrCat(host, ":", getpid());
   }
   c.loop.model = c.learner.model;
-  absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
-      absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
-  if (!slowdown.ok()) return slowdown.status();
-  c.loop.slowdown = *slowdown;
+  DBS_RETURN_IF_ERROR(SlowdownFromFlags(&c.loop));
   c.loop.max_batch = absl::GetFlag(FLAGS_max_batch);
   if (c.loop.max_batch < 0) return absl::InvalidArgumentError("--max_batch must be >= 0");
   const double log_every_s = absl::GetFlag(FLAGS_log_every_s);
