@@ -179,10 +179,19 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     }
     return retry_ticket;
   }
-  if (completed && !result.ok() && failure_hook_) failure_hook_(result.status());
+  if (completed) AfterStep(stats, &result);
+  for (Done& d : to_run) d(result);
+  return 0;
+}
+
+void StepAggregator::AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result) {
+  if (!result->ok()) {
+    if (failure_hook_) failure_hook_(result->status());
+    return;
+  }
   // Nobody can push the next step before these answers go out, so a re-plan made here is in
   // place for it.
-  if (completed && hook_ && result.ok()) {
+  if (hook_) {
     std::optional<PlanChange> replan = hook_(stats);
     if (replan.has_value() && !stats.last_of_epoch) {
       auto revisions =
@@ -190,15 +199,13 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       absl::MutexLock lock(&mu_);
       quotas_.resize(static_cast<size_t>(step_));
       for (auto& q : replan->later_quotas) quotas_.push_back(std::move(q));
-      result->revisions = revisions;
+      (*result)->revisions = revisions;
       if (last_.has_value()) last_->revisions = revisions;
     }
   }
   // The answers go out now: each worker's next push measures its cycle from here (the hook's
   // checkpoints and re-plans above are the server's time, not the workers').
-  if (completed && result.ok()) MarkReleased(stats.epoch, stats.step);
-  for (Done& d : to_run) d(result);
-  return 0;
+  MarkReleased(stats.epoch, stats.step);
 }
 
 void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {

@@ -209,6 +209,10 @@ class StepAggregator {
   StepStats TakeStepStatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answers of (epoch, step) go out now (a no-op without a clock).
   void MarkReleased(int epoch, int step) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a step completed, before its answers go out: the failure hook, or the step hook (and
+  // the re-plan it returns), then MarkReleased.
+  void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
   absl::Status CheckGradient(const GradientPush& push) const;
   // Takes an accepted push's gradient into the step's sum: at once, or in worker order

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/plan_codec.h"
 #include "common/secrets.h"
@@ -43,7 +42,8 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   channel_ = grpc::CreateCustomChannel(config.address, credentials, args);
   scheduler_ = v1::SchedulerService::NewStub(channel_);
   parameters_ = v1::ParameterService::NewStub(channel_);
-  generic_ = std::make_unique<grpc::GenericStub>(channel_);
+  push_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/dbs.v1.ParameterService/PushGradient", grpc::internal::RpcMethod::NORMAL_RPC, channel_);
 }
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
@@ -261,16 +261,12 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
     WriteGradientField(wire_dtype_, gradient, data);
   }
   const grpc::ByteBuffer request(slices, send ? 2 : 1);
+  // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
+  // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
+  // worker held to a CPU quota pays in throttled time).
   auto call = [&](grpc::ClientContext* ctx) {
-    absl::Notification done;
-    grpc::Status status;
-    generic_->UnaryCall(ctx, "/dbs.v1.ParameterService/PushGradient", grpc::StubOptions(), &request,
-                        &push_reply_, [&](grpc::Status s) {
-                          status = std::move(s);
-                          done.Notify();
-                        });
-    done.WaitForNotification();
-    return status;
+    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel_.get(), *push_method_, ctx, request, &push_reply_);
   };
   DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "PushGradient"));
   v1::PushGradientReply reply;

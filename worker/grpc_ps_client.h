@@ -16,7 +16,8 @@
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "common/grpc_step_wire.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
 #include "proto/dbs.grpc.pb.h"
 #include "worker/ps_client.h"
 
@@ -77,7 +78,8 @@ class GrpcPsClient : public PsClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> scheduler_;
   std::unique_ptr<v1::ParameterService::Stub> parameters_;
-  std::unique_ptr<grpc::GenericStub> generic_;
+  // PushGradient as raw bytes (common/step_wire.h) through the blocking call path.
+  std::unique_ptr<grpc::internal::RpcMethod> push_method_;
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
   std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
