@@ -64,7 +64,6 @@ def run_dbs(args, n, variant):
     wire_dtype, _, mode = variant.partition("/")
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
         port_file = os.path.join(tmp, "port")
-        steps = args.warmup + args.steps
         ps_argv = [args.ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
                    f"--workers={args.clients}", f"--global_batch={args.clients}", "--epochs=1",
                    "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
@@ -88,7 +87,6 @@ def run_dbs(args, n, variant):
             if client.returncode != 0:
                 raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
                                    f"{client.stderr[-2000:]}")
-            del steps
             return json.loads(client.stdout.strip().splitlines()[-1])
         finally:
             ps.kill()

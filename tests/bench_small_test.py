@@ -149,5 +149,35 @@ class BestSplitTest(unittest.TestCase):
         self.assertAlmostEqual(self.best([knee, [[4, 1.0], [8, 2.0]]], 10), 1.3)
 
 
+
+class DataplaneSmallTest(unittest.TestCase):
+    """bench/dataplane.py at one small size: dbs_ps with the C++ client, gloo beside it, in fp32
+    summed in worker order and bf16 summed on arrival; the table, the record and the plot."""
+
+    def test_every_variant_and_gloo_report_their_figures(self):
+        out = tempfile.mkdtemp(prefix="dataplane_small_")
+        self.addCleanup(shutil.rmtree, out, ignore_errors=True)
+        p = subprocess.run(
+            [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
+             "--variants=fp32,bf16/arrival", "--rounds=1", "--warmup=1", "--steps=5",
+             f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
+             f"--client_bin={os.path.join(RUNFILES, 'bench', 'dataplane_client')}"],
+            capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        with open(os.path.join(out, "dataplane.json")) as f:
+            record = json.load(f)
+        rows = {r["wire_dtype"]: r for r in record["summary"]}
+        self.assertEqual(set(rows), {"fp32", "bf16/arrival"})
+        for r in rows.values():
+            self.assertEqual(r["params"], 46730)
+            self.assertGreater(r["dbs_step_ms"], 0)
+            self.assertGreater(r["gloo_step_ms"], 0)
+            self.assertGreater(r["server_peak_rss_mib"], 1)
+            self.assertGreaterEqual(r["server_faults_per_step"], 0)
+            self.assertGreater(r["client_cpu_ms_per_step"], 0)
+        self.assertTrue(os.path.exists(os.path.join(out, "dataplane.png")))
+        with open(os.path.join(out, "dataplane.md")) as f:
+            self.assertIn("| 46,730 | bf16/arrival |", f.read())
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
