@@ -77,6 +77,23 @@ class ProcessTestCase(unittest.TestCase):
     def worker_argv(port, *flags):
         return [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}", *flags]
 
+    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180):
+        """A 2-epoch job with the fixed split (deterministic), one worker per entry of
+        `worker_flags`; waits for every process to exit 0 and returns the summary."""
+        summary = os.path.join(self.tmp, f"{tag}.json")
+        ps, port = self.start_ps([f"--workers={len(worker_flags)}", "--epochs=2",
+                                  "--policy=fixed", f"--summary_path={summary}"] + ps_flags, tag)
+        procs = [self.spawn(self.worker_argv(port, f"--name={tag}-{i}", "--log_every_s=30",
+                                             *flags))
+                 for i, flags in enumerate(worker_flags)]
+        _, err = ps.communicate(timeout=timeout)
+        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        for p in procs:
+            _, werr = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
+        with open(summary) as f:
+            return json.load(f)
+
     def run_cmd(self, argv, timeout):
         p = self.spawn(argv)
         out, err = p.communicate(timeout=timeout)
@@ -293,26 +310,12 @@ class DeterministicAggregationTest(ProcessTestCase):
     worker order."""
 
     def run_job(self, tag, slowdowns):
-        summary = os.path.join(self.tmp, f"{tag}.json")
-        ps, port = self.start_ps(["--workers=3", "--epochs=2", "--global_batch=48",
-                                  "--policy=fixed", f"--summary_path={summary}"], tag)
-        exports = []
-        procs = []
-        for i, slow in enumerate(slowdowns):
-            exports.append(os.path.join(self.tmp, f"{tag}-{i}.pt"))
-            procs.append(self.spawn(self.worker_argv(
-                port, "--train_limit=3000", "--test_limit=600", "--model=mlp", f"--name=w{i}",
-                f"--slowdown={slow}", f"--export_path={exports[-1]}", "--log_every_s=30")))
-        _, err = ps.communicate(timeout=180)
-        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
-        for p in procs:
-            _, werr = p.communicate(timeout=60)
-            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
-        with open(summary) as f:
-            s = json.load(f)
+        exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(len(slowdowns))]
+        s = self.run_fixed_job(tag, ["--global_batch=48"], [
+            ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
+             f"--export_path={export}"] for slow, export in zip(slowdowns, exports)])
         with open(exports[0], "rb") as f:
-            weights = f.read()
-        return s, weights
+            return s, f.read()
 
     def test_other_arrival_orders_give_bit_identical_parameters(self):
         a, wa = self.run_job("fast_first", ["1", "2", "4"])
@@ -330,21 +333,8 @@ class WireDtypeTest(ProcessTestCase):
     fp32 (same job, same seed, fixed split so only the wire differs)."""
 
     def run_job(self, dtype):
-        summary = os.path.join(self.tmp, f"{dtype}.json")
-        ps, port = self.start_ps(["--workers=3", "--epochs=2", "--global_batch=64",
-                                  "--policy=fixed", f"--wire_dtype={dtype}",
-                                  f"--summary_path={summary}"], dtype)
-        procs = [self.spawn(self.worker_argv(port, "--train_limit=6000", "--test_limit=2000",
-                                             "--model=cnn", f"--name={dtype}-{i}",
-                                             "--log_every_s=30"))
-                 for i in range(3)]
-        _, err = ps.communicate(timeout=300)
-        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
-        for p in procs:
-            out, werr = p.communicate(timeout=60)
-            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
-        with open(summary) as f:
-            return json.load(f)
+        return self.run_fixed_job(dtype, ["--global_batch=64", f"--wire_dtype={dtype}"], [
+            ["--train_limit=6000", "--test_limit=2000", "--model=cnn"]] * 3, timeout=300)
 
     def test_bf16_on_the_wire_reaches_the_accuracy_of_fp32(self):
         fp32 = self.run_job("fp32")
