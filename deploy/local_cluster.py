@@ -180,7 +180,8 @@ def build_parser():
                          "rule; fixed: the equal split (plain S-SGD)")
     ap.add_argument("--model", default="cnn",
                     help="cnn, mlp, or the path of a TorchScript file (docs/models.md)")
-    ap.add_argument("--loss", default="auto", help="a TorchScript model's loss")
+    ap.add_argument("--loss", default="auto",
+                    help="auto, cross_entropy, nll or mse (dbs_worker --help)")
     ap.add_argument("--export_path", default="",
                     help="worker-0 writes the trained model here at the end of the job")
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
@@ -188,9 +189,15 @@ def build_parser():
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--weight_decay", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--train_limit", type=int, default=0, help="0: all 60000 images")
-    ap.add_argument("--test_limit", type=int, default=0, help="0: all 10000 images")
-    ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--train_limit", type=int, default=0, help="0: every training sample")
+    ap.add_argument("--test_limit", type=int, default=0, help="0: every test sample")
+    ap.add_argument("--data", default="fashion-mnist",
+                    help="fashion-mnist[:DIR], idx:DIR, cifar10:DIR or "
+                         "npy:TRAIN_X.npy,TRAIN_Y.npy[,TEST_X.npy,TEST_Y.npy] (docs/data.md)")
+    ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist",
+                    help="the folder of --data=fashion-mnist")
+    ap.add_argument("--normalize", default="auto",
+                    help="auto, none, train or MEAN/STD per channel (dbs_worker --help)")
     ap.add_argument("--threads", type=int, default=1, help="libtorch threads per worker")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--log_every_s", type=float, default=10.0)
@@ -248,7 +255,8 @@ def worker_argv(args, worker_bin, port, i, slowdown, window):
     return [
         worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
         f"--model={args.model}", f"--device={args.device}",
-        f"--data_dir={args.data_dir}", f"--train_limit={args.train_limit}",
+        f"--data={args.data}", f"--data_dir={args.data_dir}",
+        f"--normalize={args.normalize}", f"--train_limit={args.train_limit}",
         f"--test_limit={args.test_limit}", f"--slowdown={slowdown}",
         f"--threads={args.threads}", f"--seed={args.seed}",
         f"--log_every_s={args.log_every_s}",
@@ -350,7 +358,8 @@ def main(argv=None):
     with open(summary) as f:
         record = json.load(f)
     print(f"local_cluster: done in {wall:.1f} s; final test accuracy "
-          f"{100 * record['final_test_accuracy']:.2f}% after {record['epochs_completed']} "
+          f"{100 * record['final_test_accuracy']:.2f}%, test loss "
+          f"{record.get('final_test_loss', 0):.4g} after {record['epochs_completed']} "
           f"epochs; summary in {summary}")
     return 0
 

@@ -3,10 +3,13 @@
     /usr/bin/python3 examples/models.py OUT_DIR
 
 writes OUT_DIR/resnet_bn.pt (a small ResNet-style network with BatchNorm for 1x28x28 inputs),
-OUT_DIR/plain_cnn.pt (a CNN without BatchNorm) and OUT_DIR/wide_cnn.pt (another layout, for
-refusal tests). Train one with the local cluster:
+OUT_DIR/plain_cnn.pt (a CNN without BatchNorm), OUT_DIR/wide_cnn.pt (another layout, for
+refusal tests) and OUT_DIR/mlp_regression.pt (an MLP regressing one value from 8 features, for
+examples/regression_data.py's .npy files). Train one with the local cluster:
 
     ./deploy/run_local_cluster.sh --model=OUT_DIR/resnet_bn.pt --export_path=trained.pt
+    ./deploy/run_local_cluster.sh --model=OUT_DIR/mlp_regression.pt \
+        --data=npy:DATA/train_x.npy,DATA/train_y.npy,DATA/test_x.npy,DATA/test_y.npy
 """
 
 import os
@@ -60,12 +63,26 @@ class PlainCNN(nn.Module):
         return self.fc(torch.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
 
 
+class RegressionMLP(nn.Module):
+    """Real-valued targets: dbs_worker's --loss=auto picks mean squared error for them."""
+
+    def __init__(self, features: int = 8, hidden: int = 64, outputs: int = 1):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, outputs)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
     torch.jit.script(ResNetBN()).save(os.path.join(out_dir, "resnet_bn.pt"))
     torch.jit.script(PlainCNN()).save(os.path.join(out_dir, "plain_cnn.pt"))
     torch.jit.script(PlainCNN(channels=12)).save(os.path.join(out_dir, "wide_cnn.pt"))
+    torch.jit.script(RegressionMLP()).save(os.path.join(out_dir, "mlp_regression.pt"))
 
 
 if __name__ == "__main__":

@@ -169,15 +169,17 @@ nlohmann::json BuildSummary(const RunInfo& run) {
   out["seed"] = run.scheduler.seed;
   out["worker_info"] = WorkerInfo(run.workers);
   json epochs = json::array();
-  double final_accuracy = 0.0;
+  double final_accuracy = 0.0, final_loss = 0.0;
   for (const EpochRecord& r : run.epochs) {
     if (!r.complete) continue;
     epochs.push_back(EpochJson(run, r));
     final_accuracy = TestAccuracy(r);
+    final_loss = TestLoss(r);
   }
   out["epochs_completed"] = epochs.size();
   out["epochs"] = std::move(epochs);
   out["final_test_accuracy"] = final_accuracy;
+  out["final_test_loss"] = final_loss;
   out["wall_seconds"] = Seconds(run.start, run.end);
   return out;
 }
@@ -196,11 +198,11 @@ std::string EpochLine(const RunInfo& run, const EpochRecord& r) {
   const int done = r.epoch + 1;
   const double eta = done > 0 ? elapsed / done * (run.scheduler.epochs - done) : 0.0;
   return absl::StrFormat(
-      "epoch %d/%d done in %.1f s | train loss %.4f | test acc %.2f%% | ETA %.0f s | "
+      "epoch %d/%d done in %.1f s | train loss %.4f | test acc %.2f%% loss %.4g | ETA %.0f s | "
       "batch [%s] compute s [%s] wait s [%s]",
       done, run.scheduler.epochs, Seconds(r.start, r.end),
-      loss == run.losses.end() ? 0.0 : loss->second.mean(), 100.0 * TestAccuracy(r), eta,
-      absl::StrJoin(batches, " "), absl::StrJoin(compute, " "), absl::StrJoin(wait, " "));
+      loss == run.losses.end() ? 0.0 : loss->second.mean(), 100.0 * TestAccuracy(r), TestLoss(r),
+      eta, absl::StrJoin(batches, " "), absl::StrJoin(compute, " "), absl::StrJoin(wait, " "));
 }
 
 std::string HumanSummary(const RunInfo& run) {
@@ -217,7 +219,8 @@ std::string HumanSummary(const RunInfo& run) {
   absl::StrAppendFormat(&out, "  status: %s\n  epochs: %d of %d, wall time %.1f s\n", run.status,
                         completed, run.scheduler.epochs, Seconds(run.start, run.end));
   if (last != nullptr) {
-    absl::StrAppendFormat(&out, "  final test accuracy: %.2f%%\n", 100.0 * TestAccuracy(*last));
+    absl::StrAppendFormat(&out, "  final test accuracy: %.2f%%, test loss %.6g\n",
+                          100.0 * TestAccuracy(*last), TestLoss(*last));
     absl::StrAppendFormat(&out, "  last epoch compute time max/min across workers: %.2f\n",
                           ComputeSpread(*last).ratio());
     for (const auto& [id, plan] : last->plans) {

@@ -94,6 +94,23 @@ class ProcessTestCase(unittest.TestCase):
         with open(summary) as f:
             return json.load(f)
 
+    def run_job(self, ps_flags, worker_flags, timeout=600):
+        """Runs one job to its end, one worker per entry of `worker_flags` (each a list of
+        flags); asserts that every process exits 0; returns (summary, the workers' outputs)."""
+        summary = os.path.join(self.tmp, "summary.json")
+        ps, port = self.start_ps([f"--workers={len(worker_flags)}", f"--summary_path={summary}",
+                                  "--linger_s=1", *ps_flags])
+        procs = [self.spawn(self.worker_argv(port, *flags)) for flags in worker_flags]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            self.assertEqual(p.returncode, 0, err.decode()[-3000:])
+            outs.append(out.decode())
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        with open(summary) as f:
+            return json.load(f), outs
+
     def run_cmd(self, argv, timeout):
         p = self.spawn(argv)
         out, err = p.communicate(timeout=timeout)

@@ -3,7 +3,6 @@ build time) train with real processes, and the exported weights load back in PyT
 accuracy the job reported. Python steps use Debian's /usr/bin/python3 (python3-torch).
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -21,21 +20,8 @@ SMALL = ["--train_limit=3000", f"--test_limit={TEST_LIMIT}", "--log_every_s=60"]
 
 class TorchScriptTest(ProcessTestCase):
     def train(self, workers, flags_of, epochs=2, policy="dbs"):
-        summary = os.path.join(self.tmp, "summary.json")
-        ps, port = self.start_ps([f"--workers={len(workers)}", f"--epochs={epochs}",
-                                  "--global_batch=64", f"--policy={policy}",
-                                  f"--summary_path={summary}", "--linger_s=1"])
-        procs = [self.spawn(self.worker_argv(port, *SMALL, f"--name={name}", *flags_of(name)))
-                 for name in workers]
-        outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            self.assertEqual(p.returncode, 0, err.decode()[-3000:])
-            outs.append(out.decode())
-        ps.communicate(timeout=60)
-        self.assertEqual(ps.returncode, 0)
-        with open(summary) as f:
-            return json.load(f), outs
+        return self.run_job([f"--epochs={epochs}", "--global_batch=64", f"--policy={policy}"],
+                            [[*SMALL, f"--name={name}", *flags_of(name)] for name in workers])
 
     def exported_accuracy(self, kind, path):
         out = subprocess.run([PYTHON, EVAL, kind, path, str(TEST_LIMIT)], capture_output=True,

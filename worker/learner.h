@@ -19,6 +19,7 @@ struct EvalResult {
   int64_t samples = 0;
   int64_t correct = 0;
   double loss_sum = 0.0;
+  bool classified = true;  // false for real-valued targets: `correct` means nothing
 };
 
 class Learner {
@@ -29,6 +30,8 @@ class Learner {
   virtual int64_t test_size() const = 0;
   // Where the model runs, e.g. "cpu" or "cuda:0".
   virtual std::string device() const = 0;
+  // One line on the data and how it is fed to the model, for the log.
+  virtual std::string DescribeData() const { return ""; }
   // Names and shapes of the model's parameters, in the order of the flat buffers below.
   virtual const ModelLayout& layout() const = 0;
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dbs {
 namespace {
@@ -35,17 +36,36 @@ absl::Status WriteAtomically(const std::string& path,
   return absl::OkStatus();
 }
 
+// `kind`: "cross_entropy", "nll", "mse", or "by_target" (mse for real-valued targets, else
+// cross-entropy). mse compares values, so an output of the target's size is viewed in its shape
+// ([B, 1] against [B]).
+torch::Tensor LossOf(const std::string& kind, const torch::Tensor& output,
+                     const torch::Tensor& target) {
+  if (kind == "mse" || (kind == "by_target" && target.is_floating_point())) {
+    const bool same = output.sizes() == target.sizes() || output.numel() != target.numel();
+    return nn::functional::mse_loss(same ? output : output.reshape(target.sizes()), target);
+  }
+  if (kind == "nll") return nn::functional::nll_loss(output, target);
+  return nn::functional::cross_entropy(output, target);
+}
+
+std::string ChosenLoss(const std::string& loss) { return loss == "auto" ? "by_target" : loss; }
+
 class BuiltinNet : public Net {
  public:
-  explicit BuiltinNet(nn::Sequential model) : model_(std::move(model)) {
+  // `input_shape`: [-1, C, H, W] to view a batch as images, empty to take it as it comes.
+  BuiltinNet(nn::Sequential model, std::vector<int64_t> input_shape, std::string loss)
+      : model_(std::move(model)), input_shape_(std::move(input_shape)), loss_(std::move(loss)) {
     for (const auto& item : model_->named_parameters()) {
       layout_.push_back(TensorSpec{item.key(), item.value().sizes().vec()});
     }
   }
   std::vector<torch::Tensor> Tensors() override { return model_->parameters(); }
-  torch::Tensor Forward(const torch::Tensor& input) override { return model_->forward(input); }
+  torch::Tensor Forward(const torch::Tensor& input) override {
+    return model_->forward(input_shape_.empty() ? input : input.reshape(input_shape_));
+  }
   torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& target) override {
-    return nn::functional::cross_entropy(output, target);
+    return LossOf(loss_, output, target);
   }
   void SetTraining(bool on) override { model_->train(on); }
   void To(const torch::Device& device) override { model_->to(device); }
@@ -66,6 +86,8 @@ class BuiltinNet : public Net {
 
  private:
   nn::Sequential model_;
+  const std::vector<int64_t> input_shape_;
+  const std::string loss_;
 };
 
 class ScriptNet : public Net {
@@ -90,9 +112,7 @@ class ScriptNet : public Net {
   }
   torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& target) override {
     if (loss_ == "module") return module_.run_method("loss", output, target).toTensor();
-    if (loss_ == "mse") return nn::functional::mse_loss(output, target);
-    if (loss_ == "nll") return nn::functional::nll_loss(output, target);
-    return nn::functional::cross_entropy(output, target);
+    return LossOf(loss_, output, target);
   }
   void SetTraining(bool on) override { module_.train(on); }
   void To(const torch::Device& device) override {
@@ -118,6 +138,18 @@ class ScriptNet : public Net {
   std::vector<torch::Tensor> tensors_;
 };
 
+// The line of a libtorch error that says what went wrong: a TorchScript error puts the Python
+// exception ("RuntimeError: ...") after a traceback; a plain one says it first.
+std::string TorchErrorLine(const std::string& what) {
+  const size_t at = what.rfind("Error: ");
+  if (at != std::string::npos) {
+    const size_t begin = what.rfind('\n', at);
+    const std::string line = what.substr(begin == std::string::npos ? 0 : begin + 1);
+    return line.substr(0, line.find('\n'));
+  }
+  return what.substr(0, what.find('\n'));
+}
+
 void CopyInto(const torch::Tensor& t, float* out) {
   torch::Tensor cpu = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
   std::memcpy(out, cpu.data_ptr<float>(), cpu.numel() * sizeof(float));
@@ -134,27 +166,49 @@ std::vector<torch::Tensor> Net::Parameters() {
   return params;
 }
 
-absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(const std::string& name) {
+absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(const std::string& name,
+                                                    const std::vector<int64_t>& row_shape,
+                                                    int64_t outputs, const std::string& loss) {
+  if (loss != "auto" && loss != "cross_entropy" && loss != "mse") {
+    return absl::InvalidArgumentError(absl::StrCat("--loss=", loss, " does not suit the built-in ",
+                                                   name, "; use auto, cross_entropy or mse"));
+  }
+  if (outputs < 1) return absl::InvalidArgumentError("the model needs at least one output");
+  int64_t features = 1;
+  for (int64_t d : row_shape) features *= d;
   if (name == "mlp") {
     return std::make_unique<BuiltinNet>(nn::Sequential({{"flatten", nn::Flatten()},
-                                                        {"fc1", nn::Linear(784, 256)},
+                                                        {"fc1", nn::Linear(features, 256)},
                                                         {"relu1", nn::ReLU()},
                                                         {"fc2", nn::Linear(256, 128)},
                                                         {"relu2", nn::ReLU()},
-                                                        {"fc3", nn::Linear(128, 10)}}));
+                                                        {"fc3", nn::Linear(128, outputs)}}),
+                                        std::vector<int64_t>{}, ChosenLoss(loss));
   }
   if (name == "cnn") {
+    const bool image = row_shape.size() == 3 || row_shape.size() == 2;
+    const int64_t c = row_shape.size() == 3 ? row_shape[0] : 1;
+    const int64_t h = image ? row_shape[row_shape.size() - 2] : 0;
+    const int64_t w = image ? row_shape.back() : 0;
+    if (!image || h < 16 || w < 16 || c < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the built-in cnn takes image samples [C, H, W] or [H, W] of at least 16x16; these are [",
+          absl::StrJoin(row_shape, ", "), "] (use --model=mlp or a TorchScript model)"));
+    }
+    // Two valid 5x5 convolutions, each followed by 2x2 max-pooling.
+    const int64_t fh = ((h - 4) / 2 - 4) / 2, fw = ((w - 4) / 2 - 4) / 2;
     return std::make_unique<BuiltinNet>(
-        nn::Sequential({{"conv1", nn::Conv2d(nn::Conv2dOptions(1, 16, 5))},
+        nn::Sequential({{"conv1", nn::Conv2d(nn::Conv2dOptions(c, 16, 5))},
                         {"relu1", nn::ReLU()},
                         {"pool1", nn::MaxPool2d(2)},
                         {"conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 5))},
                         {"relu2", nn::ReLU()},
                         {"pool2", nn::MaxPool2d(2)},
                         {"flatten", nn::Flatten()},
-                        {"fc1", nn::Linear(32 * 4 * 4, 64)},
+                        {"fc1", nn::Linear(32 * fh * fw, 64)},
                         {"relu3", nn::ReLU()},
-                        {"fc2", nn::Linear(64, 10)}}));
+                        {"fc2", nn::Linear(64, outputs)}}),
+        std::vector<int64_t>{-1, c, h, w}, ChosenLoss(loss));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown model '", name, "'; use mlp, cnn or the path of a TorchScript file"));
@@ -178,7 +232,7 @@ absl::StatusOr<std::unique_ptr<Net>> LoadScriptNet(const std::string& path,
                                                    what));
   }
   std::string chosen = loss;
-  if (loss == "auto") chosen = module.find_method("loss").has_value() ? "module" : "cross_entropy";
+  if (loss == "auto") chosen = module.find_method("loss").has_value() ? "module" : "by_target";
   auto net = std::make_unique<ScriptNet>(std::move(module), chosen);
   if (net->layout().empty()) {
     return absl::InvalidArgumentError(
@@ -230,34 +284,78 @@ double ComputeGradient(Net& net, const torch::Tensor& inputs, const torch::Tenso
   return loss.item<double>() * static_cast<double>(inputs.size(0));
 }
 
-torch::Tensor ImagesTensor(const ImageDataset& data) {
-  constexpr double kMean = 0.2860, kStd = 0.3530;  // Fashion-MNIST training set statistics
-  torch::Tensor bytes = torch::from_blob(const_cast<uint8_t*>(data.images.data()),
-                                         {data.size, 1, data.rows, data.cols}, torch::kUInt8);
-  return (bytes.to(torch::kFloat32).div(255.0) - kMean) / kStd;
+torch::Tensor ArrayTensor(const Array& array) {
+  torch::ScalarType type = torch::kFloat32;
+  switch (array.dtype()) {
+    case DType::kUint8:
+      type = torch::kUInt8;
+      break;
+    case DType::kInt64:
+      type = torch::kInt64;
+      break;
+    case DType::kFloat32:
+      type = torch::kFloat32;
+      break;
+    default:
+      throw std::invalid_argument("ArrayTensor: unconverted element type");
+  }
+  return torch::from_blob(const_cast<void*>(array.data()), array.shape(), type);
 }
 
-torch::Tensor LabelsTensor(const ImageDataset& data) {
-  return torch::from_blob(const_cast<uint8_t*>(data.labels.data()), {data.size}, torch::kUInt8)
-      .to(torch::kInt64);
+torch::Tensor PrepareInputs(const torch::Tensor& raw, const Normalization& norm,
+                            const torch::Tensor& mean, const torch::Tensor& std) {
+  torch::Tensor x = raw.to(torch::kFloat32);
+  if (raw.scalar_type() == torch::kUInt8) x = x.div(255.0);
+  if (norm.mean.size() == 1) return (x - norm.mean[0]) / norm.std[0];
+  if (norm.mean.empty()) return x;
+  return (x - mean) / std;
 }
 
-EvalResult Evaluate(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
-                    int64_t begin, int64_t end) {
+void EvaluateBatch(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
+                   EvalResult* result) {
   torch::NoGradGuard no_grad;
   net.SetTraining(false);
-  EvalResult r;
-  constexpr int64_t kChunk = 1000;
-  const bool labels = targets.scalar_type() == torch::kInt64;
-  for (int64_t b = begin; b < end; b += kChunk) {
-    const int64_t e = std::min(end, b + kChunk);
-    torch::Tensor output = net.Forward(inputs.slice(0, b, e));
-    torch::Tensor y = targets.slice(0, b, e);
-    r.loss_sum += net.Loss(output, y).item<double>() * static_cast<double>(e - b);
-    if (labels) r.correct += output.argmax(1).eq(y).sum().item<int64_t>();
-    r.samples += e - b;
+  const int64_t n = inputs.size(0);
+  torch::Tensor output = net.Forward(inputs);
+  result->loss_sum += net.Loss(output, targets).item<double>() * static_cast<double>(n);
+  result->classified = targets.scalar_type() == torch::kInt64;
+  if (result->classified) result->correct += output.argmax(1).eq(targets).sum().item<int64_t>();
+  result->samples += n;
+}
+
+absl::Status CheckModelFitsData(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                int64_t num_classes) {
+  torch::NoGradGuard no_grad;
+  net.SetTraining(false);
+  const auto shape = [](const torch::Tensor& t) {
+    return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+  };
+  torch::Tensor output;
+  try {
+    output = net.Forward(inputs);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model cannot take the data's inputs (a batch of shape ", shape(inputs),
+                     "): ", TorchErrorLine(e.what())));
   }
-  return r;
+  const int64_t n = inputs.size(0);
+  if (num_classes > 0) {
+    if (output.dim() != 2 || output.size(0) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("the model outputs ", shape(output),
+                                                     " for a batch of ", n,
+                                                     "; class labels need [batch, classes]"));
+    }
+    if (output.size(1) < num_classes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the data's labels go up to ", num_classes - 1, " (", num_classes,
+                       " classes) but the model gives ", output.size(1), " outputs per sample"));
+    }
+  } else if (output.numel() != targets.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("the model outputs ", shape(output),
+                                                   " but the targets of that batch are ",
+                                                   shape(targets)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dbs

@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
-#include "worker/fashion_mnist.h"
+#include "worker/dataset.h"
 #include "worker/learner.h"
 
 namespace dbs {
@@ -46,14 +46,20 @@ class Net {
   ModelLayout layout_;
 };
 
-// "mlp" (784-256-128-10) or "cnn" (two 5x5 conv layers with max-pooling, then 512-64-10), with
-// named layers so parameter names read "conv1.weight"; cross-entropy loss. INVALID_ARGUMENT for
-// another name.
-absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(const std::string& name);
+// "mlp" (inputs flattened, then 256-128-outputs) or "cnn" (two 5x5 conv layers with
+// max-pooling, then 64-outputs; image samples [C, H, W] or [H, W] of at least 16x16), with named
+// layers so parameter names read "conv1.weight". `row_shape` is one sample's input shape;
+// `outputs` the number of classes, or of target values. `loss` as for LoadScriptNet, without
+// "nll". INVALID_ARGUMENT for another name or a shape the network cannot take. The defaults are
+// Fashion-MNIST's.
+absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(
+    const std::string& name, const std::vector<int64_t>& row_shape = {1, 28, 28},
+    int64_t outputs = 10, const std::string& loss = "auto");
 
 // A TorchScript module saved from Python (torch.jit.script or torch.jit.trace, then .save).
 // `loss`: "cross_entropy", "nll", "mse", or "auto" (the module's own `loss(output, target)`
-// method when it has one, else cross-entropy). Errors name the file and what is wrong.
+// method when it has one, else cross-entropy for class labels and mse for real-valued targets).
+// Errors name the file and what is wrong.
 absl::StatusOr<std::unique_ptr<Net>> LoadScriptNet(const std::string& path,
                                                    const std::string& loss);
 
@@ -69,15 +75,25 @@ void LoadParameters(Net& net, absl::Span<const float> values);
 double ComputeGradient(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
                        absl::Span<float> out);
 
-// Images as a float tensor [N, 1, rows, cols], scaled to [0, 1] and normalised with the
-// Fashion-MNIST mean and standard deviation; labels as int64 [N].
-torch::Tensor ImagesTensor(const ImageDataset& data);
-torch::Tensor LabelsTensor(const ImageDataset& data);
+// A CPU tensor viewing `array`'s storage (no copy; `array` must outlive it).
+torch::Tensor ArrayTensor(const Array& array);
 
-// Evaluates rows [begin, end) in chunks, in evaluation mode, without gradients. `correct`
-// counts argmax hits when the targets are class labels (int64).
-EvalResult Evaluate(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
-                    int64_t begin, int64_t end);
+// Inputs ready for the network: float32, bytes scaled to [0, 1], standardised per channel
+// (dim 1) by `norm`. `mean` and `std` are norm's figures as tensors shaped to broadcast (unused
+// with one channel, where the scalars are applied as they always were).
+torch::Tensor PrepareInputs(const torch::Tensor& raw, const Normalization& norm,
+                            const torch::Tensor& mean, const torch::Tensor& std);
+
+// Adds one batch's evaluation (evaluation mode, no gradients) to `result`: `correct` counts
+// argmax hits when the targets are class labels (int64).
+void EvaluateBatch(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
+                   EvalResult* result);
+
+// Checks on a couple of samples that `net` takes `data`'s inputs and that its outputs fit the
+// targets: as many classes as the labels need, or as many values as each target has.
+// INVALID_ARGUMENT names the mismatch.
+absl::Status CheckModelFitsData(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
+                                int64_t num_classes);
 
 }  // namespace dbs
 

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/fashion_mnist.h"
+#include "worker/dataset.h"
 #include "worker/model.h"
 
 namespace dbs {
@@ -46,17 +48,30 @@ absl::Status ReadRawParams(const std::string& path, absl::Span<float> out) {
   return absl::OkStatus();
 }
 
+// The inputs stay in their stored type (bytes of an image set, or a memory-mapped file); each
+// batch is gathered, moved to the device and only then made float and standardised.
 class TorchLearner : public Learner {
  public:
-  TorchLearner(torch::Device device, std::unique_ptr<Net> net, const ImageDataset& train,
-               const ImageDataset& test)
+  TorchLearner(torch::Device device, std::unique_ptr<Net> net, Data data, Normalization norm)
       : device_(device),
         net_(std::move(net)),
-        train_x_(ImagesTensor(train).to(device)),
-        train_y_(LabelsTensor(train).to(device)),
-        test_x_(ImagesTensor(test).to(device)),
-        test_y_(LabelsTensor(test).to(device)) {
+        data_(std::move(data)),
+        norm_(std::move(norm)),
+        train_x_(ArrayTensor(data_.train.inputs)),
+        train_y_(ArrayTensor(data_.train.targets)),
+        test_x_(ArrayTensor(data_.test.inputs)),
+        test_y_(ArrayTensor(data_.test.targets)) {
     net_->To(device_);
+    if (norm_.mean.size() > 1) {
+      // Shaped to broadcast over dim 1 of a batch: [C] for vectors, [C, 1, ...] for images.
+      std::vector<int64_t> shape(std::max<size_t>(data_.train.inputs.shape().size() - 1, 1), 1);
+      shape[0] = static_cast<int64_t>(norm_.mean.size());
+      const auto as_tensor = [&](const std::vector<double>& v) {
+        return torch::tensor(v, torch::kFloat64).to(torch::kFloat32).reshape(shape).to(device_);
+      };
+      mean_ = as_tensor(norm_.mean);
+      std_ = as_tensor(norm_.std);
+    }
   }
 
   int64_t train_size() const override { return train_x_.size(0); }
@@ -64,28 +79,68 @@ class TorchLearner : public Learner {
   std::string device() const override { return device_.str(); }
   const ModelLayout& layout() const override { return net_->layout(); }
 
+  std::string DescribeData() const override {
+    const Array& x = data_.train.inputs;
+    std::string norm = "none";
+    if (!norm_.mean.empty()) {
+      norm = absl::StrFormat("%s mean [%s] std [%s]", norm_.source,
+                             absl::StrJoin(norm_.mean, ", ", FourDigits),
+                             absl::StrJoin(norm_.std, ", ", FourDigits));
+    }
+    return absl::StrCat(
+        "data ", data_.spec, ": ", train_size(), " training and ", test_size(), " test samples of ",
+        DTypeName(x.dtype()), " [", absl::StrJoin(x.row_shape(), ", "), "], ",
+        data_.num_classes > 0
+            ? absl::StrCat(data_.num_classes, " classes")
+            : absl::StrCat("real-valued targets [",
+                           absl::StrJoin(data_.train.targets.row_shape(), ", "), "]"),
+        "; normalisation: ", norm);
+  }
+
   void GetParameters(absl::Span<float> out) override { CopyParametersTo(*net_, out); }
   void SetParameters(absl::Span<const float> values) override { LoadParameters(*net_, values); }
 
   double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
     const torch::Tensor idx =
         torch::from_blob(const_cast<int64_t*>(indices.data()),
-                         {static_cast<int64_t>(indices.size())}, torch::kInt64)
-            .to(device_);
-    return dbs::ComputeGradient(*net_, train_x_.index_select(0, idx), train_y_.index_select(0, idx),
-                                grad);
+                         {static_cast<int64_t>(indices.size())}, torch::kInt64);
+    return dbs::ComputeGradient(*net_, Inputs(train_x_.index_select(0, idx)),
+                                train_y_.index_select(0, idx).to(device_), grad);
   }
 
   EvalResult Evaluate(int64_t begin, int64_t end) override {
-    return dbs::Evaluate(*net_, test_x_, test_y_, begin, end);
+    EvalResult r;
+    r.classified = data_.num_classes > 0;
+    constexpr int64_t kChunk = 1000;
+    for (int64_t b = begin; b < end; b += kChunk) {
+      const int64_t e = std::min(end, b + kChunk);
+      EvaluateBatch(*net_, Inputs(test_x_.slice(0, b, e)), test_y_.slice(0, b, e).to(device_), &r);
+    }
+    return r;
   }
 
   absl::Status Export(const std::string& path) override { return net_->Export(path); }
 
+  // The first few training samples, for CheckModelFitsData.
+  absl::Status CheckModel() {
+    const int64_t n = std::min<int64_t>(2, train_size());
+    return CheckModelFitsData(*net_, Inputs(train_x_.slice(0, 0, n)),
+                              train_y_.slice(0, 0, n).to(device_), data_.num_classes);
+  }
+
  private:
+  static void FourDigits(std::string* out, double v) { absl::StrAppendFormat(out, "%.4f", v); }
+
+  torch::Tensor Inputs(const torch::Tensor& raw) const {
+    return PrepareInputs(raw.to(device_), norm_, mean_, std_);
+  }
+
   const torch::Device device_;
   std::unique_ptr<Net> net_;
+  const Data data_;  // owns (or maps) what the tensors below view
+  const Normalization norm_;
   const torch::Tensor train_x_, train_y_, test_x_, test_y_;
+  torch::Tensor mean_, std_;
 };
 
 bool IsBuiltin(const std::string& model) { return model == "cnn" || model == "mlp"; }
@@ -96,14 +151,16 @@ absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& c
   if (config.threads < 1) return absl::InvalidArgumentError("threads must be >= 1");
   torch::set_num_threads(config.threads);
   DBS_ASSIGN_OR_RETURN(torch::Device device, ChooseDevice(config.device));
-  DBS_ASSIGN_OR_RETURN(ImageDataset train,
-                       LoadFashionMnist(config.data_dir, true, config.train_limit));
-  DBS_ASSIGN_OR_RETURN(ImageDataset test,
-                       LoadFashionMnist(config.data_dir, false, config.test_limit));
+  DBS_ASSIGN_OR_RETURN(
+      Data data, LoadData(config.data, config.data_dir, config.train_limit, config.test_limit));
+  DBS_ASSIGN_OR_RETURN(Normalization norm, ChooseNormalization(config.normalize, data));
   torch::manual_seed(config.seed);
   std::unique_ptr<Net> net;
   if (IsBuiltin(config.model)) {
-    DBS_ASSIGN_OR_RETURN(net, MakeBuiltinNet(config.model));
+    const int64_t outputs =
+        data.num_classes > 0 ? data.num_classes : data.train.targets.row_elements();
+    DBS_ASSIGN_OR_RETURN(
+        net, MakeBuiltinNet(config.model, data.train.inputs.row_shape(), outputs, config.loss));
   } else if (access(config.model.c_str(), R_OK) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown model '", config.model,
@@ -117,7 +174,10 @@ absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& c
     DBS_RETURN_IF_ERROR(ReadRawParams(config.init_params_path, absl::MakeSpan(initial)));
     LoadParameters(*net, initial);
   }
-  return std::make_unique<TorchLearner>(device, std::move(net), train, test);
+  auto learner =
+      std::make_unique<TorchLearner>(device, std::move(net), std::move(data), std::move(norm));
+  DBS_RETURN_IF_ERROR(learner->CheckModel());
+  return learner;
 }
 
 }  // namespace dbs

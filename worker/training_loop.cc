@@ -266,12 +266,17 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
     }
     return reported;
   }
-  const double accuracy = eval.samples > 0 ? static_cast<double>(eval.correct) / eval.samples : 0.0;
-  Say(absl::StrFormat(
-      "epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
-      "wait %.2f s, eval %.2f s, accuracy on its test slice %.2f%%",
-      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
-      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, 100.0 * accuracy));
+  const double n = std::max<double>(eval.samples, 1);
+  const std::string result =
+      eval.samples == 0 ? "no test slice"
+      : eval.classified
+          ? absl::StrFormat("accuracy on its test slice %.2f%%", 100.0 * eval.correct / n)
+          : absl::StrFormat("loss on its test slice %.6g", eval.loss_sum / n);
+  Say(
+      absl::StrFormat("epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
+                      "wait %.2f s, eval %.2f s, %s",
+                      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
+                      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, result));
   epochs_.push_back({plan_.batch_size, plan_.share, timing});
   if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
       (epoch_ + 1) % config_.export_every_epochs == 0) {

@@ -15,7 +15,7 @@
 #include "common/files.h"
 #include "common/signal_watcher.h"
 #include "common/status_macros.h"
-#include "worker/fashion_mnist.h"
+#include "worker/dataset.h"
 #include "worker/grpc_ps_client.h"
 #include "worker/torch_learner.h"
 #include "worker/training_loop.h"
@@ -26,15 +26,25 @@ ABSL_FLAG(std::string, model, "cnn",
           "Model to train: 'cnn', 'mlp', or the path of a TorchScript file saved from Python "
           "(torch.jit.script(model).save(path)); docs/models.md.");
 ABSL_FLAG(std::string, loss, "auto",
-          "Loss of a TorchScript model: cross_entropy, nll, mse, or auto (the module's own "
-          "loss(output, target) method when it has one, else cross_entropy).");
+          "cross_entropy, nll (TorchScript models), mse, or auto: a TorchScript module's own "
+          "loss(output, target) method when it has one, else cross_entropy for class labels and "
+          "mse for real-valued targets.");
 ABSL_FLAG(std::string, export_path, "",
           "Write the trained model here at the end of the job (a TorchScript model: the same "
           "module, for torch.jit.load; a built-in: a state dict for torch.load).");
 ABSL_FLAG(int, export_every_epochs, 0, "Also export every N epochs (0: only at the end).");
 ABSL_FLAG(std::string, device, "auto", "'auto' (CUDA when available), 'cpu' or 'cuda'.");
+ABSL_FLAG(std::string, data, "fashion-mnist",
+          "The data: fashion-mnist[:DIR], idx:DIR (MNIST-family IDX files), cifar10:DIR (the "
+          "binary version), or npy:TRAIN_X.npy,TRAIN_Y.npy[,TEST_X.npy,TEST_Y.npy] (memory-mapped; "
+          "int64 labels or float32 targets); docs/data.md.");
 ABSL_FLAG(std::string, data_dir, dbs::kDefaultFashionMnistDir,
-          "Folder with the Fashion-MNIST IDX files (gzipped or not).");
+          "Folder of --data=fashion-mnist (the IDX files, gzipped or not).");
+ABSL_FLAG(std::string, normalize, "auto",
+          "Per-channel standardisation of the inputs (bytes are first scaled to [0, 1]): auto "
+          "(the data set's own statistics when known, else the training inputs' for bytes, else "
+          "none), none, train (the training inputs'), or MEAN/STD such as 0.49,0.48,0.45/"
+          "0.25,0.24,0.26.");
 ABSL_FLAG(int64_t, train_limit, 0, "Use only the first N training samples (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Use only the first N test samples (0: all).");
 ABSL_FLAG(double, slowdown, 1.0,
@@ -108,20 +118,31 @@ struct WorkerConfig {
   std::vector<int> measure_batches = {32};
 };
 
-absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
-  WorkerConfig c;
-  c.learner.model = absl::GetFlag(FLAGS_model);
-  c.learner.device = absl::GetFlag(FLAGS_device);
-  c.learner.data_dir = absl::GetFlag(FLAGS_data_dir);
-  c.learner.train_limit = absl::GetFlag(FLAGS_train_limit);
-  c.learner.test_limit = absl::GetFlag(FLAGS_test_limit);
-  c.learner.threads = absl::GetFlag(FLAGS_threads);
-  c.learner.seed = absl::GetFlag(FLAGS_seed);
-  c.learner.init_params_path = absl::GetFlag(FLAGS_init_params);
-  if (c.learner.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
-  if (c.learner.train_limit < 0 || c.learner.test_limit < 0) {
+absl::StatusOr<dbs::LearnerConfig> LearnerConfigFromFlags() {
+  dbs::LearnerConfig c;
+  c.model = absl::GetFlag(FLAGS_model);
+  c.loss = absl::GetFlag(FLAGS_loss);
+  c.device = absl::GetFlag(FLAGS_device);
+  c.data = absl::GetFlag(FLAGS_data);
+  c.data_dir = absl::GetFlag(FLAGS_data_dir);
+  c.normalize = absl::GetFlag(FLAGS_normalize);
+  c.train_limit = absl::GetFlag(FLAGS_train_limit);
+  c.test_limit = absl::GetFlag(FLAGS_test_limit);
+  c.threads = absl::GetFlag(FLAGS_threads);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.init_params_path = absl::GetFlag(FLAGS_init_params);
+  if (c.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
+  if (c.train_limit < 0 || c.test_limit < 0) {
     return absl::InvalidArgumentError("--train_limit and --test_limit must be >= 0");
   }
+  return c;
+}
+
+absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
+  WorkerConfig c;
+  absl::StatusOr<dbs::LearnerConfig> learner = LearnerConfigFromFlags();
+  if (!learner.ok()) return learner.status();
+  c.learner = *learner;
 
   c.loop.name = absl::GetFlag(FLAGS_name);
   if (c.loop.name.empty()) {
@@ -137,7 +158,6 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (!(log_every_s > 0)) return absl::InvalidArgumentError("--log_every_s must be > 0");
   c.loop.log_every = absl::Seconds(log_every_s);
   c.loop.record_path = absl::GetFlag(FLAGS_record_path);
-  c.learner.loss = absl::GetFlag(FLAGS_loss);
   c.loop.export_path = absl::GetFlag(FLAGS_export_path);
   c.loop.export_every_epochs = absl::GetFlag(FLAGS_export_every_epochs);
   if (c.loop.export_every_epochs < 0) {
@@ -209,7 +229,8 @@ std::map<std::string, std::string> TorchrunFallbacks() {
 
 int main(int argc, char** argv) {
   dbs::ParseCommandLine(argc, argv,
-                        "dbs_worker: trains on Fashion-MNIST as a client of dbs_ps.\n"
+                        "dbs_worker: trains a model (built-in or TorchScript) on the data of "
+                        "--data as a client of dbs_ps.\n"
                         "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn",
                         "worker_main.cc", TorchrunFallbacks());
   dbs::SignalWatcher::Block();
@@ -245,6 +266,8 @@ int main(int argc, char** argv) {
     return dbs::kExitOk;
   }
 
+  std::cout << "dbs_worker " << config->loop.name << ": " << (*learner)->DescribeData()
+            << std::endl;
   dbs::GrpcPsClient client(config->client);
   dbs::TrainingLoop loop(config->loop, learner->get(), &client, &clock);
   absl::Status status;
