@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 KIT=.cuda_kit
 rm -rf "$KIT"
 mkdir -p "$KIT/obj" "$KIT/lib" "$KIT/include"
-bazel build -c opt --jobs=2 //server:dbs_ps //proto:dbs_cc_grpc >/dev/null
+bazel build //server:dbs_ps //proto:dbs_cc_grpc >/dev/null
 cp bazel-bin/server/dbs_ps "$KIT/"
 chmod u+w "$KIT/dbs_ps"
 
