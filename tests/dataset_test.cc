@@ -111,6 +111,9 @@ TEST(ParseIdxTest, RejectsMalformedFiles) {
   truncated.pop_back();
   EXPECT_THAT(ParseIdx(truncated, Labels(5), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
+  const std::string huge = Be32(0x803) + Be32(0xFFFFFFFF) + Be32(0xFFFFFFFF) + Be32(0xFFFFFFFF);
+  EXPECT_THAT(ParseIdx(huge, Labels(5), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("impossible size")));
 }
 
 TEST(LoadDataTest, FashionMnistReadsGzippedFilesAndLimits) {
@@ -272,6 +275,9 @@ TEST(MapNpyTest, RefusesWhatItCannotReadWithTheReason) {
   Write(dir + "/big.npy", Npy(">f4", {4}, data));
   EXPECT_THAT(MapNpy(dir + "/big.npy"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(">f4 is not supported")));
+  Write(dir + "/huge.npy", Npy("<f4", {int64_t{1} << 40, int64_t{1} << 40}, data));
+  EXPECT_THAT(MapNpy(dir + "/huge.npy"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("impossible shape")));
   Write(dir + "/text.npy", "x,y\n1,2\n");
   EXPECT_THAT(MapNpy(dir + "/text.npy"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a NumPy .npy file")));

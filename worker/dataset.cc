@@ -282,11 +282,17 @@ absl::StatusOr<DType> NpyDType(std::string descr) {
 absl::StatusOr<std::vector<int64_t>> NpyShape(const std::string& tuple) {
   std::vector<int64_t> shape;
   const std::string inner(absl::StripSuffix(absl::StripPrefix(tuple, "("), ")"));
+  int64_t elements = 1;
   for (absl::string_view part : absl::StrSplit(inner, ',', absl::SkipWhitespace())) {
     int64_t d = 0;
     if (!absl::SimpleAtoi(part, &d) || d < 0) {
       return absl::InvalidArgumentError(absl::StrCat("malformed shape ", tuple));
     }
+    // No file holds 2^56 elements: a larger product is a corrupt header, not a big data set.
+    if (d > 0 && elements > (int64_t{1} << 56) / d) {
+      return absl::InvalidArgumentError(absl::StrCat("impossible shape ", tuple));
+    }
+    elements *= d;
     shape.push_back(d);
   }
   if (shape.empty()) {
@@ -504,7 +510,14 @@ absl::StatusOr<Dataset> ParseIdx(const std::string& images, const std::string& l
     return absl::InvalidArgumentError("IDX header is truncated");
   }
   std::vector<int64_t> shape;
-  for (int i = 0; i < dims; ++i) shape.push_back(BigEndian32(images, 4 + 4 * i));
+  int64_t elements = 1;
+  for (int i = 0; i < dims; ++i) {
+    shape.push_back(BigEndian32(images, 4 + 4 * i));
+    elements *= std::max<int64_t>(shape.back(), 1);
+    if (elements > (int64_t{1} << 48)) {  // each factor < 2^32: no overflow before this check
+      return absl::InvalidArgumentError("IDX header gives an impossible size");
+    }
+  }
   const int64_t n = shape[0];
   if (BigEndian32(labels, 4) != n) {
     return absl::InvalidArgumentError(absl::StrCat("image file has ", n, " images, label file ",
