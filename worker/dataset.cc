@@ -513,10 +513,11 @@ absl::StatusOr<Dataset> ParseIdx(const std::string& images, const std::string& l
   int64_t elements = 1;
   for (int i = 0; i < dims; ++i) {
     shape.push_back(BigEndian32(images, 4 + 4 * i));
-    elements *= std::max<int64_t>(shape.back(), 1);
-    if (elements > (int64_t{1} << 48)) {  // each factor < 2^32: no overflow before this check
+    const int64_t factor = std::max<int64_t>(shape.back(), 1);
+    if (elements > (int64_t{1} << 48) / factor) {  // checked before multiplying: no overflow
       return absl::InvalidArgumentError("IDX header gives an impossible size");
     }
+    elements *= factor;
   }
   const int64_t n = shape[0];
   if (BigEndian32(labels, 4) != n) {
