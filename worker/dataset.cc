@@ -159,8 +159,12 @@ absl::StatusOr<Dataset> LoadIdxPair(const std::string& images_path, const std::s
       DBS_ASSIGN_OR_RETURN(std::string dim_bytes, ReadMaybeGzip(images_path, 4 + 4 * dims));
       if (dim_bytes.size() == static_cast<size_t>(4 + 4 * dims)) {
         int64_t row = 1;
-        for (int i = 1; i < dims; ++i) row *= BigEndian32(dim_bytes, 4 + 4 * i);
-        image_bytes = 4 + 4 * dims + limit * row;
+        for (int i = 1; i < dims && row <= (int64_t{1} << 30); ++i) {
+          row *= BigEndian32(dim_bytes, 4 + 4 * i);  // < 2^62; ParseIdx refuses a corrupt one
+        }
+        if (row <= (int64_t{1} << 30) && limit <= (int64_t{1} << 30)) {
+          image_bytes = 4 + 4 * dims + limit * row;
+        }
       }
     }
   }
