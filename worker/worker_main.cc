@@ -266,8 +266,7 @@ int main(int argc, char** argv) {
     return dbs::kExitOk;
   }
 
-  std::cout << "dbs_worker " << config->loop.name << ": " << (*learner)->DescribeData()
-            << std::endl;
+  std::cout << "[" << config->loop.name << "] " << (*learner)->DescribeData() << std::endl;
   dbs::GrpcPsClient client(config->client);
   dbs::TrainingLoop loop(config->loop, learner->get(), &client, &clock);
   absl::Status status;
