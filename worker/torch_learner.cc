@@ -49,7 +49,9 @@ absl::Status ReadRawParams(const std::string& path, absl::Span<float> out) {
 }
 
 // The inputs stay in their stored type (bytes of an image set, or a memory-mapped file); each
-// batch is gathered, moved to the device and only then made float and standardised.
+// batch is gathered and only then made float and standardised. Bytes go through a table of the
+// 256 values each channel can take, computed once with PrepareInputs' own ops, so a batch costs
+// one pass and no libtorch call however small it is (a slow worker's batch may be 1 sample).
 class TorchLearner : public Learner {
  public:
   TorchLearner(torch::Device device, std::unique_ptr<Net> net, Data data, Normalization norm)
@@ -62,15 +64,36 @@ class TorchLearner : public Learner {
         test_x_(ArrayTensor(data_.test.inputs)),
         test_y_(ArrayTensor(data_.test.targets)) {
     net_->To(device_);
+    torch::Tensor mean, std;  // on the CPU
+    const int64_t rank = static_cast<int64_t>(data_.train.inputs.shape().size());
     if (norm_.mean.size() > 1) {
       // Shaped to broadcast over dim 1 of a batch: [C] for vectors, [C, 1, ...] for images.
-      std::vector<int64_t> shape(std::max<size_t>(data_.train.inputs.shape().size() - 1, 1), 1);
+      std::vector<int64_t> shape(std::max<int64_t>(rank - 1, 1), 1);
       shape[0] = static_cast<int64_t>(norm_.mean.size());
       const auto as_tensor = [&](const std::vector<double>& v) {
-        return torch::tensor(v, torch::kFloat64).to(torch::kFloat32).reshape(shape).to(device_);
+        return torch::tensor(v, torch::kFloat64).to(torch::kFloat32).reshape(shape);
       };
-      mean_ = as_tensor(norm_.mean);
-      std_ = as_tensor(norm_.std);
+      mean = as_tensor(norm_.mean);
+      std = as_tensor(norm_.std);
+      mean_ = mean.to(device_);
+      std_ = std.to(device_);
+    }
+    if (data_.train.inputs.dtype() == DType::kUint8) {
+      // table_[c * 256 + b]: what PrepareInputs makes of byte b in channel c.
+      channels_ = std::max<int64_t>(static_cast<int64_t>(norm_.mean.size()), 1);
+      std::vector<int64_t> shape(std::max<int64_t>(rank, 2), 1);
+      shape[0] = 256;
+      shape[1] = channels_;
+      const torch::Tensor bytes = torch::arange(256, torch::kInt64)
+                                      .to(torch::kUInt8)
+                                      .reshape({256, 1})
+                                      .expand({256, channels_});
+      const torch::Tensor values =
+          PrepareInputs(bytes.reshape(shape).contiguous(), norm_, mean, std)
+              .reshape({256, channels_})
+              .t()
+              .contiguous();
+      table_.assign(values.data_ptr<float>(), values.data_ptr<float>() + 256 * channels_);
     }
   }
 
@@ -104,7 +127,7 @@ class TorchLearner : public Learner {
     const torch::Tensor idx =
         torch::from_blob(const_cast<int64_t*>(indices.data()),
                          {static_cast<int64_t>(indices.size())}, torch::kInt64);
-    return dbs::ComputeGradient(*net_, Inputs(train_x_.index_select(0, idx)),
+    return dbs::ComputeGradient(*net_, Inputs(data_.train.inputs, train_x_, indices, 0),
                                 train_y_.index_select(0, idx).to(device_), grad);
   }
 
@@ -114,7 +137,8 @@ class TorchLearner : public Learner {
     constexpr int64_t kChunk = 1000;
     for (int64_t b = begin; b < end; b += kChunk) {
       const int64_t e = std::min(end, b + kChunk);
-      EvaluateBatch(*net_, Inputs(test_x_.slice(0, b, e)), test_y_.slice(0, b, e).to(device_), &r);
+      EvaluateBatch(*net_, Inputs(data_.test.inputs, test_x_, {}, b, e - b),
+                    test_y_.slice(0, b, e).to(device_), &r);
     }
     return r;
   }
@@ -124,15 +148,38 @@ class TorchLearner : public Learner {
   // The first few training samples, for CheckModelFitsData.
   absl::Status CheckModel() {
     const int64_t n = std::min<int64_t>(2, train_size());
-    return CheckModelFitsData(*net_, Inputs(train_x_.slice(0, 0, n)),
+    return CheckModelFitsData(*net_, Inputs(data_.train.inputs, train_x_, {}, 0, n),
                               train_y_.slice(0, 0, n).to(device_), data_.num_classes);
   }
 
  private:
   static void FourDigits(std::string* out, double v) { absl::StrAppendFormat(out, "%.4f", v); }
 
-  torch::Tensor Inputs(const torch::Tensor& raw) const {
-    return PrepareInputs(raw.to(device_), norm_, mean_, std_);
+  // The network's inputs for rows `rows` of `x` (`view` is x as a tensor), or, when `rows` is
+  // empty, for the `n` rows from `first`.
+  torch::Tensor Inputs(const Array& x, const torch::Tensor& view, absl::Span<const int64_t> rows,
+                       int64_t first, int64_t n = 0) {
+    if (!rows.empty()) n = static_cast<int64_t>(rows.size());
+    if (table_.empty()) {
+      const torch::Tensor raw =
+          rows.empty() ? view.slice(0, first, first + n)
+                       : view.index_select(0, torch::from_blob(const_cast<int64_t*>(rows.data()),
+                                                               {n}, torch::kInt64));
+      return PrepareInputs(raw.to(device_), norm_, mean_, std_);
+    }
+    const int64_t row = x.row_elements();
+    const int64_t inner = std::max<int64_t>(row / channels_, 1);
+    batch_.resize(static_cast<size_t>(n * row));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* src = x.values<uint8_t>() + (rows.empty() ? first + i : rows[i]) * row;
+      float* dst = batch_.data() + i * row;
+      for (int64_t j = 0; j < row; ++j) dst[j] = table_[(j / inner) * 256 + src[j]];
+    }
+    std::vector<int64_t> shape = x.shape();
+    shape[0] = n;
+    // On the CPU the tensor views batch_, which the next batch overwrites: each step's graph is
+    // gone by then (ComputeGradient and EvaluateBatch finish with it before returning).
+    return torch::from_blob(batch_.data(), shape, torch::kFloat32).to(device_);
   }
 
   const torch::Device device_;
@@ -140,7 +187,10 @@ class TorchLearner : public Learner {
   const Data data_;  // owns (or maps) what the tensors below view
   const Normalization norm_;
   const torch::Tensor train_x_, train_y_, test_x_, test_y_;
-  torch::Tensor mean_, std_;
+  torch::Tensor mean_, std_;  // norm_ as tensors on the device (more than one channel)
+  int64_t channels_ = 1;
+  std::vector<float> table_;  // uint8 inputs: 256 values per channel
+  std::vector<float> batch_;  // the last batch of uint8 inputs, made float
 };
 
 bool IsBuiltin(const std::string& model) { return model == "cnn" || model == "mlp"; }
