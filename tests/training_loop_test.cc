@@ -44,7 +44,9 @@ class FakeLearner : public Learner {
   }
   void SetParameters(absl::Span<const float> v) override { w_.assign(v.begin(), v.end()); }
 
-  double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
+  absl::StatusOr<double> ComputeGradient(absl::Span<const int64_t> indices,
+                                         absl::Span<float> grad) override {
+    if (!fail_with.ok() && seen_.size() == 2) return fail_with;  // the third gradient fails
     clock_->Advance(absl::Seconds(kSecondsPerSample * static_cast<double>(indices.size())));
     clock_->SleepFor(waiting_for_a_core);
     if (on_gradient) on_gradient();
@@ -75,6 +77,7 @@ class FakeLearner : public Learner {
 
   static float Target(int i) { return 1.0f + static_cast<float>(i); }
   std::function<void()> on_gradient;  // runs at every gradient
+  absl::Status fail_with;             // when set, what the third gradient returns
   double Distance() const {
     double d = 0.0;
     for (int i = 0; i < kParams; ++i) d += std::abs(w_[i] - Target(i));
@@ -152,6 +155,16 @@ TEST_F(TrainingLoopTest, AStopRequestLeavesTheJobAndEndsCancelled) {
   EXPECT_TRUE(client.left()) << "it leaves, so the job re-splits its samples at once";
   EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2)) << "no step after the request";
   EXPECT_THAT(Log(), HasSubstr("left the job"));
+}
+
+TEST_F(TrainingLoopTest, AModelThatCannotTrainOnItsBatchEndsTheLoopAndLeavesTheJob) {
+  FakePsClient client(job_, &clock_);
+  learner_.fail_with = absl::FailedPreconditionError("the model failed on a batch of 1");
+  EXPECT_THAT(Run(&client),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("failed on a batch of 1")));
+  EXPECT_TRUE(client.left()) << "the job re-splits its samples at once";
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1)) << "nothing pushed for the failed step";
+  EXPECT_THAT(Log(), HasSubstr("cannot train: the model failed on a batch of 1; left the job"));
 }
 
 TEST_F(TrainingLoopTest, ExportsEveryNEpochsAndTheFinalParametersAtTheEnd) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
 
@@ -40,8 +41,10 @@ class Learner {
   // Overwrites the model's parameters.
   virtual void SetParameters(absl::Span<const float> values) = 0;
   // Forward and backward over the training samples `indices` (at least one): writes their mean
-  // gradient into `grad` and returns the summed loss.
-  virtual double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) = 0;
+  // gradient into `grad` and returns the summed loss. FAILED_PRECONDITION when the model cannot
+  // train on this batch (BatchNorm1d on one sample, say), with the model's reason.
+  virtual absl::StatusOr<double> ComputeGradient(absl::Span<const int64_t> indices,
+                                                 absl::Span<float> grad) = 0;
   // Evaluates test samples [begin, end), which lie within [0, test_size()].
   virtual EvalResult Evaluate(int64_t begin, int64_t end) = 0;
   // Writes the model with its current values where PyTorch loads it.

@@ -138,8 +138,13 @@ class ScriptNet : public Net {
   std::vector<torch::Tensor> tensors_;
 };
 
-// The line of a libtorch error that says what went wrong: a TorchScript error puts the Python
-// exception ("RuntimeError: ...") after a traceback; a plain one says it first.
+void CopyInto(const torch::Tensor& t, float* out) {
+  torch::Tensor cpu = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  std::memcpy(out, cpu.data_ptr<float>(), cpu.numel() * sizeof(float));
+}
+
+}  // namespace
+
 std::string TorchErrorLine(const std::string& what) {
   const size_t at = what.rfind("Error: ");
   if (at != std::string::npos) {
@@ -149,13 +154,6 @@ std::string TorchErrorLine(const std::string& what) {
   }
   return what.substr(0, what.find('\n'));
 }
-
-void CopyInto(const torch::Tensor& t, float* out) {
-  torch::Tensor cpu = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-  std::memcpy(out, cpu.data_ptr<float>(), cpu.numel() * sizeof(float));
-}
-
-}  // namespace
 
 std::vector<torch::Tensor> Net::Parameters() {
   std::vector<torch::Tensor> all = Tensors();

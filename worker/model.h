@@ -75,6 +75,10 @@ void LoadParameters(Net& net, absl::Span<const float> values);
 double ComputeGradient(Net& net, const torch::Tensor& inputs, const torch::Tensor& targets,
                        absl::Span<float> out);
 
+// The line of a libtorch error that says what went wrong: a TorchScript error puts the Python
+// exception ("RuntimeError: ...") after a traceback; a plain one says it first.
+std::string TorchErrorLine(const std::string& what);
+
 // A CPU tensor viewing `array`'s storage (no copy; `array` must outlive it).
 torch::Tensor ArrayTensor(const Array& array);
 

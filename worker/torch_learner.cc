@@ -123,12 +123,21 @@ class TorchLearner : public Learner {
   void GetParameters(absl::Span<float> out) override { CopyParametersTo(*net_, out); }
   void SetParameters(absl::Span<const float> values) override { LoadParameters(*net_, values); }
 
-  double ComputeGradient(absl::Span<const int64_t> indices, absl::Span<float> grad) override {
+  absl::StatusOr<double> ComputeGradient(absl::Span<const int64_t> indices,
+                                         absl::Span<float> grad) override {
     const torch::Tensor idx =
         torch::from_blob(const_cast<int64_t*>(indices.data()),
                          {static_cast<int64_t>(indices.size())}, torch::kInt64);
-    return dbs::ComputeGradient(*net_, Inputs(data_.train.inputs, train_x_, indices, 0),
-                                train_y_.index_select(0, idx).to(device_), grad);
+    try {
+      return dbs::ComputeGradient(*net_, Inputs(data_.train.inputs, train_x_, indices, 0),
+                                  train_y_.index_select(0, idx).to(device_), grad);
+    } catch (const std::exception& e) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the model failed on a batch of ", indices.size(), ": ", TorchErrorLine(e.what()),
+          indices.size() == 1 ? " (a BatchNorm model cannot train on one sample: start dbs_ps "
+                                "with --min_batch=2 or more)"
+                              : ""));
+    }
   }
 
   EvalResult Evaluate(int64_t begin, int64_t end) override {

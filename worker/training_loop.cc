@@ -187,7 +187,15 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   double loss_sum = 0.0;
   if (b > 0) {
     const absl::Duration cpu0 = clock_->ProcessCpuTime();
-    loss_sum = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
+    absl::StatusOr<double> loss = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
+    if (!loss.ok()) {
+      // This worker cannot go on; leaving lets the job re-split its samples at once.
+      const absl::Status left = client_->Leave(id_);
+      Say(absl::StrCat("cannot train: ", loss.status().message(),
+                       left.ok() ? "; left the job" : "; leaving the job failed"));
+      return loss.status();
+    }
+    loss_sum = *loss;
     const absl::Duration spent =
         config_.slowdown_of_wall ? clock_->Now() - t0 : clock_->ProcessCpuTime() - cpu0;
     EmulateSlowdown(clock_, spent, config_.slowdown.FactorAt(epoch_, global_step_));
@@ -376,14 +384,14 @@ absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double
     for (int64_t i = begin; i < std::min<int64_t>(n, begin + batch); ++i) index.push_back(i);
   };
   batch_at(0);
-  learner->ComputeGradient(index, absl::MakeSpan(grad));  // warm-up, not timed
+  DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());  // warm-up
   double seconds = 0.0;
   int64_t done = 0;
   while (done < samples) {
     batch_at(done % n);
     const absl::Time t0 = clock->Now();
     const absl::Duration cpu0 = clock->ProcessCpuTime();
-    learner->ComputeGradient(index, absl::MakeSpan(grad));
+    DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());
     EmulateSlowdown(clock, clock->ProcessCpuTime() - cpu0, slowdown);
     seconds += absl::ToDoubleSeconds(clock->Now() - t0);
     done += static_cast<int64_t>(index.size());
