@@ -82,7 +82,8 @@ def run_dbs(args, n, variant):
             client = subprocess.run(
                 [args.client_bin, f"--server=127.0.0.1:{port}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
-                 f"--server_pid={ps.pid}"],
+                 f"--server_pid={ps.pid}",
+                 f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
                 raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
@@ -136,7 +137,9 @@ def summarize(results, clients):
 def table(rows, clients, rounds):
     lines = [f"{clients} clients on loopback, median over {rounds} round(s) of each round's median "
              "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
-             "Sum: in worker order (deterministic, the default) unless marked /arrival.", "",
+             "Sum: in worker order (deterministic, the default) unless marked /arrival. Pushes "
+             "and answers: streams of 4 MiB chunks when larger (the default) unless marked "
+             "/whole (one message each).", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -179,9 +182,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
-    p.add_argument("--variants", default="fp32,fp32/arrival,bf16",
+    p.add_argument("--variants", default="fp32,fp32/whole,fp32/arrival,bf16",
                    help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
-                        "order (deterministic, the default) or with /arrival on arrival")
+                        "order (deterministic, the default) and streamed in chunks (the "
+                        "default), or with /arrival summed on arrival, or with /whole pushed "
+                        "as one message")
+    p.add_argument("--stream_chunk_kb", type=int, default=4096,
+                   help="the workers' --stream_chunk_kb")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=15)

@@ -35,6 +35,8 @@ ABSL_FLAG(int64_t, params, 1000000, "Model size in floats.");
 ABSL_FLAG(int, tensors, 8, "Number of tensors the model is split into (sizes halve).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
 ABSL_FLAG(int, steps, 20, "Timed steps.");
+ABSL_FLAG(int, stream_chunk_kb, 4096,
+          "Gradients larger than this go as streams of chunks of this size (0: one message).");
 ABSL_FLAG(int, server_pid, 0, "dbs_ps's pid, for its CPU time, page faults and peak RSS.");
 
 namespace {
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
       config.connect_timeout = absl::Seconds(30);
       config.call_timeout = absl::Seconds(300);
       config.max_message_mb = 2047;
+      config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
       dbs::GrpcPsClient client(config);
       std::vector<float> values(static_cast<size_t>(params), 0.0f);
       std::vector<float> gradient(static_cast<size_t>(params));

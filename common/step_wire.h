@@ -65,6 +65,20 @@ void WriteGradientField(WireDtype dtype, absl::Span<const float> values, uint8_t
 absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
                             absl::Span<float> params, int64_t* version);
 
+// One message of a streamed answer (PushGradientStream): its values are a range of the model,
+// decoded into `params` at their offset (`*offset`, `*count`). Nothing is written to `params`
+// unless the message is well formed and its range lies within it.
+absl::Status ParsePushReplyPiece(const Segments& message, v1::PushGradientReply* head,
+                                 absl::Span<float> params, int64_t* version, size_t* offset,
+                                 size_t* count);
+
+// What precedes a piece's values in a streamed push: PushGradientRequest field `gradient`'s tag
+// and length, for `count` values (the header's own bytes go before it, the values after).
+std::string GradientPiecePrefix(size_t count, WireDtype dtype);
+// The same in a streamed answer: PushGradientReply field `values` (a FlatParameters at
+// `version` whose `count` values start at `offset`), up to the values themselves.
+std::string ValuesPiecePrefix(int64_t version, WireDtype dtype, size_t offset, size_t count);
+
 // The values of a Parameters message into `params` (TotalElements(layout) floats): its flat
 // `values` when present, else its tensors (ResumeReply). Nothing is written on error.
 absl::Status DecodeParameters(const v1::Parameters& message, const ModelLayout& layout,

@@ -1,12 +1,17 @@
 #include "server/parameter_service.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/plan_codec.h"
 #include "common/raw_call.h"
+#include "common/status_macros.h"
+#include "common/step_wire.h"
 #include "common/tensor_codec.h"
 
 namespace dbs {
@@ -115,51 +120,58 @@ grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   return values_;
 }
 
+absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* ctx,
+                                                   const PushRequest& request, GradientPush* push) {
+  const v1::PushGradientRequest* req = &request.header;
+  DBS_RETURN_IF_ERROR(Allowed(ctx, req->worker_id()));
+  if (req->num_samples() < 0) return absl::InvalidArgumentError("num_samples is negative");
+  if (!std::isfinite(req->loss_sum())) {
+    return absl::InvalidArgumentError("loss_sum is not finite");
+  }
+  if (request.gradient->bytes > 0 && static_cast<WireDtype>(req->wire_dtype()) != wire_dtype_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the gradient travels in ", WireDtypeName(static_cast<WireDtype>(req->wire_dtype())),
+        "; this job's wire dtype is ", WireDtypeName(wire_dtype_)));
+  }
+  push->worker_id = req->worker_id();
+  push->epoch = req->epoch();
+  push->step = req->step();
+  push->num_samples = req->num_samples();
+  push->loss_sum = req->loss_sum();
+  push->compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
+  // Who, which step and how many samples are checked before the values are read: a push the
+  // barrier would refuse costs no pass over its (possibly 512 MiB) payload.
+  DBS_RETURN_IF_ERROR(aggregator_->Precheck(*push));
+  if (req->num_samples() > 0 && !store_->registered()) {
+    return absl::FailedPreconditionError("no model registered yet");
+  }
+  return absl::OkStatus();
+}
+
+void ParameterServiceImpl::FillAnswerHead(const StepResult& r, int worker,
+                                          v1::PushGradientReply* head) {
+  if (r.revisions != nullptr) {
+    auto rev = r.revisions->find(worker);
+    if (rev != r.revisions->end()) ToProto(rev->second, head->mutable_revision());
+  }
+  head->set_epoch(r.epoch);
+  head->set_step(r.step);
+  head->set_global_loss(r.global_loss);
+  head->set_global_samples(r.global_samples);
+}
+
 void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
                                           const PushRequest& request, PushAnswer* reply,
                                           WaitingReactor* reactor) {
-  const v1::PushGradientRequest* req = &request.header;
-  if (absl::Status a = Allowed(ctx, req->worker_id()); !a.ok()) return Answer(reactor, a);
-  if (req->num_samples() < 0) {
-    return Answer(reactor, absl::InvalidArgumentError("num_samples is negative"));
-  }
-  if (!std::isfinite(req->loss_sum())) {
-    return Answer(reactor, absl::InvalidArgumentError("loss_sum is not finite"));
-  }
-  if (request.gradient->bytes > 0 && static_cast<WireDtype>(req->wire_dtype()) != wire_dtype_) {
-    return Answer(reactor, absl::InvalidArgumentError(absl::StrCat(
-                               "the gradient travels in ",
-                               WireDtypeName(static_cast<WireDtype>(req->wire_dtype())),
-                               "; this job's wire dtype is ", WireDtypeName(wire_dtype_))));
-  }
   GradientPush push;
-  push.worker_id = req->worker_id();
-  push.epoch = req->epoch();
-  push.step = req->step();
-  push.num_samples = req->num_samples();
-  push.loss_sum = req->loss_sum();
-  push.compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
-  // Who, which step and how many samples are checked before the values are read: a push the
-  // barrier would refuse costs no pass over its (possibly 512 MiB) payload.
-  if (absl::Status pre = aggregator_->Precheck(push); !pre.ok()) return Answer(reactor, pre);
-  if (req->num_samples() > 0 && !store_->registered()) {
-    return Answer(reactor, absl::FailedPreconditionError("no model registered yet"));
-  }
+  if (absl::Status s = CheckPushHeader(ctx, request, &push); !s.ok()) return Answer(reactor, s);
   // The gradient stays in the received message (no copy) until the aggregator has summed it.
-  if (request.gradient->bytes > 0 || req->num_samples() > 0) push.gradient = request.gradient;
-  const int worker = req->worker_id();
+  if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
+  const int worker = push.worker_id;
   const uint64_t ticket =
       aggregator_->Push(push, [this, reactor, reply, worker](const absl::StatusOr<StepResult>& r) {
         if (r.ok()) {
-          v1::PushGradientReply* head = &reply->head;
-          if (r->revisions != nullptr) {
-            auto rev = r->revisions->find(worker);
-            if (rev != r->revisions->end()) ToProto(rev->second, head->mutable_revision());
-          }
-          head->set_epoch(r->epoch);
-          head->set_step(r->step);
-          head->set_global_loss(r->global_loss);
-          head->set_global_samples(r->global_samples);
+          FillAnswerHead(*r, worker, &reply->head);
           reply->values = ValuesOf(r->parameters);
         }
         Answer(reactor, r.status());
@@ -167,6 +179,207 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
   if (ticket != 0) {
     reactor->SetWithdraw([agg = aggregator_, ticket] { return agg->CancelWait(ticket); });
   }
+}
+
+// A streamed push (PushGradientStream). The reactor reads one piece, hands it to the aggregator
+// and reads the next only once the piece is summed (or, in worker order, queued behind lower
+// ids): the server holds at most one piece per stream, and a worker whose turn has not come
+// waits in its transport's flow control. When the client closes its side, the push is complete;
+// the answer goes back as pieces of the shared, serialized-once parameters.
+//
+// Callbacks from the aggregator (a piece taken, the step's result) come from other threads. Each
+// holds a reference to the reactor until it has run (the object is freed when gRPC is done with
+// it and the last such callback has run), and every operation starts under `mu_` and only
+// before Finish. gRPC never runs a bidi reaction inline from StartRead, StartWrite or Finish, so
+// holding `mu_` across them cannot deadlock with a reaction.
+class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PushStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {
+    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
+      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "dbs_ps is starting (restoring its checkpoint); retry"));
+      return;
+    }
+    Read();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (Finished()) return;
+    if (!ok) return EndOfPieces();
+    received_ += in_.Length();
+    PushRequest piece;
+    grpc::ByteBuffer bytes(in_);  // shares the slices
+    if (grpc::Status parsed = RawDecode(&bytes, &piece); !parsed.ok()) return FinishOnce(parsed);
+    in_.Clear();
+    absl::Status s = Take(piece);
+    if (!s.ok()) FinishOnce(ToGrpcStatus(s));
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (++written_ < out_.size()) {
+      StartWrite(&out_[written_]);
+    } else {
+      FinishLocked(grpc::Status::OK);
+    }
+  }
+
+  void OnCancel() override {
+    // A waiting answer is withdrawn; a piece queued in the aggregator still ends (summed, or
+    // dropped with the step) and releases its hold then.
+    const uint64_t ticket = ticket_.exchange(0);
+    if (ticket != 0 && service_->aggregator_->CancelWait(ticket)) Unref();
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+  }
+
+  void OnDone() override { Unref(); }
+
+ private:
+  // Checks a piece against the stream's first and gives its values to the aggregator.
+  absl::Status Take(const PushRequest& piece) {
+    const v1::PushGradientRequest& h = piece.header;
+    if (pieces_ == 0) {
+      DBS_RETURN_IF_ERROR(service_->CheckPushHeader(ctx_, piece, &push_));
+    } else if (h.worker_id() != push_.worker_id || h.epoch() != push_.epoch ||
+               h.step() != push_.step || h.num_samples() != push_.num_samples) {
+      return absl::InvalidArgumentError(
+          "a streamed push's pieces must all name the same worker, epoch, step and samples");
+    } else if (piece.gradient->bytes > 0 &&
+               static_cast<WireDtype>(h.wire_dtype()) != service_->wire_dtype_) {
+      return absl::InvalidArgumentError("a piece travels in another wire dtype than the job's");
+    }
+    ++pieces_;
+    if (piece.gradient->bytes == 0) {
+      Read();  // a header alone (a push of no samples)
+      return absl::OkStatus();
+    }
+    if (h.gradient_offset() < 0) return absl::InvalidArgumentError("gradient_offset is negative");
+    piece_values_ =
+        std::max(piece_values_, piece.gradient->bytes / BytesPerValue(service_->wire_dtype_));
+    Ref();
+    absl::Status s =
+        service_->aggregator_->PushChunk(push_, static_cast<size_t>(h.gradient_offset()),
+                                         piece.gradient, [this](const absl::Status& taken) {
+                                           if (taken.ok()) {
+                                             Read();
+                                           } else {
+                                             FinishOnce(ToGrpcStatus(taken));
+                                           }
+                                           Unref();
+                                         });
+    if (!s.ok()) Unref();  // refused: `taken` never runs
+    return s;
+  }
+
+  // The client closed its side: the push is complete.
+  void EndOfPieces() {
+    if (pieces_ == 0) {
+      return FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     "a streamed push ended before its first piece"));
+    }
+    GradientPush push = push_;
+    push.streamed = push.num_samples > 0;
+    Ref();
+    const int worker = push.worker_id;
+    const uint64_t ticket =
+        service_->aggregator_->Push(push, [this, worker](const absl::StatusOr<StepResult>& r) {
+          ticket_.store(0);
+          if (!r.ok()) {
+            FinishOnce(ToGrpcStatus(r.status()));
+          } else {
+            Answer(*r, worker);
+          }
+          Unref();
+        });
+    if (ticket != 0) {
+      ticket_.store(ticket);
+      // The client may have gone while the push was being counted.
+      if (ctx_->IsCancelled() && ticket_.exchange(0) != 0 &&
+          service_->aggregator_->CancelWait(ticket)) {
+        Unref();
+      }
+    }
+  }
+
+  // The answer: the step's head in the first message, the parameters in pieces of the size the
+  // client sent, each a view of the bytes serialized once for every worker.
+  void Answer(const StepResult& r, int worker) {
+    if (Finished()) return;
+    const grpc::Slice values = service_->ValuesOf(r.parameters);
+    const WireDtype dtype = service_->wire_dtype_;
+    const size_t width = BytesPerValue(dtype);
+    const size_t model = r.parameters.values->size();
+    const size_t start = values.size() - model * width;  // the values end the field
+    const size_t step = piece_values_ > 0 ? piece_values_ : model;
+    v1::PushGradientReply head;
+    ParameterServiceImpl::FillAnswerHead(r, worker, &head);
+    for (size_t from = 0; from < model || from == 0; from += step) {
+      const size_t count = std::min(step, model - from);
+      std::string prefix = head.SerializeAsString();
+      prefix += ValuesPiecePrefix(r.parameters.version, dtype, from, count);
+      grpc::Slice slices[2] = {grpc::Slice(prefix),
+                               values.sub(start + from * width, start + (from + count) * width)};
+      out_.emplace_back(slices, count > 0 ? 2 : 1);
+      sent_ += out_.back().Length();
+      head.Clear();  // the result once, in the first message
+      if (model == 0) break;
+    }
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartWrite(&out_[0]);
+  }
+
+  bool Finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+
+  void Read() {
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartRead(&in_);
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(status);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    if (service_->hooks_.observer != nullptr) {
+      service_->hooks_.observer->OnCall("PushGradientStream", received_, status.ok() ? sent_ : 0,
+                                        static_cast<int>(status.error_code()));
+    }
+    Finish(status);
+  }
+
+  ParameterServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer in_;
+  GradientPush push_;  // the header, from the first piece
+  int64_t pieces_ = 0;
+  size_t piece_values_ = 0;  // the largest piece's values: the answer's pieces are as large
+  size_t received_ = 0;
+  size_t sent_ = 0;
+  std::vector<grpc::ByteBuffer> out_;
+  size_t written_ = 0;
+  std::atomic<uint64_t> ticket_{0};
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // gRPC's reference (until OnDone) and one per aggregator callback still to run.
+  std::atomic<int> refs_{1};
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+};
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ParameterServiceImpl::PushGradientStream(grpc::CallbackServerContext* ctx) {
+  return new PushStreamReactor(this, ctx);
 }
 
 void ParameterServiceImpl::DoResume(grpc::CallbackServerContext* ctx,

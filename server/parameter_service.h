@@ -17,8 +17,10 @@ namespace dbs {
 
 using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_RegisterModel<
     v1::ParameterService::WithRawCallbackMethod_PushGradient<
-        v1::ParameterService::WithRawCallbackMethod_PullParameters<
-            v1::ParameterService::WithRawCallbackMethod_Resume<v1::ParameterService::Service>>>>;
+        v1::ParameterService::WithRawCallbackMethod_PushGradientStream<
+            v1::ParameterService::WithRawCallbackMethod_PullParameters<
+                v1::ParameterService::WithRawCallbackMethod_Resume<
+                    v1::ParameterService::Service>>>>>;
 
 class ParameterServiceImpl final : public ParameterRawService {
  public:
@@ -49,6 +51,8 @@ class ParameterServiceImpl final : public ParameterRawService {
   grpc::ServerUnaryReactor* PushGradient(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* in,
                                          grpc::ByteBuffer* out) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushGradientStream(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
                                            grpc::ByteBuffer* out) override;
@@ -60,6 +64,13 @@ class ParameterServiceImpl final : public ParameterRawService {
                        ParametersAnswer* reply, WaitingReactor* reactor);
   void DoPushGradient(grpc::CallbackServerContext* ctx, const PushRequest& req, PushAnswer* reply,
                       WaitingReactor* reactor);
+  // The checks of a push's header that need no gradient (who, which step, how many samples);
+  // fills `push` from it.
+  absl::Status CheckPushHeader(grpc::CallbackServerContext* ctx, const PushRequest& request,
+                               GradientPush* push);
+  // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
+  static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
+  friend class PushStreamReactor;
   // The step's parameters serialized for the replies: once per snapshot, shared by all.
   grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,

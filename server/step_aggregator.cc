@@ -15,6 +15,7 @@ StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, Aggreg
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
+  Notices notices;
   {
     absl::MutexLock lock(&mu_);
     // Cannot happen while reports wait for the steps (TrainingJob::CanReport); if it did, the
@@ -23,13 +24,14 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       LOG(ERROR) << "epoch " << epoch << " begun while step " << step_ << " of epoch " << epoch_
                  << " had " << pending_.size() << " pushes waiting; they are refused";
       TakePendingLocked(&orphans);
-      std::fill(sum_.begin(), sum_.end(), 0.0f);
-      held_.clear();
-      summed_.clear();
       stats_.workers.clear();
     }
+    std::fill(sum_.begin(), sum_.end(), 0.0f);
+    DropIncomingLocked(absl::FailedPreconditionError("the epoch ended before this push completed"),
+                       &notices);
     BeginEpochLocked(epoch, std::move(quotas));
   }
+  Notify(&notices);
   for (Done& d : orphans) {
     d(absl::FailedPreconditionError("the epoch ended while this push waited for its step"));
   }
@@ -39,7 +41,6 @@ void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
   epoch_ = epoch;
   step_ = 0;
   quotas_ = std::move(quotas);
-  loss_sum_ = 0.0;
   samples_ = 0;
   epoch_loss_[epoch];
 }
@@ -84,15 +85,35 @@ absl::Status StepAggregator::CheckGradient(const GradientPush& push) const {
   if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
   }
-  return ForEachBlock(*push.gradient, [&](size_t first, absl::Span<const float> v) {
+  return CheckChunk(push.worker_id, 0, push.gradient.get(), model);
+}
+
+absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const WirePayload* values,
+                                        size_t model) {
+  if (values == nullptr || values->bytes == 0) {
+    return absl::InvalidArgumentError("a piece of a streamed push carries no values");
+  }
+  const size_t width = BytesPerValue(values->dtype);
+  if (values->bytes % width != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", values->bytes,
+                                                   " bytes are not a whole number of ",
+                                                   WireDtypeName(values->dtype), " values"));
+  }
+  const size_t count = values->bytes / width;
+  if (offset > model || count > model - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: values ", offset, "..",
+                                                   offset + count, " lie beyond the model's ",
+                                                   model));
+  }
+  return ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
     int bad = 0;  // branch-free, so the compiler vectorizes the common case
     for (size_t i = 0; i < v.size(); ++i) bad |= !(std::fabs(v[i]) <= kMaxAbsGradient);
     if (bad == 0) return absl::OkStatus();
     for (size_t i = 0; i < v.size(); ++i) {
       if (!(std::fabs(v[i]) <= kMaxAbsGradient)) {  // NaN fails too
         return absl::InvalidArgumentError(absl::StrCat(
-            "gradient rejected: worker ", push.worker_id, "'s element ", first + i, " is ", v[i],
-            " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+            "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ",
+            v[i], " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
       }
     }
     return absl::OkStatus();
@@ -129,11 +150,82 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
+void StepAggregator::Notify(Notices* notices) {
+  for (auto& [taken, status] : *notices) {
+    if (taken) taken(status);
+  }
+  notices->clear();
+}
+
+absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset,
+                                       std::shared_ptr<const WirePayload> values, Taken taken) {
+  // Checked before the lock, like a whole gradient.
+  const size_t model = static_cast<size_t>(store_->num_elements());
+  DBS_RETURN_IF_ERROR(CheckChunk(header.worker_id, offset, values.get(), model));
+  const size_t end = offset + values->bytes / BytesPerValue(values->dtype);
+  Notices notices;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsRetryLocked(header)) {
+      // The push was counted already: its values are not used again.
+      notices.emplace_back(std::move(taken), absl::OkStatus());
+    } else {
+      if (sum_.empty()) sum_.assign(model, 0.0f);
+      status = Validate(header);
+      if (status.ok() && header.num_samples <= 0) {
+        status = absl::InvalidArgumentError("a push of 0 samples carries no gradient");
+      }
+      if (status.ok()) {
+        Incoming& in = incoming_[header.worker_id];
+        if (end <= in.received) {
+          notices.emplace_back(std::move(taken), absl::OkStatus());  // sent again by a retry
+        } else if (offset != in.received) {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("worker ", header.worker_id, " sent values ", offset, "..", end,
+                           " of step ", header.step, " when ", in.received,
+                           " of them had arrived: a push's pieces must be consecutive"));
+        } else {
+          in.samples = header.num_samples;
+          in.received = end;
+          in.queued.push_back(Piece{offset, std::move(values), std::move(taken)});
+          ReduceReadyLocked(&notices);
+        }
+      }
+    }
+  }
+  Notify(&notices);
+  return status;
+}
+
+absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
+  if (push.num_samples <= 0) return absl::OkStatus();
+  Incoming& in = incoming_[push.worker_id];
+  const size_t model = sum_.size();
+  if (push.streamed) {
+    if (in.received == model) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("worker ", push.worker_id, "'s push of step ",
+                                                   push.step, " ended after ", in.received,
+                                                   " of the model's ", model, " values"));
+  }
+  if (in.received > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", push.worker_id, " began step ", push.step,
+                     "'s push as a stream: finish it as a stream"));
+  }
+  in.samples = push.num_samples;
+  in.received = model;
+  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr});
+  return absl::OkStatus();
+}
+
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
-  const absl::Status gradient_ok = CheckGradient(push);
+  const absl::Status gradient_ok = push.streamed ? absl::OkStatus() : CheckGradient(push);
   std::vector<Done> to_run;
+  Notices notices;
+  uint64_t waiting = 0;
   absl::StatusOr<StepResult> result;
   StepStats stats;
   bool completed = false;
@@ -158,19 +250,25 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       if (sum_.empty()) sum_.assign(static_cast<size_t>(store_->num_elements()), 0.0f);
       absl::Status valid = Validate(push);
       if (valid.ok()) valid = gradient_ok;
+      if (valid.ok()) valid = TakeGradientLocked(push);
       if (!valid.ok()) {
         result = valid;
         to_run.push_back(std::move(done));
       } else {
         AcceptLocked(push, std::move(done));
-        CollectLocked(push);
-        if (pending_.size() < quotas_[step_].size()) return last_ticket_;
-        stats = TakeStepStatsLocked();
-        completed = true;
-        CompleteStepLocked(&to_run, &result);
+        ReduceReadyLocked(&notices);
+        if (pending_.size() < quotas_[step_].size()) {
+          waiting = last_ticket_;
+        } else {
+          stats = TakeStepStatsLocked();
+          completed = true;
+          CompleteStepLocked(&to_run, &result, &notices);
+        }
       }
     }
   }
+  Notify(&notices);
+  if (waiting != 0) return waiting;
   if (retry_ticket != 0) {
     if (superseded) {
       superseded(
@@ -210,6 +308,7 @@ void StepAggregator::AfterStep(const StepStats& stats, absl::StatusOr<StepResult
 
 void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {
   samples_ += push.num_samples;
+  losses_[push.worker_id] = push.loss_sum;
   ++accepted_pushes_;
   pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
   accepted_[epoch_].insert({push.worker_id, step_});
@@ -252,59 +351,89 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::CollectLocked(const GradientPush& push) {
-  if (!options_.deterministic) {
-    loss_sum_ += push.loss_sum;
-    AddLocked(push.num_samples, push.gradient.get());
-    summed_.insert(push.worker_id);
-    return;
-  }
-  held_[push.worker_id] = Held{push.num_samples, push.loss_sum, push.gradient.shared()};
-  ReduceReadyLocked();
-}
-
-void StepAggregator::ReduceReadyLocked() {
+void StepAggregator::ReduceReadyLocked(Notices* notices) {
   if (step_ >= static_cast<int>(quotas_.size())) return;
+  const size_t model = sum_.size();
+  // In worker order, a piece waits until every lower id's values up to its end are summed;
+  // `floor` is how far all the lower ids have come. A worker with no samples adds nothing.
+  size_t floor = model;
   for (const auto& [id, quota] : quotas_[step_]) {  // ascending ids
-    if (summed_.count(id) > 0) continue;
-    auto h = held_.find(id);
-    if (h == held_.end()) return;     // its turn has not come: wait for this id's push
-    loss_sum_ += h->second.loss_sum;  // the loss too, so reports repeat to the last bit
-    AddLocked(h->second.samples, h->second.gradient.get());
-    summed_.insert(id);
-    held_.erase(h);  // releases the received message
+    auto it = incoming_.find(id);
+    Incoming* in = it == incoming_.end() ? nullptr : &it->second;
+    while (in != nullptr && !in->queued.empty()) {
+      Piece& piece = in->queued.front();
+      const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
+      if (options_.deterministic && end > floor) break;  // its turn has not come
+      AddLocked(in->samples, piece.offset, piece.values.get());
+      in->summed = end;
+      notices->emplace_back(std::move(piece.taken), absl::OkStatus());
+      in->queued.pop_front();  // releases the received message
+    }
+    floor = std::min(floor, quota == 0 ? model : (in == nullptr ? 0 : in->summed));
   }
 }
 
-void StepAggregator::AddLocked(int num_samples, const WirePayload* gradient) {
-  if (num_samples <= 0 || gradient == nullptr) return;
+void StepAggregator::AddLocked(int num_samples, size_t offset, const WirePayload* values) {
+  if (num_samples <= 0 || values == nullptr) return;
   const float w = static_cast<float>(num_samples);
-  float* const sum = sum_.data();
-  // Checked when it arrived (CheckGradient): the right size, and small enough that the sum
+  float* const sum = sum_.data() + offset;
+  // Checked when it arrived (CheckGradient, CheckChunk): in range, and small enough that the sum
   // stays finite.
-  ForEachBlock(*gradient, [&](size_t first, absl::Span<const float> v) {
+  ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
     float* s = sum + first;
     for (size_t i = 0; i < v.size(); ++i) s[i] += w * v[i];
     return absl::OkStatus();
   }).IgnoreError();
 }
 
+void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* notices) {
+  for (auto& [id, in] : incoming_) {
+    for (Piece& piece : in.queued) notices->emplace_back(std::move(piece.taken), status);
+  }
+  incoming_.clear();
+  losses_.clear();
+}
+
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
-                                        absl::StatusOr<StepResult>* result) {
-  // Every worker of the step has pushed: apply the sample-weighted mean.
-  ReduceReadyLocked();
+                                        absl::StatusOr<StepResult>* result, Notices* notices) {
+  // Every worker of the step has pushed (or was evicted): apply the sample-weighted mean.
+  ReduceReadyLocked(notices);
+  double loss_sum = 0.0;
+  for (const auto& [id, loss] : losses_) loss_sum += loss;  // in worker order: repeatable
+  // An evicted worker may have streamed part of its gradient: its values up to where they were
+  // summed count, with its samples, in that range's mean (nothing accepted is lost).
+  std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
+  int64_t partial_samples = 0;
+  for (const auto& [id, in] : incoming_) {
+    if (pending_.count(id) == 0 && in.summed > 0) {
+      partial.emplace_back(in.summed, in.samples);
+      partial_samples += in.samples;
+    }
+  }
+  std::sort(partial.begin(), partial.end());
   StepResult r;
   r.epoch = epoch_;
   r.step = step_;
   r.global_samples = samples_;
-  r.global_loss = samples_ > 0 ? loss_sum_ / samples_ : 0.0;
+  r.global_loss = samples_ > 0 ? loss_sum / samples_ : 0.0;
   r.revisions = std::move(revisions_);
   revisions_.reset();
   absl::StatusOr<ParameterSnapshot> snap;
-  if (samples_ > 0) {
-    // The mean in place: the sum is cleared after the step anyway.
-    const float inv = 1.0f / static_cast<float>(samples_);
-    for (float& v : sum_) v *= inv;
+  if (samples_ + partial_samples > 0) {
+    // The mean in place (the sum is cleared after the step anyway), range by range: values
+    // [from, to) were summed over `samples` samples.
+    auto scale = [&](size_t from, size_t to, int64_t samples) {
+      const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
+      for (size_t i = from; i < to; ++i) sum_[i] *= inv;
+    };
+    size_t from = 0;
+    int64_t extra = partial_samples;
+    for (const auto& [summed, samples] : partial) {
+      scale(from, summed, samples_ + extra);
+      extra -= samples;
+      from = summed;
+    }
+    scale(from, sum_.size(), samples_);
     snap = store_->ApplyGradient(sum_);
   } else {
     snap = store_->Snapshot();
@@ -313,7 +442,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     r.parameters = *snap;
     *result = r;
     EpochLoss& el = epoch_loss_[epoch_];
-    el.loss_sum += loss_sum_;
+    el.loss_sum += loss_sum;
     el.samples += samples_;
     el.steps_completed += 1;
     last_ = r;
@@ -324,9 +453,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   }
   TakePendingLocked(to_run);
   std::fill(sum_.begin(), sum_.end(), 0.0f);
-  held_.clear();
-  summed_.clear();
-  loss_sum_ = 0.0;
+  DropIncomingLocked(absl::OkStatus(), notices);  // none is left queued
   samples_ = 0;
   ++step_;
 }
@@ -347,16 +474,35 @@ bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
 void StepAggregator::CompleteEviction(PlanChange change) {
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
+  Notices notices;
+  bool completed = false;
   {
     absl::MutexLock lock(&mu_);
-    for (int id : evicted_) quotas_[step_].erase(id);
+    for (int id : evicted_) {
+      quotas_[step_].erase(id);
+      // Its pieces not yet summed are dropped; those summed stay (CompleteStepLocked).
+      auto in = incoming_.find(id);
+      if (in == incoming_.end()) continue;
+      for (Piece& piece : in->second.queued) {
+        notices.emplace_back(
+            std::move(piece.taken),
+            absl::NotFoundError(
+                absl::StrCat("worker ", id, " was declared dead after missing a step deadline")));
+      }
+      in->second.queued.clear();
+      in->second.received = in->second.summed;
+    }
     quotas_.resize(static_cast<size_t>(step_) + 1);
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
     revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
-    ReduceReadyLocked();  // an evicted worker may have been the one the sum waited for
-    if (pending_.size() < quotas_[step_].size()) return;  // the survivors are still pushing
-    CompleteStepLocked(&to_run, &result);
+    ReduceReadyLocked(&notices);  // an evicted worker may have been the one the sum waited for
+    if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
+      CompleteStepLocked(&to_run, &result, &notices);
+      completed = true;
+    }
   }
+  Notify(&notices);
+  if (!completed) return;
   for (Done& d : to_run) d(result);
 }
 
@@ -368,12 +514,14 @@ std::set<std::pair<int, int>> StepAggregator::AcceptedPushes(int epoch) const {
 
 void StepAggregator::Abort(const absl::Status& status) {
   std::vector<Done> to_run;
+  Notices notices;
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
-    held_.clear();
+    DropIncomingLocked(status, &notices);
   }
+  Notify(&notices);
   for (Done& d : to_run) d(status);
 }
 
@@ -415,9 +563,8 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   accepted_[s.epoch] = s.accepted;
   pending_.clear();
   sum_.clear();
-  held_.clear();
-  summed_.clear();
-  loss_sum_ = 0.0;
+  incoming_.clear();  // restored before any call is served: no stream waits on them
+  losses_.clear();
   samples_ = 0;
   last_.reset();
   evicted_.clear();

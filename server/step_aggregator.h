@@ -14,6 +14,7 @@
 #define DBS_SERVER_STEP_AGGREGATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -110,12 +111,16 @@ struct GradientPush {
   // Held (not copied) until it is summed.
   PushedGradient gradient;
   double compute_seconds = 0.0;  // piggybacked timing of this step
+  // The gradient came before, in pieces (StepAggregator::PushChunk): `gradient` is empty, and
+  // every value of the model must have arrived.
+  bool streamed = false;
 };
 
 struct AggregatorOptions {
   // Sum the pushes of a step in worker-id order whatever order they arrive in, so that the same
   // job gives bit-identical parameters run after run. A push that arrives before a lower id's
-  // is held (the received message, not a copy) until its turn. Off: summed on arrival.
+  // is held (the received message, not a copy) until its turn; so is a piece of a streamed push
+  // until every lower id's values up to its end are summed. Off: summed on arrival.
   bool deterministic = true;
 };
 
@@ -165,6 +170,20 @@ class StepAggregator {
   // Returns the wait's ticket, or 0 when `done` already ran.
   uint64_t Push(const GradientPush& push, Done done);
 
+  // A piece of a streamed push: values [offset, offset + count) of `header`'s gradient (the
+  // header's own `gradient` is ignored). Pieces of a push must come in order, from 0, and the
+  // push ends with Push(header with `streamed` set). A piece is checked like a whole gradient
+  // (the header, its range, every value finite and small enough) and, when refused, changes
+  // nothing: the pieces before it stay, and a retry may send them again (a piece that has
+  // arrived already is not added twice). An accepted piece is summed at once or, in worker
+  // order, once every lower id's values up to its end are; `taken` runs then (possibly at once,
+  // on this thread) with OK, or with an error if the step is abandoned first (abort, eviction,
+  // epoch end). A stream that reads its next piece only after `taken` holds at most one piece
+  // per worker in memory. Returns the refusal, or OK.
+  using Taken = std::function<void(const absl::Status&)>;
+  absl::Status PushChunk(const GradientPush& header, size_t offset,
+                         std::shared_ptr<const WirePayload> values, Taken taken);
+
   // Withdraws a waiting push's answer (its caller went away); the push itself stays counted.
   // True when it was waiting (its `done` will never run); false when `done` has run or is running.
   bool CancelWait(uint64_t ticket);
@@ -213,19 +232,30 @@ class StepAggregator {
   // the re-plan it returns), then MarkReleased.
   void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A piece's `taken` and how it ends, run once the lock is released.
+  using Notices = std::vector<std::pair<Taken, absl::Status>>;
+  static void Notify(Notices* notices);
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
   absl::Status CheckGradient(const GradientPush& push) const;
-  // Takes an accepted push's gradient into the step's sum: at once, or in worker order
+  // The same for a piece at `offset` of a model of `model` values.
+  static absl::Status CheckChunk(int worker_id, size_t offset, const WirePayload* values,
+                                 size_t model);
+  // A valid push's gradient becomes the step's: a whole one is queued as one piece; a streamed
+  // one must have arrived completely. Changes nothing on error.
+  absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the queued pieces whose turn has come: at once, or in worker order
   // (AggregatorOptions::deterministic).
-  void CollectLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds the held gradients whose turn has come (every lower id of the step summed).
-  void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // sum += num_samples * gradient.
-  void AddLocked(int num_samples, const WirePayload* gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReduceReadyLocked(Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // sum[offset...] += num_samples * values.
+  void AddLocked(int num_samples, size_t offset, const WirePayload* values)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the step's pieces; the queued ones end with `status`.
+  void DropIncomingLocked(const absl::Status& status, Notices* notices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
-  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
+                          Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
   const Clock* const clock_;
@@ -244,16 +274,22 @@ class StepAggregator {
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
-  // Of the step being collected: pushes waiting for their turn in the sum, and the ids already
-  // summed.
-  struct Held {
-    int samples = 0;
-    double loss_sum = 0.0;
-    std::shared_ptr<const WirePayload> gradient;
+  // Of the step being collected, by worker: the gradient's values that have arrived (a prefix)
+  // and that are summed (a prefix of those), and the pieces waiting for their turn in the sum.
+  struct Piece {
+    size_t offset = 0;
+    std::shared_ptr<const WirePayload> values;
+    Taken taken;  // may be empty
   };
-  std::map<int, Held> held_ ABSL_GUARDED_BY(mu_);
-  std::set<int> summed_ ABSL_GUARDED_BY(mu_);
-  double loss_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
+  struct Incoming {
+    int samples = 0;
+    size_t received = 0;
+    size_t summed = 0;
+    std::deque<Piece> queued;
+  };
+  std::map<int, Incoming> incoming_ ABSL_GUARDED_BY(mu_);
+  // The accepted pushes' loss sums, added in worker order when the step completes.
+  std::map<int, double> losses_ ABSL_GUARDED_BY(mu_);
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_

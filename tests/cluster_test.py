@@ -71,7 +71,8 @@ class ProcessTestCase(unittest.TestCase):
         while not os.path.exists(port_file) and time.time() < deadline and ps.poll() is None:
             time.sleep(0.05)
         self.assertTrue(os.path.exists(port_file), "dbs_ps did not start listening")
-        return ps, open(port_file).read().strip()
+        with open(port_file) as f:
+            return ps, f.read().strip()
 
     @staticmethod
     def worker_argv(port, *flags):
@@ -88,9 +89,11 @@ class ProcessTestCase(unittest.TestCase):
                  for i, flags in enumerate(worker_flags)]
         _, err = ps.communicate(timeout=timeout)
         self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        self.worker_errs = []
         for p in procs:
             _, werr = p.communicate(timeout=60)
             self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
+            self.worker_errs.append(werr.decode())
         with open(summary) as f:
             return json.load(f)
 
@@ -343,6 +346,36 @@ class DeterministicAggregationTest(ProcessTestCase):
         self.assertEqual(wa, wb, "the exported parameters differ")
         print(f"two arrival orders, train losses {[e['train_loss'] for e in a['epochs']]}, "
               f"{len(wa)} exported bytes identical")
+
+
+class StreamedPushTest(ProcessTestCase):
+    """Issue 11 item 2: a gradient pushed as a stream of chunks (and the parameters streamed
+    back) trains exactly as the same job with one message per push, bit for bit, whatever
+    order the chunks of the workers arrive in."""
+
+    def run_job(self, tag, chunk_kb, slowdowns):
+        exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(len(slowdowns))]
+        s = self.run_fixed_job(tag, ["--global_batch=48"], [
+            ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
+             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}"]
+            for slow, export in zip(slowdowns, exports)])
+        with open(exports[0], "rb") as f:
+            return s, f.read()
+
+    def test_chunks_train_bit_identically_to_whole_messages(self):
+        whole, w_whole = self.run_job("whole", 0, ["1", "2", "4"])
+        self.assertFalse(any("pushed as a stream" in e for e in self.worker_errs))
+        # 235,146 values of 4 bytes: 15 chunks of 64 KiB.
+        chunked, w_chunked = self.run_job("chunked", 64, ["4", "2", "1"])
+        for err in self.worker_errs:
+            self.assertIn("pushed as a stream of 15 chunks of at most 64 KiB", err)
+        self.assertEqual([e["train_loss"] for e in whole["epochs"]],
+                         [e["train_loss"] for e in chunked["epochs"]])
+        self.assertEqual(whole["final_test_accuracy"], chunked["final_test_accuracy"])
+        self.assertEqual(w_whole, w_chunked, "the exported parameters differ")
+        print(f"whole messages and 64 KiB chunks: train losses "
+              f"{[e['train_loss'] for e in chunked['epochs']]}, {len(w_chunked)} exported bytes "
+              f"identical")
 
 
 class WireDtypeTest(ProcessTestCase):

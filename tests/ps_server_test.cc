@@ -3,10 +3,14 @@
 // another job is refused at start.
 #include "server/ps_server.h"
 
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/grpc_status.h"
@@ -41,6 +45,48 @@ std::string ReadFile(const std::string& path) {
   s << in.rdbuf();
   return s.str();
 }
+
+// A worker driven by hand over gRPC: joins the job on `port`, registers a model of `values`
+// fp32 zeros and gets epoch 0's plan.
+struct HandWorker {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::SchedulerService::Stub> sched;
+  std::unique_ptr<v1::ParameterService::Stub> params;
+  v1::RegisterWorkerReply joined;
+  v1::EpochPlan plan;
+
+  void Sign(grpc::ClientContext* ctx) const { ctx->AddMetadata(kWorkerTokenKey, joined.token()); }
+
+  void Join(int port, int values) {
+    channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                  grpc::InsecureChannelCredentials());
+    sched = v1::SchedulerService::NewStub(channel);
+    params = v1::ParameterService::NewStub(channel);
+    v1::RegisterWorkerRequest reg;
+    reg.set_name("w0");
+    reg.set_train_samples(16);
+    reg.set_test_samples(4);
+    {
+      grpc::ClientContext ctx;
+      ASSERT_THAT(sched->RegisterWorker(&ctx, reg, &joined), IsOk());
+    }
+    {
+      v1::RegisterModelRequest req;
+      v1::Tensor* t = req.add_parameters();
+      t->set_name("w");
+      t->add_shape(values);
+      t->set_data(std::string(4 * values, '\0'));
+      v1::Parameters reply;
+      grpc::ClientContext ctx;
+      Sign(&ctx);
+      ASSERT_THAT(params->RegisterModel(&ctx, req, &reply), IsOk());
+    }
+    v1::GetEpochPlanRequest req;
+    grpc::ClientContext ctx;
+    Sign(&ctx);
+    ASSERT_THAT(sched->GetEpochPlan(&ctx, req, &plan), IsOk());
+  }
+};
 
 TEST(ValidateServerConfigTest, NamesTheSettingAndNoFlag) {
   ServerConfig c = SmallConfig();
@@ -200,41 +246,13 @@ TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
   std::ostringstream out;
   absl::Status result;
   std::thread runner([&] { result = (*server)->Run(out); });
-
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  auto sched = v1::SchedulerService::NewStub(channel);
-  auto params = v1::ParameterService::NewStub(channel);
-  auto signed_ctx = [](grpc::ClientContext* ctx, const std::string& token) {
-    ctx->AddMetadata(kWorkerTokenKey, token);
-  };
-  v1::RegisterWorkerRequest reg;
-  reg.set_name("w0");
-  reg.set_train_samples(16);
-  reg.set_test_samples(4);
-  v1::RegisterWorkerReply joined;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_THAT(sched->RegisterWorker(&ctx, reg, &joined), IsOk());
-  }
-  {
-    v1::RegisterModelRequest req;
-    v1::Tensor* t = req.add_parameters();
-    t->set_name("w");
-    t->add_shape(2);
-    t->set_data(std::string(8, '\0'));
-    v1::Parameters reply;
-    grpc::ClientContext ctx;
-    signed_ctx(&ctx, joined.token());
-    ASSERT_THAT(params->RegisterModel(&ctx, req, &reply), IsOk());
-  }
-  v1::EpochPlan plan;
-  {
-    v1::GetEpochPlanRequest req;
-    grpc::ClientContext ctx;
-    signed_ctx(&ctx, joined.token());
-    ASSERT_THAT(sched->GetEpochPlan(&ctx, req, &plan), IsOk());
-  }
+  HandWorker w;
+  w.Join(port, 2);
+  const v1::EpochPlan& plan = w.plan;
+  auto* params = w.params.get();
+  auto* sched = w.sched.get();
+  auto signed_ctx = [&w](grpc::ClientContext* ctx, const std::string&) { w.Sign(ctx); };
+  const v1::RegisterWorkerReply& joined = w.joined;
   EXPECT_EQ(Health(port), grpc::health::v1::HealthCheckResponse::SERVING);
   for (int step = 0; step < plan.num_steps(); ++step) {
     v1::PushGradientRequest push;
@@ -276,6 +294,80 @@ TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
   }
   runner.join();
   EXPECT_THAT(result, IsOk());
+}
+
+// One streamed push (PushGradientStream) of `pieces` (offset, values), each with `header`'s
+// fields unless `headers` gives the piece its own; returns how the stream ended and the answers.
+absl::Status Stream(const HandWorker& w, const v1::PushGradientRequest& header,
+                    const std::vector<std::pair<int64_t, std::vector<float>>>& pieces,
+                    std::vector<v1::PushGradientReply>* answers,
+                    const std::vector<v1::PushGradientRequest>& headers = {}) {
+  grpc::ClientContext ctx;
+  w.Sign(&ctx);
+  auto stream = w.params->PushGradientStream(&ctx);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    v1::PushGradientRequest piece = i < headers.size() ? headers[i] : header;
+    piece.set_gradient_offset(pieces[i].first);
+    piece.set_gradient(std::string(reinterpret_cast<const char*>(pieces[i].second.data()),
+                                   4 * pieces[i].second.size()));
+    if (!stream->Write(piece)) break;
+  }
+  stream->WritesDone();
+  v1::PushGradientReply reply;
+  while (stream->Read(&reply)) answers->push_back(reply);
+  return FromGrpcStatus(stream->Finish());
+}
+
+TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
+  ServerConfig c = SmallConfig();
+  c.job.scheduler.expected_workers = 1;
+  c.job.optimizer.sgd.lr = 1.0;  // the first step: momentum does not act yet
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  std::ostringstream out;
+  absl::Status result;
+  std::thread runner([&] { result = (*server)->Run(out); });
+  HandWorker w;
+  w.Join((*server)->port(), 4);
+  v1::PushGradientRequest head;
+  head.set_num_samples(w.plan.batch_size());
+  std::vector<v1::PushGradientReply> answers;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // A gap, a NaN, pieces naming another step, no piece, and a push cut short: each refused
+  // with the reason, and none of them changes the step.
+  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {3, {1}}}, &answers),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("consecutive")));
+  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {nan, 1}}}, &answers),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 2")));
+  v1::PushGradientRequest other = head;
+  other.set_step(1);
+  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {1, 1}}}, &answers, {head, other}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same worker, epoch")));
+  EXPECT_THAT(Stream(w, head, {}, &answers),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("before its first piece")));
+  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}}, &answers),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ended after 2 of the model's 4 values")));
+  EXPECT_TRUE(answers.empty());
+  // The whole push: its first two values arrived already (sent again, not added twice).
+  ASSERT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {2, 3}}}, &answers), IsOk());
+  // The answer comes in pieces as large as the push's: the result once, then the values.
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_EQ(answers[0].step(), 0);
+  EXPECT_EQ(answers[0].global_samples(), w.plan.batch_size());
+  EXPECT_EQ(answers[1].global_samples(), 0);
+  std::vector<float> got(4, 0.0f);
+  for (const v1::PushGradientReply& a : answers) {
+    EXPECT_EQ(a.values().version(), 1);
+    const std::string& v = a.values().values();
+    ASSERT_EQ(v.size(), 8u);
+    std::memcpy(got.data() + a.values().offset(), v.data(), v.size());
+  }
+  // lr 1, no momentum: the parameters are minus the gradient.
+  EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
+  (*server)->Stop(absl::CancelledError("test over"));
+  runner.join();
 }
 
 TEST(PsServerTest, APortInUseIsAClearError) {

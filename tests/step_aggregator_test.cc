@@ -1,10 +1,13 @@
 #include "server/step_aggregator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "common/clock.h"
@@ -17,6 +20,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::FloatNear;
+using ::testing::HasSubstr;
 
 // Collects the result a push's callback receives.
 struct Outcome {
@@ -355,34 +359,52 @@ TEST(StepAggregatorTimingTest, NoClockNoOverhead) {
 namespace dbs {
 namespace {
 
+// Worker `w`'s gradient: large and small magnitudes mixed, so that rounding makes the fp32 sum
+// of several depend on the order of addition.
+std::vector<float> OrderSensitiveGradient(int w, size_t model) {
+  std::vector<float> g(model);
+  for (size_t i = 0; i < model; ++i) {
+    g[i] = (w % 2 == 0 ? 1e7f : 1.0f) * (1.0f + 0.1f * static_cast<float>((w * 7 + i) % 11)) *
+           (((w + i) % 3 == 0) ? -1.0f : 1.0f);
+  }
+  return g;
+}
+
+// A 64-value model under plain SGD with lr 1, and an epoch of one step in which worker w of
+// `workers` has batch 1 + w % 3.
+struct OneStepJob {
+  static constexpr size_t kModel = 64;
+  ParameterStore store{std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false})};
+  std::unique_ptr<StepAggregator> agg;
+  std::map<int, int> quota;
+
+  OneStepJob(int workers, bool deterministic) {
+    EXPECT_THAT(
+        store.Register({{"w", {static_cast<int64_t>(kModel)}}}, std::vector<float>(kModel, 0.0f)),
+        IsOk());
+    agg = std::make_unique<StepAggregator>(&store, nullptr, AggregatorOptions{deterministic});
+    for (int w = 0; w < workers; ++w) quota[w] = 1 + w % 3;
+    agg->BeginEpoch(0, {quota});
+  }
+};
+
 // One step of `workers` pushes in `order`, with gradients whose fp32 sum depends on the order
 // of addition; returns the parameters after the step.
 std::vector<float> StepInOrder(const std::vector<int>& order, bool deterministic) {
   const int workers = static_cast<int>(order.size());
-  const size_t model = 64;
-  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
-  EXPECT_THAT(
-      store.Register({{"w", {static_cast<int64_t>(model)}}}, std::vector<float>(model, 0.0f)),
-      IsOk());
-  StepAggregator agg(&store, nullptr, AggregatorOptions{deterministic});
-  std::map<int, int> quota;
-  for (int w = 0; w < workers; ++w) quota[w] = 1 + w % 3;
-  agg.BeginEpoch(0, {quota});
+  OneStepJob job(workers, deterministic);
+  StepAggregator& agg = *job.agg;
+  std::map<int, int>& quota = job.quota;
   int answered = 0;
   for (int w : order) {
-    std::vector<float> g(model);
-    // Large and small magnitudes mixed: rounding makes the sum depend on the order.
-    for (size_t i = 0; i < model; ++i) {
-      g[i] = (w % 2 == 0 ? 1e7f : 1.0f) * (1.0f + 0.1f * static_cast<float>((w * 7 + i) % 11)) *
-             (((w + i) % 3 == 0) ? -1.0f : 1.0f);
-    }
+    const std::vector<float> g = OrderSensitiveGradient(w, OneStepJob::kModel);
     agg.Push({w, 0, 0, quota[w], 0.0, g}, [&](const absl::StatusOr<StepResult>& r) {
       EXPECT_THAT(r, IsOk());
       ++answered;
     });
   }
   EXPECT_EQ(answered, workers);
-  return *store.Snapshot()->values;
+  return *job.store.Snapshot()->values;
 }
 
 TEST(DeterministicAggregationTest, AnyArrivalOrderGivesBitIdenticalParameters) {
@@ -421,5 +443,169 @@ TEST(DeterministicAggregationTest, AnEvictedWorkerDoesNotHoldUpTheSumOfTheOthers
   EXPECT_FLOAT_EQ((*store.Snapshot()->values)[0], -2.0f);
 }
 
+// One step of 6 workers whose gradients (those of StepInOrder) come as streams of pieces of
+// worker-dependent sizes, interleaved at random as a network would deliver them. Each stream
+// sends its next piece only once the last was taken (as the server's stream reads its next
+// message), then ends its push. Returns the parameters after the step; `max_queued` receives
+// the most pieces that were waiting at once.
+std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queued) {
+  const int workers = 6;
+  const size_t model = OneStepJob::kModel;
+  OneStepJob job(workers, deterministic);
+  StepAggregator& agg = *job.agg;
+  std::map<int, int>& quota = job.quota;
+  struct Stream {
+    std::vector<float> g;
+    size_t sent = 0;
+    size_t piece = 0;
+    bool ready = true;  // its last piece was taken
+    bool ended = false;
+  };
+  std::vector<Stream> streams(workers);
+  for (int w = 0; w < workers; ++w) {
+    streams[w].g = OrderSensitiveGradient(w, model);
+    streams[w].piece = 5 + 4 * static_cast<size_t>(w);  // boundaries differ between workers
+  }
+  std::mt19937 rng(seed);
+  int answered = 0;
+  int queued = 0;
+  *max_queued = 0;
+  while (true) {
+    std::vector<int> can;
+    for (int w = 0; w < workers; ++w) {
+      if (streams[w].ready && !streams[w].ended) can.push_back(w);
+    }
+    if (can.empty()) break;
+    const int w = can[rng() % can.size()];
+    Stream& st = streams[w];
+    GradientPush header{w, 0, 0, quota[w], 0.0, {}};
+    if (st.sent == model) {
+      header.streamed = true;
+      st.ended = true;
+      agg.Push(header, [&](const absl::StatusOr<StepResult>& r) {
+        EXPECT_THAT(r, IsOk());
+        ++answered;
+      });
+      continue;
+    }
+    const size_t n = std::min(st.piece, model - st.sent);
+    std::vector<float> piece(st.g.begin() + st.sent, st.g.begin() + st.sent + n);
+    st.ready = false;
+    ++queued;
+    *max_queued = std::max(*max_queued, queued);
+    EXPECT_THAT(agg.PushChunk(header, st.sent, WirePayload::FromFloats(piece),
+                              [&st, &queued](const absl::Status& s) {
+                                EXPECT_THAT(s, IsOk());
+                                st.ready = true;
+                                --queued;
+                              }),
+                IsOk());
+    st.sent += n;
+  }
+  EXPECT_EQ(answered, workers);
+  return *job.store.Snapshot()->values;
+}
+
+TEST(StreamedPushTest, PiecesInAnyInterleavingSumLikeWholePushesInWorkerOrder) {
+  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
+  for (unsigned seed = 0; seed < 200; ++seed) {
+    int max_queued = 0;
+    ASSERT_EQ(StreamedStep(seed, true, &max_queued), reference) << "seed " << seed;
+    // Flow control: a stream has at most one piece waiting.
+    EXPECT_LE(max_queued, 6);
+  }
+}
+
+TEST(StreamedPushTest, SummedOnArrivalThePiecesStillMakeTheMean) {
+  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
+  int max_queued = 0;
+  const std::vector<float> got = StreamedStep(7, false, &max_queued);
+  ASSERT_EQ(got.size(), reference.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], reference[i], 1e-6 * std::max(1.0f, std::fabs(reference[i])));
+  }
+}
+
+class StreamedPushRulesTest : public StepAggregatorTest {
+ protected:
+  // Worker `w`'s header for step 0 with its planned batch.
+  GradientPush Header(int w, bool streamed = false) {
+    GradientPush p{w, 0, 0, w == 0 ? 1 : 3, 0.0, {}};
+    p.streamed = streamed;
+    return p;
+  }
+  static std::shared_ptr<const WirePayload> Values(std::vector<float> v) {
+    return WirePayload::FromFloats(v);
+  }
+  static StepAggregator::Taken Count(int* taken, absl::Status* last = nullptr) {
+    return [taken, last](const absl::Status& s) {
+      ++*taken;
+      if (last != nullptr) *last = s;
+    };
+  }
+};
+
+TEST_F(StreamedPushRulesTest, ARefusedPieceChangesNothingAndARetryResumesThePush) {
+  int taken = 0;
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({2.0f}), Count(&taken)), IsOk());
+  EXPECT_EQ(taken, 1);  // the lowest id is never held
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(agg_->PushChunk(Header(0), 1, Values({nan}), Count(&taken)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 1")));
+  // Not consecutive, beyond the model, and a push that ends early: refused too.
+  EXPECT_THAT(agg_->PushChunk(Header(0), 2, Values({1.0f}), Count(&taken)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(agg_->PushChunk(Header(0), 1, Values({1.0f, 1.0f}), Count(&taken)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond the model")));
+  Outcome early;
+  agg_->Push(Header(0, true), early.callback());
+  ASSERT_TRUE(early.result.has_value());
+  EXPECT_THAT(*early.result, StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("ended after 1 of the model's 2 values")));
+  // A whole push cannot finish what a stream began.
+  Outcome whole;
+  agg_->Push(Push(0, 0, 1, {5.0f, 5.0f}), whole.callback());
+  EXPECT_THAT(*whole.result, StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  EXPECT_EQ(taken, 1);
+  // The retry sends the first piece again (not added twice) and then the rest.
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({2.0f}), Count(&taken)), IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(0), 1, Values({4.0f}), Count(&taken)), IsOk());
+  EXPECT_EQ(taken, 3);
+  Outcome a, b;
+  agg_->Push(Header(0, true), a.callback());
+  EXPECT_FALSE(a.result.has_value());
+  agg_->Push(Push(1, 0, 3, {2.0f, 0.0f}), b.callback());
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  ASSERT_THAT(*a.result, IsOk());
+  // (1 * [2 4] + 3 * [2 0]) / 4 = [2 1].
+  EXPECT_THAT(Params(), ElementsAre(-2.0f, -1.0f));
+}
+
+TEST_F(StreamedPushRulesTest, APieceWaitsForTheLowerIdsAndAnAbortEndsIt) {
+  int taken = 0;
+  absl::Status last;
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({1.0f, 1.0f}), Count(&taken, &last)), IsOk());
+  EXPECT_EQ(taken, 0) << "worker 0's values come first in the sum";
+  agg_->Abort(absl::UnavailableError("shutting down"));
+  EXPECT_EQ(taken, 1);
+  EXPECT_THAT(last, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST_F(StreamedPushRulesTest, AnEvictedWorkersSummedPiecesCountForTheirValuesOnly) {
+  int taken = 0;
+  absl::Status last;
+  // Worker 0 (1 sample) streams its first value and dies; worker 1 (3 samples) pushes whole.
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
+  Outcome b;
+  agg_->Push(Push(1, 0, 3, {2.0f, 2.0f}), b.callback());
+  EXPECT_FALSE(b.result.has_value());
+  ASSERT_TRUE(agg_->Evict(0, 0, {0}));
+  agg_->CompleteEviction({{{{1, 3}}}, {}});
+  ASSERT_TRUE(b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  EXPECT_EQ((*b.result)->global_samples, 3);
+  // Value 0: (1 * 4 + 3 * 2) / 4 = 2.5; value 1: 3 * 2 / 3 = 2.
+  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
+}
 }  // namespace
 }  // namespace dbs

@@ -232,8 +232,53 @@ TEST(StepWireTest, AReplyWithoutOrWithTheWrongParametersLeavesTheModelAlone) {
                    reinterpret_cast<uint8_t*>(field.data()));
   EXPECT_THAT(ParsePushReply(Split(head.SerializeAsString() + field, 2), &got,
                              absl::MakeSpan(params), &version),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 2 values")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the model's 2 values")));
   EXPECT_THAT(params, ElementsAre(7, 7));
+}
+
+TEST(StepWireTest, StreamedChunksAreWhatProtobufWouldWriteAndLandAtTheirOffset) {
+  // A chunk of a push: the header, the gradient field's prefix, then the values.
+  v1::PushGradientRequest req;
+  req.set_worker_id(2);
+  req.set_gradient_offset(5);
+  const std::vector<float> g = {1.5f, -2.0f};
+  std::string piece = req.SerializeAsString() + GradientPiecePrefix(2, WireDtype::kFp32) +
+                      std::string(reinterpret_cast<const char*>(g.data()), 8);
+  v1::PushGradientRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(piece));
+  EXPECT_EQ(parsed.gradient_offset(), 5);
+  EXPECT_EQ(parsed.gradient().size(), 8u);
+  // A chunk of an answer: values 1..2 of a 4-value model, in bf16.
+  v1::PushGradientReply head;
+  head.set_step(3);
+  const std::vector<float> v = {0.5f, 4.0f};
+  std::string values(4, '\0');
+  EncodeValues(v, WireDtype::kBf16, reinterpret_cast<uint8_t*>(values.data()));
+  const std::string message =
+      head.SerializeAsString() + ValuesPiecePrefix(9, WireDtype::kBf16, 1, 2) + values;
+  v1::PushGradientReply as_proto;
+  ASSERT_TRUE(as_proto.ParseFromString(message));
+  EXPECT_EQ(as_proto.values().offset(), 1);
+  EXPECT_EQ(as_proto.values().version(), 9);
+  std::vector<float> params = {7, 7, 7, 7};
+  int64_t version = 0;
+  size_t offset = 0, count = 0;
+  v1::PushGradientReply got;
+  ASSERT_THAT(ParsePushReplyPiece(Split(message, 3), &got, absl::MakeSpan(params), &version,
+                                  &offset, &count),
+              IsOk());
+  EXPECT_EQ(got.step(), 3);
+  EXPECT_EQ(version, 9);
+  EXPECT_EQ(offset, 1u);
+  EXPECT_EQ(count, 2u);
+  EXPECT_THAT(params, ElementsAre(7, 0.5f, 4.0f, 7));
+  // A chunk beyond the model is refused and writes nothing.
+  const std::string beyond =
+      head.SerializeAsString() + ValuesPiecePrefix(9, WireDtype::kBf16, 3, 2) + values;
+  EXPECT_THAT(ParsePushReplyPiece(Split(beyond, 2), &got, absl::MakeSpan(params), &version, &offset,
+                                  &count),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("do not fit")));
+  EXPECT_THAT(params, ElementsAre(7, 0.5f, 4.0f, 7));
 }
 
 TEST(SlicePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {

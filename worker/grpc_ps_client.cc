@@ -1,5 +1,6 @@
 #include "worker/grpc_ps_client.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -11,6 +12,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/sync_stream.h"
 
 namespace dbs {
 
@@ -44,6 +46,9 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   parameters_ = v1::ParameterService::NewStub(channel_);
   push_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/dbs.v1.ParameterService/PushGradient", grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+  stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/dbs.v1.ParameterService/PushGradientStream", grpc::internal::RpcMethod::BIDI_STREAMING,
+      channel_);
 }
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
@@ -250,6 +255,14 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   head.set_num_samples(num_samples);
   head.set_loss_sum(loss_sum);
   head.set_compute_seconds(compute_seconds);
+  v1::PushGradientReply reply;
+  int64_t version = 0;
+  const size_t width = BytesPerValue(wire_dtype_);
+  if (send && config_.stream_chunk_bytes > 0 && model * width > config_.stream_chunk_bytes) {
+    head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+    DBS_RETURN_IF_ERROR(PushStreamed(head, gradient, params, &reply, &version));
+    return OutcomeOf(reply, version);
+  }
   // A push with samples carries the gradient, encoded once into a reused buffer; an empty one
   // carries none.
   grpc::Slice slices[2] = {grpc::Slice(head.SerializeAsString()), grpc::Slice()};
@@ -269,8 +282,6 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
         channel_.get(), *push_method_, ctx, request, &push_reply_);
   };
   DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "PushGradient"));
-  v1::PushGradientReply reply;
-  int64_t version = 0;
   const absl::Status parsed =
       ParsePushReply(SegmentsOf(push_reply_, &reply_slices_), &reply, params, &version);
   reply_slices_.clear();
@@ -279,6 +290,84 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
     return absl::Status(parsed.code(), absl::StrCat("PushGradient at dbs_ps ", config_.address,
                                                     ": ", parsed.message()));
   }
+  return OutcomeOf(reply, version);
+}
+
+absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
+                                        absl::Span<const float> gradient, absl::Span<float> params,
+                                        v1::PushGradientReply* reply, int64_t* version) {
+  const WireDtype dtype = wire_dtype_;
+  const size_t width = BytesPerValue(dtype);
+  const size_t model = gradient.size();
+  const size_t per_chunk = std::max<size_t>(1, config_.stream_chunk_bytes / width);
+  if (!streaming_told_) {
+    streaming_told_ = true;
+    std::fprintf(stderr,
+                 "the gradient (%zu values, %s) is pushed as a stream of %zu chunks of at most "
+                 "%zu KiB (--stream_chunk_kb)\n",
+                 model, WireDtypeName(dtype), (model + per_chunk - 1) / per_chunk,
+                 per_chunk * width >> 10);
+  }
+  // Encoded once into a reused buffer; each chunk's values are a view of it.
+  uint8_t* data = nullptr;
+  const grpc::Slice field = pool_->Acquire(GradientFieldSize(model, dtype), &data);
+  WriteGradientField(dtype, gradient, data);
+  const size_t start = field.size() - model * width;
+  std::vector<grpc::ByteBuffer> chunks;
+  for (size_t from = 0; from < model; from += per_chunk) {
+    const size_t count = std::min(per_chunk, model - from);
+    head.set_gradient_offset(static_cast<int64_t>(from));
+    grpc::Slice slices[2] = {
+        grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(count, dtype)),
+        field.sub(start + from * width, start + (from + count) * width)};
+    chunks.emplace_back(slices, 2);
+  }
+  absl::Status parsed;
+  auto call = [&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel_.get(), *stream_method_, ctx));
+    // A refused chunk ends the call: Write fails, and Finish says why.
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      grpc::WriteOptions options;
+      if (i + 1 == chunks.size()) options.set_last_message();
+      if (!stream->Write(chunks[i], options)) break;
+    }
+    // The answer: the step's head first, then consecutive ranges of the parameters.
+    parsed = absl::OkStatus();
+    size_t covered = 0;
+    grpc::ByteBuffer message;
+    std::vector<grpc::Slice> slices;
+    while (parsed.ok() && stream->Read(&message)) {
+      v1::PushGradientReply piece;
+      size_t offset = 0, count = 0;
+      parsed = ParsePushReplyPiece(SegmentsOf(message, &slices), &piece, params, version, &offset,
+                                   &count);
+      if (parsed.ok() && offset != covered) {
+        parsed = absl::InvalidArgumentError(
+            absl::StrCat("the answer's parameters jump from value ", covered, " to ", offset));
+      }
+      if (parsed.ok() && covered == 0) *reply = piece;
+      covered += count;
+      message.Clear();
+    }
+    if (!parsed.ok()) ctx->TryCancel();
+    grpc::Status status = stream->Finish();
+    if (status.ok() && parsed.ok() && covered != model) {
+      parsed = absl::InvalidArgumentError(
+          absl::StrCat("the answer carried ", covered, " of the model's ", model, " values"));
+    }
+    return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
+  };
+  grpc::Status status = WithRetry(call, /*waits=*/true);
+  if (!parsed.ok()) {
+    return absl::Status(parsed.code(), absl::StrCat("PushGradientStream at dbs_ps ",
+                                                    config_.address, ": ", parsed.message()));
+  }
+  return Annotate(status, "PushGradientStream");
+}
+
+StepOutcome GrpcPsClient::OutcomeOf(const v1::PushGradientReply& reply, int64_t version) {
   StepOutcome out;
   out.global_loss = reply.global_loss();
   out.global_samples = reply.global_samples();

@@ -36,6 +36,9 @@ struct GrpcClientConfig {
   absl::Duration max_wait = absl::ZeroDuration();
   BackoffConfig backoff;
   int max_message_mb = 512;
+  // A push whose gradient is larger than this many bytes travels as a stream of chunks of this
+  // size (PushGradientStream), and so do its answer's parameters; 0: always one message.
+  size_t stream_chunk_bytes = size_t{4} << 20;
   std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
   // TLS (PEM contents): the CA that signed the server's certificate turns TLS on; a certificate
   // and key of this worker's, signed by the CA the server trusts, make it mutual TLS.
@@ -80,12 +83,20 @@ class GrpcPsClient : public PsClient {
   std::unique_ptr<v1::ParameterService::Stub> parameters_;
   // PushGradient as raw bytes (common/step_wire.h) through the blocking call path.
   std::unique_ptr<grpc::internal::RpcMethod> push_method_;
+  std::unique_ptr<grpc::internal::RpcMethod> stream_method_;
+  // A push as a stream of chunks (`head` filled in but for the offset); the answer's head into
+  // `*reply`, its parameters into `params`.
+  absl::Status PushStreamed(v1::PushGradientRequest head, absl::Span<const float> gradient,
+                            absl::Span<float> params, v1::PushGradientReply* reply,
+                            int64_t* version);
+  static StepOutcome OutcomeOf(const v1::PushGradientReply& reply, int64_t version);
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
   std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
   grpc::ByteBuffer push_reply_;
   std::vector<grpc::Slice> reply_slices_;
   bool reconnected_ = false;
+  bool streaming_told_ = false;    // the first streamed push says so on stderr
   const std::string incarnation_;  // this process's, for every registration
   std::string token_;              // from RegisterWorker, sent with every later call
   // The call in progress, for Interrupt (from another thread).

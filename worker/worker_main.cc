@@ -84,6 +84,10 @@ ABSL_FLAG(double, max_wait_s, 0.0,
           "Longest total wait for a step or the next epoch's plan; 0: no limit (dbs_ps's own "
           "timeouts end a job that cannot go on).");
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
+ABSL_FLAG(int, stream_chunk_kb, 4096,
+          "A gradient larger than this many KiB is pushed as a stream of chunks of this size, "
+          "summed by dbs_ps as they arrive, and the parameters come back the same way; 0: one "
+          "message per push whatever its size.");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
 ABSL_FLAG(std::string, job_token, "",
           "The job's secret, when dbs_ps requires one (prefer --job_token_file).");
@@ -179,6 +183,12 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (c.client.max_message_mb < 1 || c.client.max_message_mb > 2047) {
     return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
   }
+  const int chunk_kb = absl::GetFlag(FLAGS_stream_chunk_kb);
+  if (chunk_kb < 0 || chunk_kb > (c.client.max_message_mb << 10) - 64) {
+    return absl::InvalidArgumentError(
+        "--stream_chunk_kb must be in [0, --max_message_mb * 1024 - 64] (0: no streaming)");
+  }
+  c.client.stream_chunk_bytes = static_cast<size_t>(chunk_kb) << 10;
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();

@@ -1,6 +1,6 @@
 // Fuzz target: a step's push and reply as the server and the workers read them without copies
 // (common/step_wire.h), from bytes split into segments at places the input chooses, as the
-// transport may deliver them.
+// transport may deliver them, and one chunk of a streamed answer.
 #include <cstdint>
 #include <vector>
 
@@ -30,5 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> params(model);
   int64_t version = 0;
   (void)dbs::ParsePushReply(message, &head, absl::MakeSpan(params), &version);
+  // One chunk of a streamed answer: wherever it says it lies, it must land inside the model.
+  size_t offset = 0, count = 0;
+  if (dbs::ParsePushReplyPiece(message, &head, absl::MakeSpan(params), &version, &offset, &count)
+          .ok() &&
+      (offset > model || count > model - offset)) {
+    __builtin_trap();
+  }
   return 0;
 }
