@@ -188,6 +188,15 @@ absl::Status ForEachBlock(
         if (++filled == kDecodeBlock) DBS_RETURN_IF_ERROR(flush());
       }
     }
+    // fp32 values aligned in the received bytes are handed out where they lie: no copy.
+    while (payload.dtype == WireDtype::kFp32 && filled == 0 && n >= bpv &&
+           reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+      const size_t k = std::min(n / bpv, kDecodeBlock);
+      DBS_RETURN_IF_ERROR(block(index, absl::MakeConstSpan(reinterpret_cast<const float*>(p), k)));
+      index += k;
+      p += k * bpv;
+      n -= k * bpv;
+    }
     while (n >= bpv) {
       const size_t k = std::min(n / bpv, kDecodeBlock - filled);
       DecodeValues(p, payload.dtype, absl::MakeSpan(buf + filled, k));
@@ -203,6 +212,44 @@ absl::Status ForEachBlock(
   }
   if (carried > 0) return absl::InvalidArgumentError("the payload ends inside a value");
   return flush();
+}
+
+absl::Status ForEachFp32Run(
+    const WirePayload& payload,
+    const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run) {
+  if (payload.dtype != WireDtype::kFp32) {
+    return absl::InternalError("ForEachFp32Run reads fp32 payloads only");
+  }
+  uint8_t carry[4];
+  size_t carried = 0;
+  size_t index = 0;
+  for (absl::Span<const uint8_t> seg : payload.segments) {
+    const uint8_t* p = seg.data();
+    size_t n = seg.size();
+    if (carried > 0) {  // a value split across segments
+      const size_t take = std::min(4 - carried, n);
+      std::memcpy(carry + carried, p, take);
+      carried += take;
+      p += take;
+      n -= take;
+      if (carried == 4) {
+        DBS_RETURN_IF_ERROR(run(index++, carry, 1));
+        carried = 0;
+      }
+    }
+    if (n >= 4) {
+      DBS_RETURN_IF_ERROR(run(index, p, n / 4));
+      index += n / 4;
+      p += n / 4 * 4;
+      n %= 4;
+    }
+    if (n > 0) {
+      std::memcpy(carry, p, n);
+      carried = n;
+    }
+  }
+  if (carried > 0) return absl::InvalidArgumentError("the payload ends inside a value");
+  return absl::OkStatus();
 }
 
 absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,11 +59,25 @@ struct WirePayload {
 };
 
 // Calls `block(first_index, values)` for consecutive blocks of the payload's decoded values
-// (at most kDecodeBlock each), stopping at the first non-OK status, which it returns.
+// (at most kDecodeBlock each), stopping at the first non-OK status, which it returns. Aligned
+// fp32 values are handed out where they lie in the segments; others are decoded into a small
+// buffer that stays in the L1 cache.
 inline constexpr size_t kDecodeBlock = 2048;
 absl::Status ForEachBlock(
     const WirePayload& payload,
     const std::function<absl::Status(size_t, absl::Span<const float>)>& block);
+
+// For an fp32 payload: calls `run(first_index, bytes, count)` for each run of `count`
+// consecutive little-endian fp32 values where they lie in the segments (possibly unaligned:
+// read them with LoadFp32), a value split across segments as a run of its own. No copy.
+absl::Status ForEachFp32Run(const WirePayload& payload,
+                            const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run);
+// Value `i` of such a run (an unaligned load).
+inline float LoadFp32(const uint8_t* run, size_t i) {
+  float v;
+  std::memcpy(&v, run + 4 * i, sizeof v);
+  return v;
+}
 
 // Decodes the whole payload into `out` (which must hold exactly its values).
 absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out);

@@ -105,18 +105,28 @@ absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const Wire
                                                    offset + count, " lie beyond the model's ",
                                                    model));
   }
-  return ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
-    int bad = 0;  // branch-free, so the compiler vectorizes the common case
-    for (size_t i = 0; i < v.size(); ++i) bad |= !(std::fabs(v[i]) <= kMaxAbsGradient);
+  // Values at `first` of the piece, read by `at(i)`: branch-free first, so that the compiler
+  // vectorizes the common case, then the culprit named.
+  auto check = [&](size_t first, size_t count, auto at) {
+    int bad = 0;
+    for (size_t i = 0; i < count; ++i) bad |= !(std::fabs(at(i)) <= kMaxAbsGradient);
     if (bad == 0) return absl::OkStatus();
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (!(std::fabs(v[i]) <= kMaxAbsGradient)) {  // NaN fails too
+    for (size_t i = 0; i < count; ++i) {
+      if (!(std::fabs(at(i)) <= kMaxAbsGradient)) {  // NaN fails too
         return absl::InvalidArgumentError(absl::StrCat(
             "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ",
-            v[i], " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+            at(i), " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
       }
     }
     return absl::OkStatus();
+  };
+  if (values->dtype == WireDtype::kFp32) {  // read where they lie
+    return ForEachFp32Run(*values, [&](size_t first, const uint8_t* run, size_t count) {
+      return check(first, count, [run](size_t i) { return LoadFp32(run, i); });
+    });
+  }
+  return ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
+    return check(first, v.size(), [&v](size_t i) { return v[i]; });
   });
 }
 
@@ -379,6 +389,14 @@ void StepAggregator::AddLocked(int num_samples, size_t offset, const WirePayload
   float* const sum = sum_.data() + offset;
   // Checked when it arrived (CheckGradient, CheckChunk): in range, and small enough that the sum
   // stays finite.
+  if (values->dtype == WireDtype::kFp32) {  // read where they lie
+    ForEachFp32Run(*values, [&](size_t first, const uint8_t* run, size_t count) {
+      float* s = sum + first;
+      for (size_t i = 0; i < count; ++i) s[i] += w * LoadFp32(run, i);
+      return absl::OkStatus();
+    }).IgnoreError();
+    return;
+  }
   ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
     float* s = sum + first;
     for (size_t i = 0; i < v.size(); ++i) s[i] += w * v[i];

@@ -81,7 +81,7 @@ TEST(WireValuesTest, ValuesSplitAnywhereAcrossSegmentsDecodeTheSame) {
     EncodeValues(values, dtype, reinterpret_cast<uint8_t*>(bytes.data()));
     std::vector<float> whole(values.size());
     DecodeValues(reinterpret_cast<const uint8_t*>(bytes.data()), dtype, absl::MakeSpan(whole));
-    for (size_t piece : {1, 3, 7, 4096, 100000}) {
+    for (size_t piece : {1, 3, 4, 7, 4096, 8198, 100000}) {
       WirePayload p;
       p.dtype = dtype;
       p.segments = Split(bytes, piece);
@@ -91,6 +91,40 @@ TEST(WireValuesTest, ValuesSplitAnywhereAcrossSegmentsDecodeTheSame) {
       EXPECT_EQ(got, whole) << WireDtypeName(dtype) << " in pieces of " << piece;
     }
   }
+}
+
+TEST(WireValuesTest, Fp32RunsReadTheValuesWhereTheyLieAlignedOrNot) {
+  std::vector<float> values(3000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 7;
+  // One byte in front: every run starts unaligned.
+  std::string bytes(1 + 4 * values.size(), '\0');
+  std::memcpy(bytes.data() + 1, values.data(), 4 * values.size());
+  for (size_t piece : {1, 3, 4, 5, 4096, 100000}) {
+    WirePayload p;
+    const auto* start = reinterpret_cast<const uint8_t*>(bytes.data()) + 1;
+    for (size_t at = 0; at < 4 * values.size(); at += piece) {
+      p.segments.emplace_back(start + at, std::min(piece, 4 * values.size() - at));
+    }
+    p.bytes = 4 * values.size();
+    std::vector<float> got(values.size(), -1.0f);
+    size_t runs = 0;
+    ASSERT_THAT(ForEachFp32Run(p,
+                               [&](size_t first, const uint8_t* run, size_t count) {
+                                 for (size_t i = 0; i < count; ++i) {
+                                   got[first + i] = LoadFp32(run, i);
+                                 }
+                                 ++runs;
+                                 return absl::OkStatus();
+                               }),
+                IsOk());
+    EXPECT_EQ(got, values) << "in pieces of " << piece;
+    EXPECT_LE(runs, 2 * p.segments.size());
+  }
+  WirePayload cut;
+  cut.segments.emplace_back(reinterpret_cast<const uint8_t*>(bytes.data()) + 1, 6);
+  cut.bytes = 6;
+  EXPECT_THAT(ForEachFp32Run(cut, [](size_t, const uint8_t*, size_t) { return absl::OkStatus(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inside a value")));
 }
 
 TEST(WireValuesTest, APayloadOfTheWrongSizeIsNamedAndNothingIsWritten) {
