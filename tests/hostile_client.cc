@@ -35,10 +35,11 @@ namespace {
 using grpc::StatusCode;
 
 const char* const kMethods[] = {
-    "/dbs.v1.SchedulerService/RegisterWorker", "/dbs.v1.SchedulerService/Leave",
-    "/dbs.v1.SchedulerService/ReportEpoch",    "/dbs.v1.SchedulerService/GetEpochPlan",
-    "/dbs.v1.ParameterService/RegisterModel",  "/dbs.v1.ParameterService/PushGradient",
-    "/dbs.v1.ParameterService/PullParameters", "/dbs.v1.ParameterService/Resume",
+    "/dbs.v1.SchedulerService/RegisterWorker",     "/dbs.v1.SchedulerService/Leave",
+    "/dbs.v1.SchedulerService/ReportEpoch",        "/dbs.v1.SchedulerService/GetEpochPlan",
+    "/dbs.v1.ParameterService/RegisterModel",      "/dbs.v1.ParameterService/PushGradient",
+    "/dbs.v1.ParameterService/PullParameters",     "/dbs.v1.ParameterService/Resume",
+    "/dbs.v1.ParameterService/PushGradientStream",
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
@@ -61,6 +62,7 @@ class Attacker {
     MalformedTensors();
     WaitingFlood();
     Oversized();
+    StreamAbuse();
   }
 
   nlohmann::json Record(int round) {
@@ -318,6 +320,40 @@ class Attacker {
       });
     }
     for (std::thread& t : threads) t.join();
+  }
+
+  // Streamed pushes with forged tokens, ids and steps; pieces with gaps, negative and huge
+  // offsets, headers that change mid-stream, no pieces at all, and streams abandoned half-way.
+  void StreamAbuse() {
+    const std::string piece = Bytes(4096);
+    for (int id : kForgedIds) {
+      for (int shape = 0; shape < 5; ++shape) {
+        grpc::ClientContext ctx;
+        Deadline(&ctx);
+        Forge(&ctx);
+        auto stream = params_->PushGradientStream(&ctx);
+        dbs::v1::PushGradientRequest push;
+        push.set_worker_id(id);
+        push.set_num_samples(16);
+        push.set_gradient(piece);
+        const int64_t offsets[] = {0, 1024, -7, int64_t{1} << 62, 3};
+        for (int i = 0; shape != 3 && i < 3; ++i) {
+          push.set_gradient_offset(offsets[(shape + i) % 5]);
+          if (shape == 2) push.set_step(i);  // the header changes mid-stream
+          if (!stream->Write(push)) break;
+        }
+        if (shape == 4) {
+          ctx.TryCancel();  // walks away half-way
+          (void)stream->Finish();
+          continue;
+        }
+        stream->WritesDone();
+        dbs::v1::PushGradientReply reply;
+        while (stream->Read(&reply)) {
+        }
+        Note("/PushGradientStream", stream->Finish(), "forged streamed push");
+      }
+    }
   }
 
   std::shared_ptr<grpc::Channel> channel_;
