@@ -116,6 +116,15 @@ class GridSmallTest(unittest.TestCase):
         sys.path.insert(0, os.path.join(RUNFILES, "bench"))
         import grid as grid_module
         self.assertEqual(grid_module.check(grid_dir), [])
+        for c in cells:
+            self.assertGreaterEqual(c["noise_floor"], 1.0)
+        # The noise floor of a static split: worker 0 steady, worker 1 twice as slow in one
+        # epoch of three (from epoch 2 on): normalized 1.5 / 0.75, against 1.0 for worker 0.
+        def epoch(t0, t1):
+            return {"workers": [{"id": 0, "samples": 8, "step_seconds": t0},
+                                {"id": 1, "samples": 8, "step_seconds": t1}]}
+        run = {"epochs": [epoch(9, 9), epoch(9, 9), epoch(1, 1), epoch(1, 1), epoch(1, 2)]}
+        self.assertAlmostEqual(grid_module.noise_floor(run), 1.5)
         # The check catches batches that do not sum to B.
         cells[0]["dbs_batches"][2][0] += 1
         with open(os.path.join(grid_dir, "grid.json"), "w") as f:
