@@ -20,6 +20,11 @@ namespace dbs {
 
 using Segments = std::vector<absl::Span<const uint8_t>>;
 
+// The most messages a streamed push (PushGradientStream), and its answer, may have: what one
+// worker's push costs the server in per-message work stays bounded whatever chunk size it
+// chose. Clients make their chunks larger for a model beyond this many chunks.
+inline constexpr size_t kMaxStreamChunks = 1024;
+
 // A ZeroCopyInputStream over byte segments (the slices of a received message).
 class SegmentsInputStream : public google::protobuf::io::ZeroCopyInputStream {
  public:

@@ -251,7 +251,10 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
                static_cast<WireDtype>(h.wire_dtype()) != service_->wire_dtype_) {
       return absl::InvalidArgumentError("a piece travels in another wire dtype than the job's");
     }
-    ++pieces_;
+    if (++pieces_ > static_cast<int64_t>(kMaxStreamChunks)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a streamed push may have at most ", kMaxStreamChunks, " pieces: send larger ones"));
+    }
     if (piece.gradient->bytes == 0) {
       Read();  // a header alone (a push of no samples)
       return absl::OkStatus();
@@ -313,7 +316,9 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     const size_t width = BytesPerValue(dtype);
     const size_t model = r.parameters.values->size();
     const size_t start = values.size() - model * width;  // the values end the field
-    const size_t step = piece_values_ > 0 ? piece_values_ : model;
+    // As large as the client's pieces, and never more than kMaxStreamChunks of them.
+    const size_t step = std::max(piece_values_ > 0 ? piece_values_ : model,
+                                 (model + kMaxStreamChunks - 1) / kMaxStreamChunks);
     v1::PushGradientReply head;
     ParameterServiceImpl::FillAnswerHead(r, worker, &head);
     for (size_t from = 0; from < model || from == 0; from += step) {

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_matchers.h"
+#include "common/step_wire.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -338,6 +339,13 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   // with the reason, and none of them changes the step.
   EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {3, {1}}}, &answers),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("consecutive")));
+  // A push of more than kMaxStreamChunks messages (here the first values, sent again and
+  // again) is refused: one worker cannot make the server handle a million tiny messages.
+  EXPECT_THAT(
+      Stream(w, head,
+             std::vector<std::pair<int64_t, std::vector<float>>>(kMaxStreamChunks + 1, {0, {1, 1}}),
+             &answers),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 1024 pieces")));
   EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {nan, 1}}}, &answers),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 2")));
   v1::PushGradientRequest other = head;

@@ -299,7 +299,9 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
   const WireDtype dtype = wire_dtype_;
   const size_t width = BytesPerValue(dtype);
   const size_t model = gradient.size();
-  const size_t per_chunk = std::max<size_t>(1, config_.stream_chunk_bytes / width);
+  // At most kMaxStreamChunks chunks (the server's limit), however small --stream_chunk_kb.
+  const size_t per_chunk = std::max({size_t{1}, config_.stream_chunk_bytes / width,
+                                     (model + kMaxStreamChunks - 1) / kMaxStreamChunks});
   if (!streaming_told_) {
     streaming_told_ = true;
     std::fprintf(stderr,
