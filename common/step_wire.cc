@@ -233,7 +233,7 @@ std::string ValuesPiecePrefix(int64_t version, WireDtype dtype, size_t offset, s
   return out;
 }
 
-absl::Status ParsePushReplyPiece(const Segments& message, v1::PushGradientReply* head,
+absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::MessageLite* head,
                                  absl::Span<float> params, int64_t* version, size_t* offset,
                                  size_t* count) {
   SegmentsInputStream in(message);
@@ -242,7 +242,8 @@ absl::Status ParsePushReplyPiece(const Segments& message, v1::PushGradientReply*
   bool present = false;
   DBS_RETURN_IF_ERROR(SplitField(&in, kValuesField, &rest, &flat, &present));
   if (!head->ParseFromString(rest)) {
-    return absl::InvalidArgumentError("malformed reply: not a valid dbs.v1.PushGradientReply");
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed reply: not a valid ", head->GetTypeName()));
   }
   if (!present) return absl::InvalidArgumentError("the reply carries no parameters");
   SegmentsInputStream flat_in(flat);

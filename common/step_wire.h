@@ -24,6 +24,8 @@ using Segments = std::vector<absl::Span<const uint8_t>>;
 // worker's push costs the server in per-message work stays bounded whatever chunk size it
 // chose. Clients make their chunks larger for a model beyond this many chunks.
 inline constexpr size_t kMaxStreamChunks = 1024;
+// The chunk size of streams by default (the workers' --stream_chunk_kb; PullParametersStream).
+inline constexpr size_t kDefaultStreamChunkBytes = size_t{4} << 20;
 
 // A ZeroCopyInputStream over byte segments (the slices of a received message).
 class SegmentsInputStream : public google::protobuf::io::ZeroCopyInputStream {
@@ -73,7 +75,9 @@ absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head
 // One message of a streamed answer (PushGradientStream): its values are a range of the model,
 // decoded into `params` at their offset (`*offset`, `*count`). Nothing is written to `params`
 // unless the message is well formed and its range lies within it.
-absl::Status ParsePushReplyPiece(const Segments& message, v1::PushGradientReply* head,
+// The same for PullParametersStream's messages (`head` a v1::Parameters): field 7 is `values`
+// in both.
+absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::MessageLite* head,
                                  absl::Span<float> params, int64_t* version, size_t* offset,
                                  size_t* count);
 

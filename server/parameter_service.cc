@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
   if (snap.ok()) {
     reply->head.set_version(snap->version);
-    reply->values = ValuesOf(*snap);
+    if (!req->omit_values()) reply->values = ValuesOf(*snap);
   }
   return Answer(reactor, snap.status());
 }
@@ -311,27 +312,10 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   // client sent, each a view of the bytes serialized once for every worker.
   void Answer(const StepResult& r, int worker) {
     if (Finished()) return;
-    const grpc::Slice values = service_->ValuesOf(r.parameters);
-    const WireDtype dtype = service_->wire_dtype_;
-    const size_t width = BytesPerValue(dtype);
-    const size_t model = r.parameters.values->size();
-    const size_t start = values.size() - model * width;  // the values end the field
-    // As large as the client's pieces, and never more than kMaxStreamChunks of them.
-    const size_t step = std::max(piece_values_ > 0 ? piece_values_ : model,
-                                 (model + kMaxStreamChunks - 1) / kMaxStreamChunks);
     v1::PushGradientReply head;
     ParameterServiceImpl::FillAnswerHead(r, worker, &head);
-    for (size_t from = 0; from < model || from == 0; from += step) {
-      const size_t count = std::min(step, model - from);
-      std::string prefix = head.SerializeAsString();
-      prefix += ValuesPiecePrefix(r.parameters.version, dtype, from, count);
-      grpc::Slice slices[2] = {grpc::Slice(prefix),
-                               values.sub(start + from * width, start + (from + count) * width)};
-      out_.emplace_back(slices, count > 0 ? 2 : 1);
-      sent_ += out_.back().Length();
-      head.Clear();  // the result once, in the first message
-      if (model == 0) break;
-    }
+    out_ =
+        service_->ChunkedValues(r.parameters, head.SerializeAsString(), "", piece_values_, &sent_);
     absl::MutexLock lock(&mu_);
     if (!finished_) StartWrite(&out_[0]);
   }
@@ -387,6 +371,208 @@ ParameterServiceImpl::PushGradientStream(grpc::CallbackServerContext* ctx) {
   return new PushStreamReactor(this, ctx);
 }
 
+std::vector<grpc::ByteBuffer> ParameterServiceImpl::ChunkedValues(const ParameterSnapshot& snap,
+                                                                  const std::string& first_head,
+                                                                  const std::string& other_head,
+                                                                  size_t per_chunk, size_t* bytes) {
+  const grpc::Slice values = ValuesOf(snap);
+  const size_t width = BytesPerValue(wire_dtype_);
+  const size_t model = snap.values->size();
+  const size_t start = values.size() - model * width;  // the values end the field
+  const size_t step = std::max(per_chunk > 0 ? per_chunk : model,
+                               (model + kMaxStreamChunks - 1) / kMaxStreamChunks);
+  std::vector<grpc::ByteBuffer> out;
+  size_t from = 0;
+  do {
+    const size_t count = std::min(step, model - from);
+    std::string prefix = out.empty() ? first_head : other_head;
+    prefix += ValuesPiecePrefix(snap.version, wire_dtype_, from, count);
+    grpc::Slice slices[2] = {grpc::Slice(prefix),
+                             values.sub(start + from * width, start + (from + count) * width)};
+    out.emplace_back(slices, count > 0 ? 2 : 1);
+    *bytes += out.back().Length();
+    from += count;
+  } while (from < model);
+  return out;
+}
+
+// PullParametersStream: the current parameters as a stream of ranges, each a view of the bytes
+// serialized once for every answer of that version. Nothing outside gRPC calls into it.
+class PullStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  PullStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
+                    const grpc::ByteBuffer* in)
+      : service_(service), received_(in->Length()) {
+    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
+      Done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "dbs_ps is starting (restoring its checkpoint); retry"));
+      return;
+    }
+    grpc::Status status = Prepare(ctx, in);
+    if (!status.ok()) {
+      Done(status);
+      return;
+    }
+    StartWrite(&out_[0]);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Done(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    if (++written_ < out_.size()) return StartWrite(&out_[written_]);
+    Done(grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Checks the request and lays out the answer's messages.
+  grpc::Status Prepare(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
+    v1::PullParametersRequest req;
+    grpc::ByteBuffer bytes(*in);
+    if (grpc::Status parsed = RawDecode(&bytes, &req); !parsed.ok()) return parsed;
+    if (absl::Status a = service_->Allowed(ctx, req.worker_id()); !a.ok()) return ToGrpcStatus(a);
+    absl::StatusOr<ParameterSnapshot> snap = service_->store_->Snapshot();
+    if (!snap.ok()) return ToGrpcStatus(snap.status());
+    v1::Parameters head;
+    head.set_version(snap->version);
+    out_ = service_->ChunkedValues(*snap, head.SerializeAsString(), head.SerializeAsString(),
+                                   kDefaultStreamChunkBytes / BytesPerValue(service_->wire_dtype_),
+                                   &sent_);
+    return grpc::Status::OK;
+  }
+
+  void Done(const grpc::Status& status) {
+    if (service_->hooks_.observer != nullptr) {
+      service_->hooks_.observer->OnCall("PullParametersStream", received_, status.ok() ? sent_ : 0,
+                                        static_cast<int>(status.error_code()));
+    }
+    Finish(status);
+  }
+
+  ParameterServiceImpl* const service_;
+  const size_t received_;
+  size_t sent_ = 0;
+  std::vector<grpc::ByteBuffer> out_;
+  size_t written_ = 0;
+};
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullParametersStream(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
+  return new PullStreamReactor(this, ctx, in);
+}
+
+// RegisterModelStream: the layout first, then the initial values in consecutive fp32 ranges,
+// appended as they arrive (what the server holds grows with what the client really sent, not
+// with the size it claims). The first registration's values win; later ones are read and only
+// their layout is checked. The answer carries the version.
+class RegisterStreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  RegisterStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
+                        grpc::ByteBuffer* out)
+      : service_(service), ctx_(ctx), out_(out) {
+    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
+      Done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "dbs_ps is starting (restoring its checkpoint); retry"));
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Done(ToGrpcStatus(Register()));
+    received_ += in_.Length();
+    v1::RegisterModelRequest req;
+    grpc::ByteBuffer bytes(in_);
+    if (grpc::Status parsed = RawDecode(&bytes, &req); !parsed.ok()) return Done(parsed);
+    in_.Clear();
+    absl::Status s = Take(req);
+    if (!s.ok()) return Done(ToGrpcStatus(s));
+    StartRead(&in_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Take(const v1::RegisterModelRequest& req) {
+    if (++messages_ > static_cast<int64_t>(kMaxStreamChunks) + 1) {
+      return absl::InvalidArgumentError(absl::StrCat("a streamed registration may have at most ",
+                                                     kMaxStreamChunks + 1, " messages"));
+    }
+    if (messages_ == 1) {
+      worker_id_ = req.worker_id();
+      DBS_RETURN_IF_ERROR(service_->Allowed(ctx_, worker_id_));
+      DBS_ASSIGN_OR_RETURN(layout_, LayoutOf(req.parameters(), false));
+      total_ = static_cast<size_t>(TotalElements(layout_));
+      return absl::OkStatus();
+    }
+    if (req.worker_id() != worker_id_) {
+      return absl::InvalidArgumentError("a streamed registration's messages must name one worker");
+    }
+    const v1::FlatParameters& chunk = req.initial();
+    const std::string& bytes = chunk.values();
+    if (chunk.wire_dtype() != v1::WIRE_FP32 || bytes.size() % 4 != 0) {
+      return absl::InvalidArgumentError("initial values travel as whole fp32 values");
+    }
+    if (chunk.offset() != static_cast<int64_t>(initial_.size()) ||
+        bytes.size() / 4 > total_ - initial_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial values ", chunk.offset(), "..", chunk.offset() + bytes.size() / 4,
+          " do not follow the ", initial_.size(), " received, within the model's ", total_));
+    }
+    const size_t at = initial_.size();
+    initial_.resize(at + bytes.size() / 4);
+    std::memcpy(initial_.data() + at, bytes.data(), bytes.size());
+    for (size_t i = at; i < initial_.size(); ++i) {
+      if (!std::isfinite(initial_[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("initial value ", i, " is not finite (", initial_[i], ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Register() {
+    if (messages_ == 0) return absl::InvalidArgumentError("a registration with no layout");
+    const bool first = !service_->store_->registered();
+    if (first && initial_.size() != total_) {
+      return absl::InvalidArgumentError(absl::StrCat("the initial values ended after ",
+                                                     initial_.size(), " of the model's ", total_));
+    }
+    DBS_ASSIGN_OR_RETURN(
+        ParameterSnapshot snap,
+        service_->store_->Register(layout_, first ? initial_ : std::vector<float>{}));
+    v1::Parameters reply;
+    reply.set_version(snap.version);
+    if (!RawEncode(reply, out_)) return absl::InternalError("cannot serialize the reply");
+    return absl::OkStatus();
+  }
+
+  void Done(const grpc::Status& status) {
+    if (service_->hooks_.observer != nullptr) {
+      service_->hooks_.observer->OnCall("RegisterModelStream", received_,
+                                        status.ok() ? out_->Length() : 0,
+                                        static_cast<int>(status.error_code()));
+    }
+    Finish(status);
+  }
+
+  ParameterServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const out_;
+  grpc::ByteBuffer in_;
+  int64_t messages_ = 0;
+  int worker_id_ = 0;
+  ModelLayout layout_;
+  size_t total_ = 0;
+  std::vector<float> initial_;
+  size_t received_ = 0;
+};
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::RegisterModelStream(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out) {
+  return new RegisterStreamReactor(this, ctx, out);
+}
+
 void ParameterServiceImpl::DoResume(grpc::CallbackServerContext* ctx,
                                     const v1::ResumeRequest& request, v1::ResumeReply* reply,
                                     WaitingReactor* reactor) {
@@ -404,7 +590,11 @@ void ParameterServiceImpl::DoResume(grpc::CallbackServerContext* ctx,
       ToProto(rp->plan, reply->mutable_plan());
       ToProto(rp->schedule, reply->mutable_schedule());
     }
-    FillParameters(store_->layout(), parameters, reply->mutable_parameters());
+    if (req->omit_parameters()) {
+      reply->mutable_parameters()->set_version(parameters.version);
+    } else {
+      FillParameters(store_->layout(), parameters, reply->mutable_parameters());
+    }
   }
   return Answer(reactor, rp.status());
 }

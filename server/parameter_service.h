@@ -19,8 +19,10 @@ using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_Register
     v1::ParameterService::WithRawCallbackMethod_PushGradient<
         v1::ParameterService::WithRawCallbackMethod_PushGradientStream<
             v1::ParameterService::WithRawCallbackMethod_PullParameters<
-                v1::ParameterService::WithRawCallbackMethod_Resume<
-                    v1::ParameterService::Service>>>>>;
+                v1::ParameterService::WithRawCallbackMethod_PullParametersStream<
+                    v1::ParameterService::WithRawCallbackMethod_RegisterModelStream<
+                        v1::ParameterService::WithRawCallbackMethod_Resume<
+                            v1::ParameterService::Service>>>>>>>;
 
 class ParameterServiceImpl final : public ParameterRawService {
  public:
@@ -58,6 +60,10 @@ class ParameterServiceImpl final : public ParameterRawService {
                                            grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                    grpc::ByteBuffer* out) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParametersStream(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterModelStream(grpc::CallbackServerContext* ctx,
+                                                                 grpc::ByteBuffer* out) override;
 
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
@@ -70,7 +76,17 @@ class ParameterServiceImpl final : public ParameterRawService {
                                GradientPush* push);
   // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
   static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
+  // `snap`'s values as the messages of a streamed answer: `first_head` (a serialized message's
+  // own fields) in front of the first, `other_head` in front of the others, then each a range
+  // of at least `per_chunk` values, a view of the bytes serialized once (ValuesOf); at most
+  // kMaxStreamChunks messages. Adds their bytes to `*bytes`.
+  std::vector<grpc::ByteBuffer> ChunkedValues(const ParameterSnapshot& snap,
+                                              const std::string& first_head,
+                                              const std::string& other_head, size_t per_chunk,
+                                              size_t* bytes);
   friend class PushStreamReactor;
+  friend class PullStreamReactor;
+  friend class RegisterStreamReactor;
   // The step's parameters serialized for the replies: once per snapshot, shared by all.
   grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,

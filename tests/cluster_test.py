@@ -473,7 +473,10 @@ class ServerRestartTest(ProcessTestCase):
         ps, port = self.start_ps(flags)
         common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=mlp",
                                   "--log_every_s=0.2")
-        procs = [self.spawn(common + [f"--name=w{i}"]) for i in range(3)]
+        # w2 streams its pushes, its registration and its resume (the 940 KB MLP in 64 KiB
+        # chunks); the others send whole messages: both kinds resume.
+        procs = [self.spawn(common + [f"--name=w{i}"] +
+                            (["--stream_chunk_kb=64"] if i == 2 else [])) for i in range(3)]
         # Kill -9 the server in the middle of epoch 2, once at least two of its periodic
         # checkpoints (every 10 steps) are written: at step 25 or later. (Killing at its first
         # progress line raced the first one: under ASan it came before it.)

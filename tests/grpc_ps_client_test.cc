@@ -7,13 +7,16 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "common/clock.h"
 #include "common/status_matchers.h"
 #include "common/waiting_reactor.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/dbs.grpc.pb.h"
+#include "server/ps_server.h"
 
 namespace dbs {
 namespace {
@@ -82,6 +85,43 @@ TEST_F(GrpcPsClientDeadlineTest, AWaitingCallIsAskedAgainUntilTheMaximumWait) {
   EXPECT_THAT(plan.status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("--max_wait_s")));
   EXPECT_GE(hole_.calls.load(), 4) << "each 100 ms attempt ends and the wait is asked again";
+}
+
+// A model larger than a chunk registers, pulls and pushes as streams against a real server:
+// the first worker's initial values go up in chunks, the second worker's come down in chunks,
+// and both hold the same parameters.
+TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
+  ServerConfig c;  // two workers; no step is trained
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.job.scheduler.expected_workers = 2;
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  GrpcClientConfig config;
+  config.address = "127.0.0.1:" + std::to_string((*server)->port());
+  config.stream_chunk_bytes = 256;  // 64 values a chunk: 47 chunks for the 3,000 values
+  const ModelLayout layout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+  std::vector<float> initial(3000);
+  for (size_t i = 0; i < initial.size(); ++i) initial[i] = 0.001f * static_cast<float>(i) - 1;
+  GrpcPsClient first(config), second(config);
+  absl::StatusOr<RegistrationResult> r1 = first.RegisterWorker({"w0", 16, 4, "cpu", 0, ""});
+  absl::StatusOr<RegistrationResult> r2 = second.RegisterWorker({"w1", 16, 4, "cpu", 0, ""});
+  ASSERT_THAT(r1, IsOk());
+  ASSERT_THAT(r2, IsOk());
+  std::vector<float> p1(3000, 7.0f), p2(3000, 7.0f), pulled(3000, 7.0f);
+  ASSERT_THAT(first.RegisterModel(r1->worker_id, layout, initial, absl::MakeSpan(p1)), IsOk());
+  // The second sends no values of its own: zeros, which must not win.
+  ASSERT_THAT(second.RegisterModel(r2->worker_id, layout, std::vector<float>(3000, 0.0f),
+                                   absl::MakeSpan(p2)),
+              IsOk());
+  EXPECT_EQ(p1, initial);
+  EXPECT_EQ(p2, initial);
+  absl::StatusOr<int64_t> version = second.PullParameters(r2->worker_id, absl::MakeSpan(pulled));
+  ASSERT_THAT(version, IsOk());
+  EXPECT_EQ(*version, 0);
+  EXPECT_EQ(pulled, initial);
+  (*server)->Stop(absl::CancelledError("test over"));
 }
 
 }  // namespace

@@ -35,11 +35,12 @@ namespace {
 using grpc::StatusCode;
 
 const char* const kMethods[] = {
-    "/dbs.v1.SchedulerService/RegisterWorker",     "/dbs.v1.SchedulerService/Leave",
-    "/dbs.v1.SchedulerService/ReportEpoch",        "/dbs.v1.SchedulerService/GetEpochPlan",
-    "/dbs.v1.ParameterService/RegisterModel",      "/dbs.v1.ParameterService/PushGradient",
-    "/dbs.v1.ParameterService/PullParameters",     "/dbs.v1.ParameterService/Resume",
-    "/dbs.v1.ParameterService/PushGradientStream",
+    "/dbs.v1.SchedulerService/RegisterWorker",      "/dbs.v1.SchedulerService/Leave",
+    "/dbs.v1.SchedulerService/ReportEpoch",         "/dbs.v1.SchedulerService/GetEpochPlan",
+    "/dbs.v1.ParameterService/RegisterModel",       "/dbs.v1.ParameterService/PushGradient",
+    "/dbs.v1.ParameterService/PullParameters",      "/dbs.v1.ParameterService/Resume",
+    "/dbs.v1.ParameterService/PushGradientStream",  "/dbs.v1.ParameterService/PullParametersStream",
+    "/dbs.v1.ParameterService/RegisterModelStream",
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
@@ -70,6 +71,7 @@ class Attacker {
     nlohmann::json j;
     j["round"] = round;
     j["calls"] = calls_;
+    j["unreachable"] = unreachable_;
     j["by_method"] = by_method_;
     j["findings"] = findings_;
     return j;
@@ -98,6 +100,13 @@ class Attacker {
   void Note(const std::string& method, const grpc::Status& s, const std::string& what,
             bool transport_refusal = false) {
     std::lock_guard<std::mutex> lock(mu_);
+    // The server is gone (the job ended and dbs_ps exited before this process was stopped):
+    // not an answer of the server's, and its exit status is checked by the test.
+    if (s.error_code() == StatusCode::UNAVAILABLE &&
+        s.error_message().find("failed to connect") != std::string::npos) {
+      ++unreachable_;
+      return;
+    }
     ++calls_;
     const int code = static_cast<int>(s.error_code());
     ++by_method_[method.substr(method.rfind('/') + 1)][std::to_string(code)];
@@ -363,6 +372,7 @@ class Attacker {
   std::mutex mu_;
   std::mt19937_64 rng_;
   int64_t calls_ = 0;
+  int64_t unreachable_ = 0;  // calls made after dbs_ps had exited
   std::map<std::string, std::map<std::string, int64_t>> by_method_;
   nlohmann::json findings_ = nlohmann::json::array();
 };

@@ -49,6 +49,119 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/dbs.v1.ParameterService/PushGradientStream", grpc::internal::RpcMethod::BIDI_STREAMING,
       channel_);
+  pull_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/dbs.v1.ParameterService/PullParametersStream", grpc::internal::RpcMethod::SERVER_STREAMING,
+      channel_);
+  register_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/dbs.v1.ParameterService/RegisterModelStream", grpc::internal::RpcMethod::CLIENT_STREAMING,
+      channel_);
+}
+
+bool GrpcPsClient::Streams(size_t bytes) const {
+  return config_.stream_chunk_bytes > 0 && bytes > config_.stream_chunk_bytes;
+}
+
+absl::Status GrpcPsClient::ReadValueChunks(const std::function<bool(grpc::ByteBuffer*)>& read,
+                                           grpc::ClientContext* ctx,
+                                           google::protobuf::MessageLite* head,
+                                           absl::Span<float> params, int64_t* version,
+                                           grpc::Status* finished,
+                                           const std::function<grpc::Status()>& finish) {
+  absl::Status parsed;
+  size_t covered = 0;
+  grpc::ByteBuffer message;
+  std::vector<grpc::Slice> slices;
+  // The answer: the head first, then consecutive ranges of the parameters, all of one version.
+  while (parsed.ok() && read(&message)) {
+    int64_t v = 0;
+    size_t offset = 0, count = 0;
+    std::unique_ptr<google::protobuf::MessageLite> piece(head->New());
+    parsed =
+        ParsePushReplyPiece(SegmentsOf(message, &slices), piece.get(), params, &v, &offset, &count);
+    if (parsed.ok() && offset != covered) {
+      parsed = absl::InvalidArgumentError(
+          absl::StrCat("the answer's parameters jump from value ", covered, " to ", offset));
+    } else if (parsed.ok() && covered > 0 && v != *version) {
+      parsed = absl::InvalidArgumentError("the answer's chunks are of different versions");
+    }
+    if (parsed.ok() && covered == 0) {
+      head->CheckTypeAndMergeFrom(*piece);
+      *version = v;
+    }
+    covered += count;
+    message.Clear();
+  }
+  if (!parsed.ok()) ctx->TryCancel();
+  *finished = finish();
+  if (finished->ok() && parsed.ok() && covered != params.size()) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("the answer carried ", covered, " of the model's ", params.size(), " values"));
+  }
+  return parsed;
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::PullStreamed(int worker_id, absl::Span<float> params) {
+  v1::PullParametersRequest req;
+  req.set_worker_id(worker_id);
+  absl::Status parsed;
+  int64_t version = 0;
+  auto call = [&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+            channel_.get(), *pull_stream_method_, ctx, req));
+    v1::Parameters head;
+    grpc::Status status;
+    parsed = ReadValueChunks([&](grpc::ByteBuffer* m) { return reader->Read(m); }, ctx, &head,
+                             params, &version, &status, [&] { return reader->Finish(); });
+    return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
+  };
+  grpc::Status status = WithRetry(call);
+  if (!parsed.ok()) {
+    return absl::Status(parsed.code(), absl::StrCat("PullParametersStream at dbs_ps ",
+                                                    config_.address, ": ", parsed.message()));
+  }
+  DBS_RETURN_IF_ERROR(Annotate(status, "PullParametersStream"));
+  return version;
+}
+
+absl::Status GrpcPsClient::RegisterStreamed(int worker_id, const ModelLayout& layout,
+                                            absl::Span<const float> initial) {
+  // The layout, then the initial values in fp32 ranges of the chunk size.
+  std::vector<grpc::ByteBuffer> messages;
+  auto add = [&messages](const v1::RegisterModelRequest& m) {
+    grpc::Slice slice(m.SerializeAsString());
+    messages.emplace_back(&slice, 1);
+  };
+  v1::RegisterModelRequest head;
+  head.set_worker_id(worker_id);
+  head.set_omit_values(true);
+  EncodeLayout(layout, head.mutable_parameters());
+  add(head);
+  const size_t model = initial.size();
+  const size_t per_chunk = std::max({size_t{1}, config_.stream_chunk_bytes / sizeof(float),
+                                     (model + kMaxStreamChunks - 1) / kMaxStreamChunks});
+  for (size_t from = 0; from < model; from += per_chunk) {
+    const size_t count = std::min(per_chunk, model - from);
+    v1::RegisterModelRequest chunk;
+    chunk.set_worker_id(worker_id);
+    v1::FlatParameters* values = chunk.mutable_initial();
+    values->set_offset(static_cast<int64_t>(from));
+    values->set_values(
+        std::string(reinterpret_cast<const char*>(initial.data() + from), count * sizeof(float)));
+    add(chunk);
+  }
+  auto call = [&](grpc::ClientContext* ctx) {
+    v1::Parameters reply;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channel_.get(), *register_stream_method_, ctx, &reply));
+    for (const grpc::ByteBuffer& m : messages) {
+      if (!writer->Write(m)) break;  // refused: Finish says why
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  return Annotate(WithRetry(call), "RegisterModelStream");
 }
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
@@ -104,9 +217,13 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
                                          absl::Span<float> params) {
   // The layout alone first: usually another worker registered the model already, and the
   // stored values come back without this worker sending its own. Otherwise, the values.
+  const size_t model = static_cast<size_t>(TotalElements(layout));
+  // A model larger than a chunk: the values go up and come back as streams.
+  const bool streams = Streams(model * sizeof(float));
   v1::RegisterModelRequest req;
   req.set_worker_id(worker_id);
   req.set_layout_only(true);
+  req.set_omit_values(streams);
   EncodeLayout(layout, req.mutable_parameters());
   v1::Parameters reply;
   // Idempotent (the first registration wins): safe to retry like the other calls.
@@ -114,14 +231,21 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
     return parameters_->RegisterModel(ctx, req, &reply);
   };
   grpc::Status status = WithRetry(call);
-  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && streams) {
+    DBS_RETURN_IF_ERROR(RegisterStreamed(worker_id, layout, initial));
+    status = grpc::Status::OK;
+  } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     req.Clear();
     req.set_worker_id(worker_id);
     EncodeTensors(layout, initial, req.mutable_parameters());
     status = WithRetry(call);
   }
   DBS_RETURN_IF_ERROR(Annotate(status, "RegisterModel"));
-  DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
+  if (streams) {
+    DBS_RETURN_IF_ERROR(PullStreamed(worker_id, params).status());
+  } else {
+    DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
+  }
   layout_ = layout;
   return absl::OkStatus();
 }
@@ -197,10 +321,24 @@ bool GrpcPsClient::TakeReconnected() {
 absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float> params) {
   v1::ResumeRequest req;
   req.set_worker_id(worker_id);
+  const bool streams = Streams(params.size() * BytesPerValue(wire_dtype_));
+  req.set_omit_parameters(streams);
   v1::ResumeReply reply;
-  DBS_RETURN_IF_ERROR(Annotate(
-      WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
-      "Resume"));
+  // Streamed, the parameters come from a pull after the answer: it must find the version the
+  // answer names (a step cannot complete meanwhile without this worker, unless it was evicted).
+  for (int attempt = 0;; ++attempt) {
+    DBS_RETURN_IF_ERROR(Annotate(
+        WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
+        "Resume"));
+    if (!streams || reply.finished()) break;
+    DBS_ASSIGN_OR_RETURN(int64_t pulled, PullStreamed(worker_id, params));
+    if (pulled == reply.parameters().version()) break;
+    if (attempt >= 4) {
+      return absl::AbortedError(absl::StrCat("Resume at dbs_ps ", config_.address,
+                                             ": the parameters kept moving (version ", pulled,
+                                             " against ", reply.parameters().version(), ")"));
+    }
+  }
   ResumePoint info;
   info.finished = reply.finished();
   info.epoch = reply.epoch();
@@ -210,12 +348,13 @@ absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float
     info.plan = FromProto(reply.plan());
     info.schedule = FromProto(reply.schedule());
   }
-  DBS_RETURN_IF_ERROR(DecodeParameters(reply.parameters(), layout_, params));
+  if (!streams) DBS_RETURN_IF_ERROR(DecodeParameters(reply.parameters(), layout_, params));
   return info;
 }
 
 absl::StatusOr<int64_t> GrpcPsClient::PullParameters(int worker_id, absl::Span<float> params) {
   if (layout_.empty()) return absl::FailedPreconditionError("RegisterModel first");
+  if (Streams(params.size() * BytesPerValue(wire_dtype_))) return PullStreamed(worker_id, params);
   v1::PullParametersRequest req;
   req.set_worker_id(worker_id);
   v1::Parameters reply;
@@ -335,30 +474,9 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
       if (i + 1 == chunks.size()) options.set_last_message();
       if (!stream->Write(chunks[i], options)) break;
     }
-    // The answer: the step's head first, then consecutive ranges of the parameters.
-    parsed = absl::OkStatus();
-    size_t covered = 0;
-    grpc::ByteBuffer message;
-    std::vector<grpc::Slice> slices;
-    while (parsed.ok() && stream->Read(&message)) {
-      v1::PushGradientReply piece;
-      size_t offset = 0, count = 0;
-      parsed = ParsePushReplyPiece(SegmentsOf(message, &slices), &piece, params, version, &offset,
-                                   &count);
-      if (parsed.ok() && offset != covered) {
-        parsed = absl::InvalidArgumentError(
-            absl::StrCat("the answer's parameters jump from value ", covered, " to ", offset));
-      }
-      if (parsed.ok() && covered == 0) *reply = piece;
-      covered += count;
-      message.Clear();
-    }
-    if (!parsed.ok()) ctx->TryCancel();
-    grpc::Status status = stream->Finish();
-    if (status.ok() && parsed.ok() && covered != model) {
-      parsed = absl::InvalidArgumentError(
-          absl::StrCat("the answer carried ", covered, " of the model's ", model, " values"));
-    }
+    grpc::Status status;
+    parsed = ReadValueChunks([&](grpc::ByteBuffer* m) { return stream->Read(m); }, ctx, reply,
+                             params, version, &status, [&] { return stream->Finish(); });
     return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
   };
   grpc::Status status = WithRetry(call, /*waits=*/true);

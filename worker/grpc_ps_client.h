@@ -9,6 +9,7 @@
 #ifndef DBS_WORKER_GRPC_PS_CLIENT_H_
 #define DBS_WORKER_GRPC_PS_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,7 +39,7 @@ struct GrpcClientConfig {
   int max_message_mb = 512;
   // A push whose gradient is larger than this many bytes travels as a stream of chunks of this
   // size (PushGradientStream), and so do its answer's parameters; 0: always one message.
-  size_t stream_chunk_bytes = size_t{4} << 20;
+  size_t stream_chunk_bytes = kDefaultStreamChunkBytes;
   std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
   // TLS (PEM contents): the CA that signed the server's certificate turns TLS on; a certificate
   // and key of this worker's, signed by the CA the server trusts, make it mutual TLS.
@@ -90,6 +91,24 @@ class GrpcPsClient : public PsClient {
                             absl::Span<float> params, v1::PushGradientReply* reply,
                             int64_t* version);
   static StepOutcome OutcomeOf(const v1::PushGradientReply& reply, int64_t version);
+  // True when `bytes` of values travel as a stream (--stream_chunk_kb).
+  bool Streams(size_t bytes) const;
+  // Reads a streamed answer's messages with `read`: the first's head into `head`, every one's
+  // range of the values into `params` at its offset; then `finish`es the call into `*finished`.
+  // Errors (a malformed message, a gap, mixed versions, too few values after an OK finish)
+  // cancel the call.
+  static absl::Status ReadValueChunks(const std::function<bool(grpc::ByteBuffer*)>& read,
+                                      grpc::ClientContext* ctx, google::protobuf::MessageLite* head,
+                                      absl::Span<float> params, int64_t* version,
+                                      grpc::Status* finished,
+                                      const std::function<grpc::Status()>& finish);
+  // PullParameters as a stream; returns the version.
+  absl::StatusOr<int64_t> PullStreamed(int worker_id, absl::Span<float> params);
+  // The first registration's initial values as a stream.
+  absl::Status RegisterStreamed(int worker_id, const ModelLayout& layout,
+                                absl::Span<const float> initial);
+  std::unique_ptr<grpc::internal::RpcMethod> pull_stream_method_;
+  std::unique_ptr<grpc::internal::RpcMethod> register_stream_method_;
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
   std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);

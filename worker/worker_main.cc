@@ -86,8 +86,9 @@ ABSL_FLAG(double, max_wait_s, 0.0,
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
 ABSL_FLAG(int, stream_chunk_kb, 4096,
           "A gradient larger than this many KiB is pushed as a stream of chunks of this size, "
-          "summed by dbs_ps as they arrive, and the parameters come back the same way; 0: one "
-          "message per push whatever its size.");
+          "summed by dbs_ps as they arrive, and the parameters come back the same way (and so "
+          "do the registration, pulls and resumes of such a model); 0: whole messages whatever "
+          "their size.");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
 ABSL_FLAG(std::string, job_token, "",
           "The job's secret, when dbs_ps requires one (prefer --job_token_file).");
