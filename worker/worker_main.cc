@@ -143,6 +143,44 @@ absl::StatusOr<dbs::LearnerConfig> LearnerConfigFromFlags() {
   return c;
 }
 
+// The connection to dbs_ps: address, deadlines, message and chunk sizes, secret and TLS.
+absl::StatusOr<dbs::GrpcClientConfig> ClientConfigFromFlags() {
+  dbs::GrpcClientConfig c;
+  c.address = absl::GetFlag(FLAGS_server);
+  c.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  const double call_timeout_s = absl::GetFlag(FLAGS_call_timeout_s);
+  const double max_wait_s = absl::GetFlag(FLAGS_max_wait_s);
+  if (!(call_timeout_s > 0)) return absl::InvalidArgumentError("--call_timeout_s must be > 0");
+  if (!(max_wait_s >= 0)) return absl::InvalidArgumentError("--max_wait_s must be >= 0");
+  c.call_timeout = absl::Seconds(call_timeout_s);
+  c.max_wait = absl::Seconds(max_wait_s);
+  c.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (c.max_message_mb < 1 || c.max_message_mb > 2047) {
+    return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
+  }
+  const int chunk_kb = absl::GetFlag(FLAGS_stream_chunk_kb);
+  if (chunk_kb < 0 || chunk_kb > (c.max_message_mb << 10) - 64) {
+    return absl::InvalidArgumentError(
+        "--stream_chunk_kb must be in [0, --max_message_mb * 1024 - 64] (0: no streaming)");
+  }
+  c.stream_chunk_bytes = static_cast<size_t>(chunk_kb) << 10;
+  absl::StatusOr<std::string> secret = dbs::SecretFrom(
+      absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
+  if (!secret.ok()) return secret.status();
+  c.job_token = *secret;
+  absl::Status pems = dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_ca), &c.tls_ca_pem},
+                                          {absl::GetFlag(FLAGS_tls_cert), &c.tls_cert_pem},
+                                          {absl::GetFlag(FLAGS_tls_key), &c.tls_key_pem}});
+  if (!pems.ok()) return pems;
+  if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (!c.tls_cert_pem.empty() && c.tls_ca_pem.empty()) {
+    return absl::InvalidArgumentError("--tls_cert needs --tls_ca (the CA of the server)");
+  }
+  return c;
+}
+
 absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   WorkerConfig c;
   absl::StatusOr<dbs::LearnerConfig> learner = LearnerConfigFromFlags();
@@ -172,38 +210,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
     return absl::InvalidArgumentError("--export_every_epochs needs --export_path");
   }
 
-  c.client.address = absl::GetFlag(FLAGS_server);
-  c.client.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
-  const double call_timeout_s = absl::GetFlag(FLAGS_call_timeout_s);
-  const double max_wait_s = absl::GetFlag(FLAGS_max_wait_s);
-  if (!(call_timeout_s > 0)) return absl::InvalidArgumentError("--call_timeout_s must be > 0");
-  if (!(max_wait_s >= 0)) return absl::InvalidArgumentError("--max_wait_s must be >= 0");
-  c.client.call_timeout = absl::Seconds(call_timeout_s);
-  c.client.max_wait = absl::Seconds(max_wait_s);
-  c.client.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
-  if (c.client.max_message_mb < 1 || c.client.max_message_mb > 2047) {
-    return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
-  }
-  const int chunk_kb = absl::GetFlag(FLAGS_stream_chunk_kb);
-  if (chunk_kb < 0 || chunk_kb > (c.client.max_message_mb << 10) - 64) {
-    return absl::InvalidArgumentError(
-        "--stream_chunk_kb must be in [0, --max_message_mb * 1024 - 64] (0: no streaming)");
-  }
-  c.client.stream_chunk_bytes = static_cast<size_t>(chunk_kb) << 10;
-  absl::StatusOr<std::string> secret = dbs::SecretFrom(
-      absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
-  if (!secret.ok()) return secret.status();
-  c.client.job_token = *secret;
-  absl::Status pems = dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_ca), &c.client.tls_ca_pem},
-                                          {absl::GetFlag(FLAGS_tls_cert), &c.client.tls_cert_pem},
-                                          {absl::GetFlag(FLAGS_tls_key), &c.client.tls_key_pem}});
-  if (!pems.ok()) return pems;
-  if (c.client.tls_cert_pem.empty() != c.client.tls_key_pem.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
-  }
-  if (!c.client.tls_cert_pem.empty() && c.client.tls_ca_pem.empty()) {
-    return absl::InvalidArgumentError("--tls_cert needs --tls_ca (the CA of the server)");
-  }
+  absl::StatusOr<dbs::GrpcClientConfig> client = ClientConfigFromFlags();
+  if (!client.ok()) return client.status();
+  c.client = *client;
   c.measure_speed_samples = absl::GetFlag(FLAGS_measure_speed_samples);
   c.measure_batches.clear();
   for (const std::string& b : absl::GetFlag(FLAGS_measure_batch)) {
