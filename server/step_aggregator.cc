@@ -412,23 +412,40 @@ void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* not
   losses_.clear();
 }
 
+bool StepAggregator::MeanLocked() {
+  // An evicted worker may have streamed part of its gradient: its values up to where they were
+  // summed count, with its samples, in that range's mean (nothing accepted is lost).
+  std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
+  int64_t extra = 0;                            // the partial pushes' samples
+  for (const auto& [id, in] : incoming_) {
+    if (pending_.count(id) == 0 && in.summed > 0) {
+      partial.emplace_back(in.summed, in.samples);
+      extra += in.samples;
+    }
+  }
+  if (samples_ + extra == 0) return false;
+  std::sort(partial.begin(), partial.end());
+  // Values [from, to) were summed over `samples` samples.
+  auto scale = [&](size_t from, size_t to, int64_t samples) {
+    const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
+    for (size_t i = from; i < to; ++i) sum_[i] *= inv;
+  };
+  size_t from = 0;
+  for (const auto& [summed, samples] : partial) {
+    scale(from, summed, samples_ + extra);
+    extra -= samples;
+    from = summed;
+  }
+  scale(from, sum_.size(), samples_);
+  return true;
+}
+
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
                                         absl::StatusOr<StepResult>* result, Notices* notices) {
   // Every worker of the step has pushed (or was evicted): apply the sample-weighted mean.
   ReduceReadyLocked(notices);
   double loss_sum = 0.0;
   for (const auto& [id, loss] : losses_) loss_sum += loss;  // in worker order: repeatable
-  // An evicted worker may have streamed part of its gradient: its values up to where they were
-  // summed count, with its samples, in that range's mean (nothing accepted is lost).
-  std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
-  int64_t partial_samples = 0;
-  for (const auto& [id, in] : incoming_) {
-    if (pending_.count(id) == 0 && in.summed > 0) {
-      partial.emplace_back(in.summed, in.samples);
-      partial_samples += in.samples;
-    }
-  }
-  std::sort(partial.begin(), partial.end());
   StepResult r;
   r.epoch = epoch_;
   r.step = step_;
@@ -436,26 +453,9 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   r.global_loss = samples_ > 0 ? loss_sum / samples_ : 0.0;
   r.revisions = std::move(revisions_);
   revisions_.reset();
-  absl::StatusOr<ParameterSnapshot> snap;
-  if (samples_ + partial_samples > 0) {
-    // The mean in place (the sum is cleared after the step anyway), range by range: values
-    // [from, to) were summed over `samples` samples.
-    auto scale = [&](size_t from, size_t to, int64_t samples) {
-      const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
-      for (size_t i = from; i < to; ++i) sum_[i] *= inv;
-    };
-    size_t from = 0;
-    int64_t extra = partial_samples;
-    for (const auto& [summed, samples] : partial) {
-      scale(from, summed, samples_ + extra);
-      extra -= samples;
-      from = summed;
-    }
-    scale(from, sum_.size(), samples_);
-    snap = store_->ApplyGradient(sum_);
-  } else {
-    snap = store_->Snapshot();
-  }
+  // The mean in place (the sum is cleared after the step anyway), then one update.
+  absl::StatusOr<ParameterSnapshot> snap =
+      MeanLocked() ? store_->ApplyGradient(sum_) : store_->Snapshot();
   if (snap.ok()) {
     r.parameters = *snap;
     *result = r;

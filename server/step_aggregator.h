@@ -253,6 +253,9 @@ class StepAggregator {
   void DropIncomingLocked(const absl::Status& status, Notices* notices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Turns the step's sum into its sample-weighted mean, in place (per range where an evicted
+  // worker's streamed values were summed in part); false when the step has no samples at all.
+  bool MeanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
                           Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
