@@ -167,6 +167,9 @@ def build_parser():
                     help="how gradients and parameters travel each step (dbs_ps --wire_dtype)")
     ap.add_argument("--deterministic", default="true", choices=["true", "false"],
                     help="sum each step's gradients in worker order (bit-identical reruns)")
+    ap.add_argument("--ps_shards", type=int, default=1,
+                    help="split the model's values across this many dbs_ps processes "
+                         "(dbs_ps --shard=i/k; docs/dataplane.md#shards)")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="proportional: lowest speed over this many recent epochs")
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
@@ -251,9 +254,9 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}"]
 
 
-def worker_argv(args, worker_bin, port, i, slowdown, window):
+def worker_argv(args, worker_bin, servers, i, slowdown, window):
     return [
-        worker_bin, f"--server=127.0.0.1:{port}", f"--name=worker-{i}",
+        worker_bin, f"--server={servers}", f"--name=worker-{i}",
         f"--model={args.model}", f"--device={args.device}",
         f"--data={args.data}", f"--data_dir={args.data_dir}",
         f"--normalize={args.normalize}", f"--train_limit={args.train_limit}",
@@ -303,18 +306,32 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
     signal.signal(signal.SIGTERM, on_signal)
     start = time.time()
     try:
-        ps = cluster.start("ps", ps_argv(args, ps_bin, port_file, summary))
+        ps = cluster.start("ps", ps_argv(args, ps_bin, port_file, summary)
+                           + ([f"--shard=0/{args.ps_shards}"] if args.ps_shards > 1 else []))
         port = wait_for_port(port_file, ps, timeout=30)
-        print(f"local_cluster: dbs_ps on 127.0.0.1:{port}; starting {args.workers} workers "
+        servers = [f"127.0.0.1:{port}"]
+        everyone = [("ps", ps)]
+        k = args.ps_shards
+        for i in range(1, k):
+            shard_port = f"{port_file}.{i}"
+            if os.path.exists(shard_port):
+                os.unlink(shard_port)
+            argv = ps_argv(args, ps_bin, shard_port, os.devnull)
+            shard = cluster.start(f"ps-{i}", argv + [f"--shard={i}/{k}",
+                                                     f"--leader=127.0.0.1:{port}"])
+            servers.append(f"127.0.0.1:{wait_for_port(shard_port, shard, timeout=30)}")
+            everyone.append((f"ps-{i}", shard))
+        print(f"local_cluster: dbs_ps on {', '.join(servers)}; starting {args.workers} workers "
               f"({describe_emulation(*emulation)}); logs in {args.out_dir}", flush=True)
         workers = [cluster.start(f"worker-{i}",
-                                 worker_argv(args, worker_bin, port, i, slow, windows[i])
+                                 worker_argv(args, worker_bin, ",".join(servers), i, slow,
+                                             windows[i])
                                  # Under a CPU quota a slow window slows the whole step (its
                                  # time off the CPU is the quota's throttling).
                                  + (["--slowdown_of=wall"] if cgroups[i] else []),
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
-        everyone = [("ps", ps)] + [(f"worker-{i}", w) for i, w in enumerate(workers)]
+        everyone += [(f"worker-{i}", w) for i, w in enumerate(workers)]
         failure.extend(supervise(everyone, start, args.timeout_s))
     except KeyboardInterrupt:
         if not failure:
@@ -334,6 +351,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error("--workers must be >= 1")
+    if not 1 <= args.ps_shards <= 64:
+        ap.error("--ps_shards must be in [1, 64]")
     try:
         emulation = resolve_emulation(args)
         ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")

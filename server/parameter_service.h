@@ -47,6 +47,11 @@ class ParameterServiceImpl final : public ParameterRawService {
         wire_dtype_(wire_dtype),
         pool_(SlicePool::Create()) {}
 
+  // A sharded job's follower: every push of (epoch, step) passes `gate` first (it may wait for
+  // the leader; see ShardFollower::Gate). Set before serving.
+  using Gate = std::function<absl::Status(int epoch, int step)>;
+  void SetGate(Gate gate) { gate_ = std::move(gate); }
+
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
                                           grpc::ByteBuffer* out) override;
@@ -104,6 +109,7 @@ class ParameterServiceImpl final : public ParameterRawService {
   const CallHooks hooks_;
   const WireDtype wire_dtype_;
   const std::shared_ptr<SlicePool> pool_;
+  Gate gate_;
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   grpc::Slice values_ ABSL_GUARDED_BY(values_mu_);

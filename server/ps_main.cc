@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/shard_range.h"
 #include "common/signal_watcher.h"
 #include "glog/logging.h"
 #include "server/ps_server.h"
@@ -30,6 +31,14 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free port (see --port_file).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the port actually bound is written to this file once the server is ready.");
+ABSL_FLAG(std::string, shard, "0/1",
+          "i/k: this process keeps shard i of the model's values split across k dbs_ps "
+          "processes (docs/dataplane.md#shards). Shard 0 is the leader and hosts the scheduler; "
+          "start shards 1..k-1 with --leader and the same training flags. Workers list every "
+          "shard in --server, in order.");
+ABSL_FLAG(std::string, leader, "",
+          "Shards 1..k-1: host:port of shard 0, which they follow (with the same --job_token "
+          "and TLS files).");
 ABSL_FLAG(int, workers, 1, "Number of workers the job waits for before epoch 0.");
 ABSL_FLAG(int, epochs, 5, "Number of epochs to train.");
 ABSL_FLAG(int, global_batch, 128, "Global batch size B (sum of all workers' batches per step).");
@@ -170,6 +179,11 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  absl::StatusOr<std::pair<int, int>> shard = dbs::ParseShard(absl::GetFlag(FLAGS_shard));
+  if (!shard.ok()) return shard.status();
+  c.shard = shard->first;
+  c.num_shards = shard->second;
+  c.leader = absl::GetFlag(FLAGS_leader);
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();

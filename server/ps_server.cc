@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "common/shard_range.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/checkpoint.h"
@@ -35,6 +36,23 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   if (!c.tls_client_ca_pem.empty() && c.tls_cert_pem.empty()) {
     return absl::InvalidArgumentError("a client CA (mutual TLS) needs the server's certificate");
   }
+  if (c.num_shards < 1 || c.num_shards > kMaxShards || c.shard < 0 || c.shard >= c.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard must be i/k with 0 <= i < k <= ", kMaxShards));
+  }
+  if (c.shard > 0 && c.leader.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", c.shard, "/", c.num_shards,
+                     " follows the leader (shard 0): give its address (--leader=host:port)"));
+  }
+  if (c.shard == 0 && !c.leader.empty()) {
+    return absl::InvalidArgumentError("shard 0 is the leader: --leader is for shards 1..k-1");
+  }
+  if (c.num_shards > 1 && !c.job.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "checkpoints of a sharded job are not supported yet: run it without --checkpoint_dir, "
+        "or with one shard");
+  }
   if (c.supervise_every <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("supervise_every must be > 0");
   }
@@ -49,18 +67,58 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
                          config.job.wire_dtype),
       parameter_service_(
           job_->store(), job_->aggregator(),
-          [scheduler = job_->scheduler()](int id, absl::string_view token) {
-            return scheduler->Authenticate(id, token);
+          [this](int id, absl::string_view token) {
+            return follower_ != nullptr ? follower_->Authenticate(id, token)
+                                        : job_->scheduler()->Authenticate(id, token);
           },
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
           },
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype) {
   job_->SetObserver(&metrics_);
+  if (config.num_shards > 1 && config.shard == 0) {
+    shard_log_ = std::make_unique<ShardLog>(config.num_shards, TrainingSettings(config.job));
+    shard_service_ = std::make_unique<ShardServiceImpl>(shard_log_.get(), config.job_token);
+    job_->SetShardLog(shard_log_.get());
+  } else if (follower()) {
+    // The leader decides every step's workers and samples; this shard's barrier follows it.
+    follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(30));
+    job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
+    parameter_service_.SetGate(
+        [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });
+  }
 }
 
 PsServer::~PsServer() {
   if (server_ != nullptr) Shutdown(absl::CancelledError("the server object was destroyed"));
+  if (link_ != nullptr) link_->Cancel();
+  if (link_thread_.joinable()) link_thread_.join();
+}
+
+absl::Status PsServer::StartFollowing() {
+  FollowConfig f;
+  f.leader = config_.leader;
+  f.shard = config_.shard;
+  f.num_shards = config_.num_shards;
+  f.settings = TrainingSettings(config_.job);
+  f.job_token = config_.job_token;
+  if (config_.tls_cert_pem.empty()) {
+    f.credentials = grpc::InsecureChannelCredentials();
+  } else {
+    // The shards of a job share one CA: it signed the leader's certificate, and this shard
+    // presents its own (mutual TLS).
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = config_.tls_client_ca_pem;
+    tls.pem_private_key = config_.tls_key_pem;
+    tls.pem_cert_chain = config_.tls_cert_pem;
+    f.credentials = grpc::SslCredentials(tls);
+  }
+  link_ = std::make_unique<LeaderLink>(std::move(f), follower_.get());
+  link_thread_ = std::thread([this] {
+    const absl::Status s = link_->Run();
+    if (!s.ok() && !absl::IsCancelled(s)) LOG(ERROR) << s.message();
+  });
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& config,
@@ -80,6 +138,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
     }
   }
   DBS_RETURN_IF_ERROR(server->Open());
+  if (server->follower()) DBS_RETURN_IF_ERROR(server->StartFollowing());
   DBS_RETURN_IF_ERROR(server->StartHttp());
   return server;
 }
@@ -91,6 +150,11 @@ absl::Status PsServer::Open() {
     DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
   }
   const SchedulerConfig& s = config_.job.scheduler;
+  if (follower()) {
+    LOG(INFO) << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << " listening on "
+              << config_.host << ":" << port_ << ", following the leader at " << config_.leader;
+    return absl::OkStatus();
+  }
   LOG(INFO) << "dbs_ps listening on " << config_.host << ":" << port_
             << (config_.tls_cert_pem.empty()        ? " (plaintext)"
                 : config_.tls_client_ca_pem.empty() ? " (TLS)"
@@ -156,8 +220,9 @@ absl::Status PsServer::Listen() {
   builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
-  builder.RegisterService(&scheduler_service_);
+  if (!follower()) builder.RegisterService(&scheduler_service_);  // the leader's alone
   builder.RegisterService(&parameter_service_);
+  if (shard_service_ != nullptr) builder.RegisterService(shard_service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -169,6 +234,20 @@ absl::Status PsServer::Listen() {
 }
 
 absl::Status PsServer::Run(std::ostream& out) {
+  if (follower()) {
+    const absl::Status result = follower_->Wait();
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "
+        << (result.ok() ? "the job finished" : absl::StrCat("the job ended: ", result.message()))
+        << "; parameter version " << job_->aggregator()->SaveState().store.version << "\n"
+        << std::flush;
+    // The workers have their last answers: the leader ends the job only after every report.
+    job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    server_.reset();
+    http_.reset();
+    return result;
+  }
   while (!job_->WaitFor(config_.supervise_every)) {
     job_->CheckDeadWorkers();
     job_->CheckStall();
@@ -218,6 +297,7 @@ void PsServer::Shutdown(const absl::Status& result) {
 
 void PsServer::Stop(const absl::Status& why) {
   stopped_.store(true);
+  if (follower_ != nullptr) follower_->Lost(why);
   job_->Abort(why);
 }
 

@@ -8,6 +8,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -17,6 +18,8 @@
 #include "server/metrics.h"
 #include "server/parameter_service.h"
 #include "server/scheduler_service.h"
+#include "server/shard_events.h"
+#include "server/shard_service.h"
 #include "server/status_http.h"
 #include "server/training_job.h"
 
@@ -49,6 +52,12 @@ struct ServerConfig {
   std::string metrics_port_file;              // where its bound port is written ('' : nowhere)
   absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
   absl::Duration supervise_every = absl::Milliseconds(250);
+  // A sharded job (docs/dataplane.md#shards): this process keeps shard `shard` of `num_shards`
+  // of the model's values. Shard 0 (the leader) hosts the scheduler; the others follow the
+  // leader at `leader` (host:port) and serve the ParameterService only.
+  int shard = 0;
+  int num_shards = 1;
+  std::string leader;
 };
 
 // INVALID_ARGUMENT, naming the setting, for any bad part (the job's included).
@@ -88,9 +97,18 @@ class PsServer {
 
   absl::Status StartHttp();
 
+  // A follower's part: follows the leader until the job ends.
+  absl::Status StartFollowing();
+  bool follower() const { return config_.shard > 0; }
+
   const ServerConfig config_;
   const Clock* const clock_;
   std::unique_ptr<TrainingJob> job_;
+  std::unique_ptr<ShardLog> shard_log_;              // the leader of a sharded job
+  std::unique_ptr<ShardServiceImpl> shard_service_;  // the leader of a sharded job
+  std::unique_ptr<ShardFollower> follower_;          // a follower
+  std::unique_ptr<LeaderLink> link_;                 // a follower
+  std::thread link_thread_;
   Metrics metrics_;
   SchedulerServiceImpl scheduler_service_;
   ParameterServiceImpl parameter_service_;

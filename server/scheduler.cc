@@ -51,6 +51,7 @@ absl::Status Scheduler::ValidateRegistration(const WorkerRegistration& reg) cons
 
 absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration& reg) {
   DBS_RETURN_IF_ERROR(ValidateRegistration(reg));
+  if (listener_ != nullptr) DBS_RETURN_IF_ERROR(listener_->CanRegister());
   Calls calls;
   RegistrationResult result;
   {
@@ -85,6 +86,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       workers_.push_back(reg);
       left_.push_back(false);
       tokens_.push_back(token_source_());
+      if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back());
       ++events_;
       if (static_cast<int>(workers_.size()) == config_.expected_workers) {
         DBS_RETURN_IF_ERROR(PlanNextEpochLocked(&calls));

@@ -83,6 +83,11 @@ class SchedulerListener {
   virtual absl::Status CanReport(int worker_id, int epoch) { return absl::OkStatus(); }
   // `worker_id` left while training ran: it is to be removed like a dead worker.
   virtual void OnWorkerLeft(int worker_id) {}
+  // May workers register now? An error (UNAVAILABLE: retry later) refuses the registration.
+  virtual absl::Status CanRegister() { return absl::OkStatus(); }
+  // A new worker joined with `token` (called under the scheduler's lock, before the epoch it
+  // completes is planned; must not call back).
+  virtual void OnWorkerRegistered(int worker_id, const std::string& token) {}
 };
 
 class Scheduler {

@@ -524,6 +524,18 @@ void StepAggregator::CompleteEviction(PlanChange change) {
   for (Done& d : to_run) d(result);
 }
 
+bool StepAggregator::ReviseFrom(int epoch, int step, StepQuotas later_quotas) {
+  absl::MutexLock lock(&mu_);
+  if (epoch != epoch_ || step < 0 || step_ < step || step_ > step + 1 ||
+      step >= static_cast<int>(quotas_.size())) {
+    return false;
+  }
+  if (step_ == step + 1 && !pending_.empty()) return false;  // the next step has begun
+  quotas_.resize(static_cast<size_t>(step) + 1);
+  for (auto& q : later_quotas) quotas_.push_back(std::move(q));
+  return true;
+}
+
 std::set<std::pair<int, int>> StepAggregator::AcceptedPushes(int epoch) const {
   absl::MutexLock lock(&mu_);
   auto it = accepted_.find(epoch);

@@ -145,6 +145,11 @@ class StepAggregator {
   // `later_quotas` (quotas for steps step+1 ...), and every waiting worker gets `revisions`.
   void CompleteEviction(PlanChange change);
 
+  // A re-plan decided elsewhere (a sharded job's leader, see ShardFollower) at step `step` of
+  // `epoch`: the steps after it use `later_quotas`. Applied while `step` is being collected or
+  // once it has completed (before anyone pushes the next); false otherwise.
+  bool ReviseFrom(int epoch, int step, StepQuotas later_quotas);
+
   // Called after every completed step, before the workers are answered; a re-plan it returns
   // (ignored after the last step of an epoch) applies from the next step and travels with the
   // answers.

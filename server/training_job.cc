@@ -23,7 +23,11 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
-  job->aggregator_->SetStepHook([raw](const StepStats& s) { return raw->OnStep(s); });
+  job->aggregator_->SetStepHook([raw](const StepStats& s) {
+    std::optional<PlanChange> change = raw->OnStep(s);
+    raw->LogStep(s, change);
+    return change;
+  });
   job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
   return job;
 }
@@ -44,6 +48,13 @@ void TrainingJob::OnEpochPlanned(int epoch, int num_steps, const std::map<int, W
   for (const auto& [id, p] : plans) {
     for (int s = 0; s < num_steps; ++s) quotas[s][id] = p.BatchAt(s);
     shares += " " + std::to_string(id) + ":" + std::to_string(p.batch_size);
+  }
+  if (shard_log_ != nullptr) {
+    ShardEventData e;
+    e.kind = ShardEventData::Kind::kEpoch;
+    e.epoch = epoch;
+    e.quotas = quotas;
+    shard_log_->Append(std::move(e));
   }
   aggregator_->BeginEpoch(epoch, std::move(quotas));
   LOG(INFO) << "epoch " << epoch + 1 << "/" << config_.scheduler.epochs << " planned ("
@@ -101,6 +112,16 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
                << absl::FormatDuration(liveness_.worker_timeout())
                << ": removed; the step completes with the other gradients and their samples "
                   "go to the survivors";
+  if (shard_log_ != nullptr) {
+    ShardEventData e;
+    e.kind = ShardEventData::Kind::kStep;
+    e.epoch = p.epoch;
+    e.step = p.step;
+    e.dead = dead;
+    e.changed = true;
+    e.quotas = removal->later_quotas;
+    shard_log_->Append(std::move(e));
+  }
   aggregator_->CompleteEviction(*std::move(removal));
   {
     absl::MutexLock lock(&mu_);
@@ -125,6 +146,32 @@ std::set<int> TrainingJob::DropMissingReports(int epoch, int num_steps,
   const absl::Status dropped = scheduler_->DropUnreported(epoch, gone);
   if (!dropped.ok()) LOG(WARNING) << "could not drop them: " << dropped;
   return gone;
+}
+
+absl::Status TrainingJob::CanRegister() {
+  return shard_log_ == nullptr ? absl::OkStatus() : shard_log_->Admit();
+}
+
+void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token) {
+  if (shard_log_ == nullptr) return;
+  ShardEventData e;
+  e.kind = ShardEventData::Kind::kWorker;
+  e.worker_id = worker_id;
+  e.token = token;
+  shard_log_->Append(std::move(e));
+}
+
+void TrainingJob::LogStep(const StepStats& stats, const std::optional<PlanChange>& change) {
+  if (shard_log_ == nullptr) return;
+  ShardEventData e;
+  e.kind = ShardEventData::Kind::kStep;
+  e.epoch = stats.epoch;
+  e.step = stats.step;
+  if (change.has_value() && !stats.last_of_epoch) {  // as the aggregator applies it
+    e.changed = true;
+    e.quotas = change->later_quotas;
+  }
+  shard_log_->Append(std::move(e));
 }
 
 void TrainingJob::OnWorkerLeft(int worker_id) {
@@ -162,6 +209,12 @@ void TrainingJob::OnJobFinished(const absl::Status& status) {
     end_ = clock_->Now();
   }
   if (!final_status.ok()) aggregator_->Abort(final_status);
+  if (shard_log_ != nullptr) {
+    ShardEventData e;
+    e.kind = ShardEventData::Kind::kEnd;
+    e.status = final_status;
+    shard_log_->Append(std::move(e));
+  }
   finished_.Notify();
 }
 

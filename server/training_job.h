@@ -24,6 +24,7 @@
 #include "server/replan_window.h"
 #include "server/run_summary.h"
 #include "server/scheduler.h"
+#include "server/shard_events.h"
 #include "server/share_policy.h"
 #include "server/step_aggregator.h"
 
@@ -61,6 +62,11 @@ class TrainingJob : public SchedulerListener {
   // outlive the job.
   void SetObserver(JobObserver* observer) { observer_ = observer; }
 
+  // A sharded job's leader: everything that shapes the step barrier is appended to `log` for
+  // the other shards (see shard_events.h), and workers may register only once they all follow.
+  // Set before workers connect; it must outlive the job.
+  void SetShardLog(ShardLog* log) { shard_log_ = log; }
+
   // Continues from a checkpoint (before any worker connects). FAILED_PRECONDITION when the
   // checkpoint is of a job with another configuration.
   // Settings that shape training (TrainingSettings) must match too, unless
@@ -76,6 +82,8 @@ class TrainingJob : public SchedulerListener {
   void OnJobFinished(const absl::Status& status) override;
   absl::Status CanReport(int worker_id, int epoch) override;
   void OnWorkerLeft(int worker_id) override;
+  absl::Status CanRegister() override;
+  void OnWorkerRegistered(int worker_id, const std::string& token) override;
 
  private:
   TrainingJob(const JobConfig& config, const Clock* clock, std::string optimizer_description);
@@ -104,6 +112,9 @@ class TrainingJob : public SchedulerListener {
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
   absl::Notification finished_;
   JobObserver* observer_ = nullptr;
+  ShardLog* shard_log_ = nullptr;
+  // A completed step (and the re-plan made at it) for the shard log.
+  void LogStep(const StepStats& stats, const std::optional<PlanChange>& change);
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
   absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -76,19 +76,39 @@ class ProcessTestCase(unittest.TestCase):
 
     @staticmethod
     def worker_argv(port, *flags):
-        return [WORKER, f"--server=127.0.0.1:{port}", f"--data_dir={DATA_DIR}", *flags]
+        server = str(port) if ":" in str(port) else f"127.0.0.1:{port}"
+        return [WORKER, f"--server={server}", f"--data_dir={DATA_DIR}", *flags]
 
-    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180):
+    def start_shards(self, flags, tag, shards):
+        """dbs_ps as `shards` processes (shard 0 leads); returns (processes, --server value)."""
+        if shards == 1:
+            ps, port = self.start_ps(flags, tag)
+            return [ps], f"127.0.0.1:{port}"
+        leader, port = self.start_ps(flags + [f"--shard=0/{shards}"], tag)
+        procs, servers = [leader], [f"127.0.0.1:{port}"]
+        for i in range(1, shards):
+            p, shard_port = self.start_ps(
+                [f for f in flags if not f.startswith("--summary_path")]
+                + [f"--shard={i}/{shards}", f"--leader=127.0.0.1:{port}"], f"{tag}-shard{i}")
+            procs.append(p)
+            servers.append(f"127.0.0.1:{shard_port}")
+        return procs, ",".join(servers)
+
+    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180, shards=1):
         """A 2-epoch job with the fixed split (deterministic), one worker per entry of
         `worker_flags`; waits for every process to exit 0 and returns the summary."""
         summary = os.path.join(self.tmp, f"{tag}.json")
-        ps, port = self.start_ps([f"--workers={len(worker_flags)}", "--epochs=2",
-                                  "--policy=fixed", f"--summary_path={summary}"] + ps_flags, tag)
-        procs = [self.spawn(self.worker_argv(port, f"--name={tag}-{i}", "--log_every_s=30",
+        servers, server = self.start_shards(
+            [f"--workers={len(worker_flags)}", "--epochs=2", "--policy=fixed",
+             f"--summary_path={summary}"] + ps_flags, tag, shards)
+        procs = [self.spawn(self.worker_argv(server, f"--name={tag}-{i}", "--log_every_s=30",
                                              *flags))
                  for i, flags in enumerate(worker_flags)]
-        _, err = ps.communicate(timeout=timeout)
-        self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+        self.shard_outs = []
+        for ps in servers:
+            out, err = ps.communicate(timeout=timeout)
+            self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
+            self.shard_outs.append(out.decode())
         self.worker_errs = []
         for p in procs:
             _, werr = p.communicate(timeout=60)
@@ -376,6 +396,74 @@ class StreamedPushTest(ProcessTestCase):
         print(f"whole messages and 64 KiB chunks: train losses "
               f"{[e['train_loss'] for e in chunked['epochs']]}, {len(w_chunked)} exported bytes "
               f"identical")
+
+
+class ShardedJobTest(ProcessTestCase):
+    """Issue 11 item 4: the model split across several dbs_ps processes (--shard=i/k) trains
+    exactly as one server does, re-plans included."""
+
+    def run_job(self, tag, shards, chunk_kb=0):
+        exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(3)]
+        s = self.run_fixed_job(tag, ["--global_batch=48"], [
+            ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
+             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}"]
+            for slow, export in zip(["1", "2", "4"], exports)], shards=shards)
+        exported = []
+        for e in exports:
+            with open(e, "rb") as f:
+                exported.append(f.read())
+        return s, exported
+
+    def test_two_and_three_shards_train_bit_identically_to_one(self):
+        one, w_one = self.run_job("one", 1)
+        two, w_two = self.run_job("two", 2)
+        self.assertIn("dbs_ps shard 1/2: the job finished; parameter version 126",
+                      self.shard_outs[1])
+        three, w_three = self.run_job("three", 3, chunk_kb=64)  # streamed pieces per shard
+        for s in (two, three):
+            self.assertEqual([e["train_loss"] for e in one["epochs"]],
+                             [e["train_loss"] for e in s["epochs"]])
+            self.assertEqual(one["final_test_accuracy"], s["final_test_accuracy"])
+        for w in w_two + w_three:
+            self.assertEqual(w, w_one[0], "the exported parameters differ")
+        print(f"1, 2 and 3 shards: train losses {[e['train_loss'] for e in one['epochs']]}, "
+              f"{len(w_one[0])} exported bytes identical on every worker")
+
+    def test_dbs_re_plans_reach_every_shard(self):
+        # Uneven workers and a short re-plan window: the plan changes between and within
+        # epochs, and the followers' barriers must expect the new batches at once.
+        rc, out, err, out_dir = self.launch(
+            "sharded", "--workers=3", "--ps_shards=3", "--slowdown=1,2,6", "--epochs=3",
+            "--global_batch=48", "--train_limit=3000", "--test_limit=600", "--model=mlp",
+            "--replan_window_steps=4")
+        self.assertEqual(rc, 0, out + err)
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "ok")
+        batches = [sorted(w["batch_size"] for w in e["workers"]) for e in s["epochs"]]
+        self.assertNotEqual(batches[0], batches[-1], "DBS never moved the split")
+        with open(os.path.join(out_dir, "ps.log")) as f:
+            self.assertIn("re-planned after step", f.read())
+        for i in (1, 2):
+            with open(os.path.join(out_dir, f"ps-{i}.log")) as f:
+                self.assertIn(f"dbs_ps shard {i}/3: the job finished", f.read())
+        self.assertGreater(s["final_test_accuracy"], 0.6)
+
+    def test_a_follower_with_other_settings_is_refused(self):
+        leader, port = self.start_ps(["--workers=1", "--shard=0/2", "--lr=0.05"], "leader")
+        rc, out, err = self.run_cmd(
+            [PS, "--host=127.0.0.1", "--port=0", "--workers=1", "--shard=1/2", "--lr=0.1",
+             f"--leader=127.0.0.1:{port}"], timeout=60)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("other training settings than the leader", err)
+        self.assertIn("lr 0.1 (leader: 0.05)", err)
+        # Workers may not register while a shard is missing: the leader says which.
+        rc, out, err = self.run_cmd(
+            self.worker_argv(port, "--name=early", "--connect_timeout_s=2", "--train_limit=500",
+                             "--model=mlp"), timeout=60)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("waiting for shard(s) 1 of 2 to connect", err)
+        self.assertIsNone(leader.poll())
 
 
 class WireDtypeTest(ProcessTestCase):

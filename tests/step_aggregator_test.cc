@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/status_matchers.h"
+#include "tests/push_outcome.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,14 +22,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::FloatNear;
 using ::testing::HasSubstr;
-
-// Collects the result a push's callback receives.
-struct Outcome {
-  std::optional<absl::StatusOr<StepResult>> result;
-  StepAggregator::Done callback() {
-    return [this](const absl::StatusOr<StepResult>& r) { result = r; };
-  }
-};
 
 class StepAggregatorTest : public ::testing::Test {
  protected:

@@ -67,6 +67,15 @@ class GrpcPsClient : public PsClient {
   bool TakeReconnected() override;
   void Interrupt() override;
 
+  // For a shard of a sharded job that follows the server this worker registered with: the
+  // credential and wire dtype that registration gave, instead of registering here.
+  void AdoptRegistration(std::string token, WireDtype wire_dtype) {
+    token_ = std::move(token);
+    wire_dtype_ = wire_dtype;
+  }
+  const std::string& token() const { return token_; }
+  WireDtype wire_dtype() const { return wire_dtype_; }
+
  private:
   // Runs `rpc` (a call on a fresh context with the deadline above), retrying with backoff while
   // the server is unavailable or an attempt timed out, for at most `connect_timeout`; a waiting

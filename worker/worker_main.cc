@@ -4,6 +4,7 @@
 
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,13 @@
 #include "common/status_macros.h"
 #include "worker/dataset.h"
 #include "worker/grpc_ps_client.h"
+#include "worker/sharded_ps_client.h"
 #include "worker/torch_learner.h"
 #include "worker/training_loop.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Address of dbs_ps (host:port).");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "Address of dbs_ps (host:port); for a sharded job every shard's, comma-separated, "
+          "shard 0 first.");
 ABSL_FLAG(std::string, name, "", "Worker name, unique in the job (default host:pid).");
 ABSL_FLAG(std::string, model, "cnn",
           "Model to train: 'cnn', 'mlp', or the path of a TorchScript file saved from Python "
@@ -287,8 +291,8 @@ int main(int argc, char** argv) {
   }
 
   std::cout << "[" << config->loop.name << "] " << (*learner)->DescribeData() << std::endl;
-  dbs::GrpcPsClient client(config->client);
-  dbs::TrainingLoop loop(config->loop, learner->get(), &client, &clock);
+  std::unique_ptr<dbs::PsClient> client = dbs::MakePsClient(config->client);
+  dbs::TrainingLoop loop(config->loop, learner->get(), client.get(), &clock);
   absl::Status status;
   int signal = 0;
   {

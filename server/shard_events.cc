@@ -1,0 +1,217 @@
+#include "server/shard_events.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/secrets.h"
+#include "glog/logging.h"
+
+namespace dbs {
+
+ShardLog::ShardLog(int num_shards, std::map<std::string, std::string> settings)
+    : num_shards_(num_shards), settings_(std::move(settings)) {}
+
+absl::Status ShardLog::Join(int shard, int num_shards,
+                            const std::map<std::string, std::string>& settings) {
+  if (num_shards != num_shards_ || shard < 1 || shard >= num_shards_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this leader runs ", num_shards_, " shards; a follower started as shard ",
+                     shard, "/", num_shards, " cannot follow it (followers are 1/", num_shards_,
+                     " ... ", num_shards_ - 1, "/", num_shards_, ")"));
+  }
+  std::vector<std::string> changed;
+  for (const auto& [name, mine] : settings_) {
+    auto it = settings.find(name);
+    const std::string theirs = it == settings.end() ? "(none)" : it->second;
+    if (theirs != mine) changed.push_back(absl::StrCat(name, " ", theirs, " (leader: ", mine, ")"));
+  }
+  if (!changed.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, " was started with other training settings than the leader: ",
+                     absl::StrJoin(changed, ", "), "; start every shard with the same flags"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (joined_.count(shard) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, "/", num_shards_, " is following already"));
+  }
+  if (workers_seen_ || base_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, "/", num_shards_,
+                     " joins too late: workers have registered and the job has gone on "
+                     "without it; restart the job"));
+  }
+  joined_[shard] = 0;
+  return absl::OkStatus();
+}
+
+void ShardLog::Part(int shard) {
+  absl::MutexLock lock(&mu_);
+  joined_.erase(shard);
+}
+
+absl::Status ShardLog::Admit() const {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(joined_.size()) == num_shards_ - 1) return absl::OkStatus();
+  std::vector<int> missing;
+  for (int s = 1; s < num_shards_; ++s) {
+    if (joined_.count(s) == 0) missing.push_back(s);
+  }
+  return absl::UnavailableError(absl::StrCat("waiting for shard(s) ", absl::StrJoin(missing, ", "),
+                                             " of ", num_shards_, " to connect (dbs_ps --shard=i/",
+                                             num_shards_, " --leader=...)"));
+}
+
+void ShardLog::Append(ShardEventData event) {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    if (event.kind == ShardEventData::Kind::kWorker) workers_seen_ = true;
+    events_.push_back(std::move(event));
+    wake.swap(wakers_);
+  }
+  for (auto& w : wake) w();
+}
+
+void ShardLog::TrimLocked() {
+  if (joined_.empty()) return;
+  int64_t low = joined_.begin()->second;
+  for (const auto& [shard, next] : joined_) low = std::min(low, next);
+  while (base_ < low && !events_.empty()) {
+    events_.pop_front();
+    ++base_;
+  }
+}
+
+bool ShardLog::Next(int shard, int64_t next, ShardEventData* out, std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = joined_.find(shard); it != joined_.end()) {
+    it->second = std::max(it->second, next);
+    TrimLocked();
+  }
+  if (next < base_) {  // cannot happen: a follower reads in order
+    out->kind = ShardEventData::Kind::kEnd;
+    out->status = absl::DataLossError("the leader no longer holds the events this shard needs");
+    return true;
+  }
+  const int64_t i = next - base_;
+  if (i < static_cast<int64_t>(events_.size())) {
+    *out = events_[static_cast<size_t>(i)];
+    return true;
+  }
+  wakers_.push_back(std::move(wake));
+  return false;
+}
+
+ShardFollower::ShardFollower(StepAggregator* aggregator, absl::Duration wait)
+    : aggregator_(aggregator), wait_(wait) {}
+
+void ShardFollower::Apply(const ShardEventData& e) {
+  switch (e.kind) {
+    case ShardEventData::Kind::kWorker: {
+      absl::MutexLock lock(&mu_);
+      tokens_[e.worker_id] = e.token;
+      return;
+    }
+    case ShardEventData::Kind::kEpoch: {
+      aggregator_->BeginEpoch(e.epoch, e.quotas);
+      absl::MutexLock lock(&mu_);
+      epoch_ = e.epoch;
+      done_ = 0;
+      return;
+    }
+    case ShardEventData::Kind::kStep:
+      ApplyStep(e);
+      return;
+    case ShardEventData::Kind::kEnd:
+      if (!e.status.ok()) aggregator_->Abort(e.status);
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      end_ = e.status;
+      return;
+  }
+}
+
+void ShardFollower::ApplyStep(const ShardEventData& e) {
+  // The leader removed workers that missed this step. Those that did push it here stay in
+  // this shard's step (their values arrived; nothing accepted is lost); the others are evicted
+  // as the leader evicted them, and the step completes once the survivors have pushed.
+  bool evicted = false;
+  for (int attempt = 0; attempt < 3 && !e.dead.empty() && !evicted; ++attempt) {
+    const StepProgress p = aggregator_->Progress();
+    if (p.epoch != e.epoch || p.step != e.step) break;
+    std::set<int> missing;
+    for (int id : p.waiting_for) {
+      if (e.dead.count(id) > 0) missing.insert(id);
+    }
+    if (missing.empty()) break;
+    if (aggregator_->Evict(e.epoch, e.step, missing)) {
+      aggregator_->CompleteEviction(PlanChange{e.quotas, {}});
+      evicted = true;
+    }
+  }
+  if (!evicted && (e.changed || !e.dead.empty()) &&
+      !aggregator_->ReviseFrom(e.epoch, e.step, e.quotas)) {
+    LOG(ERROR) << "shard follower: could not apply the leader's re-plan at epoch " << e.epoch
+               << " step " << e.step;
+  }
+  absl::MutexLock lock(&mu_);
+  if (e.epoch == epoch_) done_ = std::max(done_, e.step + 1);
+}
+
+void ShardFollower::Lost(const absl::Status& why) {
+  aggregator_->Abort(why);
+  absl::MutexLock lock(&mu_);
+  if (!ended_) {
+    ended_ = true;
+    end_ = why;
+  }
+}
+
+absl::Status ShardFollower::Gate(int epoch, int step) {
+  absl::MutexLock lock(&mu_);
+  auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ended_ || epoch < epoch_) return true;
+    if (epoch == epoch_) return step <= done_ || step > done_ + 1;  // too far ahead: refused later
+    return epoch > epoch_ + 1 || step > 0;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&open), wait_)) return end_;
+  return absl::UnavailableError(absl::StrCat(
+      "this shard has not heard from the leader about epoch ", epoch, " step ", step, " within ",
+      absl::FormatDuration(wait_), " (it is at epoch ", epoch_, ", ", done_, " steps done)"));
+}
+
+absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token) {
+  absl::MutexLock lock(&mu_);
+  auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ended_ || tokens_.count(worker_id) > 0;
+  };
+  // Only an id the leader may be about to announce is waited for.
+  const bool plausible = worker_id >= 0 && worker_id <= static_cast<int>(tokens_.size()) + 64;
+  if (plausible) mu_.AwaitWithTimeout(absl::Condition(&known), wait_);
+  auto it = tokens_.find(worker_id);
+  if (it == tokens_.end()) return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  if (token.empty()) {
+    return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
+  }
+  if (!ConstantTimeEquals(token, it->second)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the token does not belong to worker ", worker_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardFollower::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&ended_));
+  return end_;
+}
+
+bool ShardFollower::WaitFor(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&ended_), timeout);
+}
+
+}  // namespace dbs

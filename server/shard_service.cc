@@ -1,0 +1,215 @@
+#include "server/shard_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/backoff.h"
+#include "common/grpc_status.h"
+#include "common/secrets.h"
+#include "glog/logging.h"
+
+namespace dbs {
+
+namespace {
+
+void ToProto(const ShardEventData& e, v1::ShardEvent* out) {
+  out->set_kind(static_cast<v1::ShardEvent::Kind>(e.kind));
+  out->set_worker_id(e.worker_id);
+  out->set_token(e.token);
+  out->set_epoch(e.epoch);
+  out->set_step(e.step);
+  for (const auto& q : e.quotas) {
+    auto* sq = out->add_quotas()->mutable_samples();
+    for (const auto& [id, n] : q) (*sq)[id] = n;
+  }
+  out->set_changed(e.changed);
+  for (int id : e.dead) out->add_dead(id);
+  out->set_code(static_cast<int>(e.status.code()));
+  out->set_message(std::string(e.status.message()));
+}
+
+ShardEventData FromProto(const v1::ShardEvent& in) {
+  ShardEventData e;
+  e.kind = static_cast<ShardEventData::Kind>(in.kind());
+  e.worker_id = in.worker_id();
+  e.token = in.token();
+  e.epoch = in.epoch();
+  e.step = in.step();
+  for (const auto& q : in.quotas()) {
+    e.quotas.emplace_back(q.samples().begin(), q.samples().end());
+  }
+  e.changed = in.changed();
+  e.dead.insert(in.dead().begin(), in.dead().end());
+  e.status = absl::Status(static_cast<absl::StatusCode>(in.code()), in.message());
+  return e;
+}
+
+// Writes the log's events to one follower, one at a time, waiting on the log when it has read
+// them all. The log's wake-ups reach it through `state`, which outlives the reactor.
+class FollowReactor : public grpc::ServerWriteReactor<v1::ShardEvent> {
+ public:
+  struct State {
+    absl::Mutex mu;
+    FollowReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  FollowReactor(ShardLog* log, int shard)
+      : log_(log), shard_(shard), state_(std::make_shared<State>()) {
+    absl::MutexLock lock(&state_->mu);
+    state_->reactor = this;
+    WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&state_->mu);
+    writing_ = false;
+    if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+    ++next_;
+    if (ended_) return FinishLocked(grpc::Status::OK);
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&state_->mu);
+    if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "follower went away"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    if (!clean_) {
+      log_->Part(shard_);
+      LOG(WARNING) << "shard " << shard_ << " stopped following";
+    }
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (finished_) return;
+    ShardEventData e;
+    std::weak_ptr<State> weak = state_;
+    const bool ready = log_->Next(shard_, next_, &e, [weak] {
+      std::shared_ptr<State> s = weak.lock();
+      if (s == nullptr) return;
+      absl::MutexLock lock(&s->mu);
+      if (s->reactor != nullptr) s->reactor->WakeLocked();
+    });
+    if (!ready) return;
+    ended_ = e.kind == ShardEventData::Kind::kEnd;
+    event_.Clear();
+    ToProto(e, &event_);
+    writing_ = true;
+    StartWrite(&event_);
+  }
+  void WakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (!writing_) WriteNextLocked();
+  }
+  void FinishLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (finished_) return;
+    finished_ = true;
+    clean_ = s.ok();
+    Finish(s);
+  }
+
+  ShardLog* const log_;
+  const int shard_;
+  const std::shared_ptr<State> state_;
+  v1::ShardEvent event_;
+  int64_t next_ = 0;
+  bool writing_ = false;
+  bool ended_ = false;
+  bool finished_ = false;
+  bool clean_ = false;
+};
+
+class RefusedWrite : public grpc::ServerWriteReactor<v1::ShardEvent> {
+ public:
+  explicit RefusedWrite(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ShardEvent>* ShardServiceImpl::Follow(
+    grpc::CallbackServerContext* ctx, const v1::FollowRequest* request) {
+  if (!job_token_.empty() && !ConstantTimeEquals(ClientMetadata(ctx, kJobTokenKey), job_token_)) {
+    return new RefusedWrite(
+        absl::UnauthenticatedError("Follow needs the job's secret (dbs_ps --job_token)"));
+  }
+  const std::map<std::string, std::string> settings(request->settings().begin(),
+                                                    request->settings().end());
+  const absl::Status joined = log_->Join(request->shard(), request->num_shards(), settings);
+  if (!joined.ok()) return new RefusedWrite(joined);
+  LOG(INFO) << "shard " << request->shard() << "/" << request->num_shards() << " follows";
+  return new FollowReactor(log_, request->shard());
+}
+
+absl::Status LeaderLink::Run() {
+  auto channel = grpc::CreateChannel(config_.leader, config_.credentials);
+  auto stub = v1::ShardService::NewStub(channel);
+  v1::FollowRequest req;
+  req.set_shard(config_.shard);
+  req.set_num_shards(config_.num_shards);
+  for (const auto& [k, v] : config_.settings) (*req.mutable_settings())[k] = v;
+  Backoff backoff(BackoffConfig{});
+  const absl::Time deadline = absl::Now() + config_.connect_timeout;
+  absl::Status result;
+  bool ended = false;
+  while (!ended) {
+    grpc::ClientContext ctx;
+    if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("stopped");
+      current_ = &ctx;
+    }
+    std::unique_ptr<grpc::ClientReader<v1::ShardEvent>> reader = stub->Follow(&ctx, req);
+    v1::ShardEvent event;
+    int64_t read = 0;
+    while (reader->Read(&event)) {
+      ++read;
+      ShardEventData e = FromProto(event);
+      follower_->Apply(e);
+      if (e.kind == ShardEventData::Kind::kEnd) {
+        ended = true;
+        result = e.status;
+      }
+    }
+    const grpc::Status s = reader->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      current_ = nullptr;
+      if (cancelled_) return absl::CancelledError("stopped");
+    }
+    if (ended) break;
+    // Not reachable yet (the leader starts later): retry. Anything else, or a stream that had
+    // begun, is the end of this shard's part in the job.
+    const absl::Duration delay = backoff.Next();
+    if (read > 0 || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + delay >= deadline) {
+      result = absl::UnavailableError(
+          absl::StrCat(read > 0 ? "lost the leader at " : "could not follow the leader at ",
+                       config_.leader, ": ", s.error_message()));
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+          s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        result = absl::FailedPreconditionError(
+            absl::StrCat("the leader at ", config_.leader, " refused: ", s.error_message()));
+      }
+      follower_->Lost(result);
+      return result;
+    }
+    absl::SleepFor(delay);
+  }
+  return result;
+}
+
+void LeaderLink::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (current_ != nullptr) current_->TryCancel();
+}
+
+}  // namespace dbs

@@ -1,0 +1,64 @@
+// The ShardService adapter (dbs.v1.ShardService.Follow on the leader of a sharded job) and the
+// follower's side of it. They carry ShardLog's events (server/shard_events.h) between processes;
+// the logic is in ShardLog and ShardFollower.
+#ifndef DBS_SERVER_SHARD_SERVICE_H_
+#define DBS_SERVER_SHARD_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/dbs.grpc.pb.h"
+#include "server/shard_events.h"
+
+namespace dbs {
+
+class ShardServiceImpl final : public v1::ShardService::CallbackService {
+ public:
+  // `log` must outlive the service. With a `job_token`, Follow requires it.
+  ShardServiceImpl(ShardLog* log, std::string job_token)
+      : log_(log), job_token_(std::move(job_token)) {}
+
+  grpc::ServerWriteReactor<v1::ShardEvent>* Follow(grpc::CallbackServerContext* ctx,
+                                                   const v1::FollowRequest* request) override;
+
+ private:
+  ShardLog* const log_;
+  const std::string job_token_;
+};
+
+struct FollowConfig {
+  std::string leader;  // host:port of shard 0
+  int shard = 1;
+  int num_shards = 2;
+  std::map<std::string, std::string> settings;  // this shard's TrainingSettings
+  std::string job_token;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  absl::Duration connect_timeout = absl::Minutes(2);  // for the leader to come up
+};
+
+// Follows the leader until the job ends, applying its events to `follower`; connects with
+// retries for at most `connect_timeout`. Returns how following ended (OK after the job's end);
+// on any error `follower` has been told the leader is lost. Cancel() ends it early.
+class LeaderLink {
+ public:
+  LeaderLink(FollowConfig config, ShardFollower* follower)
+      : config_(std::move(config)), follower_(follower) {}
+  absl::Status Run();
+  void Cancel();
+
+ private:
+  const FollowConfig config_;
+  ShardFollower* const follower_;
+  absl::Mutex mu_;
+  grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_SHARD_SERVICE_H_
