@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The data-plane benchmark: one synchronous step of dbs_ps against gloo all_reduce, same machine.
 
-For each model size it starts dbs_ps (--workers=4, fixed split, one epoch) on a loopback port it
+For each model size it starts dbs_ps (--workers=4, fixed split, one epoch; for the /Kshards
+variants K of them, --shard=i/K) on a loopback port it
 picks itself, runs bench/dataplane_client (4 fake workers using the workers' own C++ client: push a
 gradient, receive the parameters) and reads the step time, the server's CPU and page faults per
 step and its peak RSS; then it runs PyTorch's gloo all_reduce among 4 processes of the same size.
@@ -60,29 +61,47 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_ps(argv, port_file):
+    """Starts one dbs_ps; returns (process, port) once it serves."""
+    ps = subprocess.Popen(argv + [f"--port_file={port_file}"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while not os.path.exists(port_file):
+        if ps.poll() is not None or time.time() > deadline:
+            ps.kill()
+            raise RuntimeError("dbs_ps did not start: " + ps.stderr.read().decode()[-2000:])
+        time.sleep(0.05)
+    return ps, open(port_file).read().strip()
+
+
 def run_dbs(args, n, variant):
+    """One dbs_ps (or, for a variant like 'fp32/2shards', that many shards) and the client."""
     wire_dtype, _, mode = variant.partition("/")
+    shards = int(mode[:-len("shards")]) if mode.endswith("shards") else 1
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
-        port_file = os.path.join(tmp, "port")
-        ps_argv = [args.ps_bin, "--host=127.0.0.1", "--port=0", f"--port_file={port_file}",
+        ps_argv = [args.ps_bin, "--host=127.0.0.1", "--port=0",
                    f"--workers={args.clients}", f"--global_batch={args.clients}", "--epochs=1",
                    "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
-                   f"--summary_path={os.path.join(tmp, 'summary.json')}",
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
         ps_argv.append(f"--wire_dtype={wire_dtype}")
         ps_argv.append(f"--deterministic={'false' if mode == 'arrival' else 'true'}")
-        ps = subprocess.Popen(ps_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs = []
         try:
-            deadline = time.time() + 30
-            while not os.path.exists(port_file):
-                if ps.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("dbs_ps did not start: " + ps.stderr.read().decode()[-2000:])
-                time.sleep(0.05)
-            port = open(port_file).read().strip()
+            leader, port = start_ps(
+                ps_argv + [f"--summary_path={os.path.join(tmp, 'summary.json')}",
+                           f"--shard=0/{shards}"], os.path.join(tmp, "port"))
+            procs.append(leader)
+            servers = [f"127.0.0.1:{port}"]
+            for i in range(1, shards):
+                p, shard_port = start_ps(
+                    ps_argv + ["--summary_path=", f"--shard={i}/{shards}",
+                               f"--leader=127.0.0.1:{port}"], os.path.join(tmp, f"port{i}"))
+                procs.append(p)
+                servers.append(f"127.0.0.1:{shard_port}")
             client = subprocess.run(
-                [args.client_bin, f"--server=127.0.0.1:{port}", f"--clients={args.clients}",
+                [args.client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
-                 f"--server_pid={ps.pid}",
+                 f"--server_pid={','.join(str(p.pid) for p in procs)}",
                  f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
@@ -90,8 +109,9 @@ def run_dbs(args, n, variant):
                                    f"{client.stderr[-2000:]}")
             return json.loads(client.stdout.strip().splitlines()[-1])
         finally:
-            ps.kill()
-            ps.wait()
+            for p in procs:
+                p.kill()
+                p.wait()
 
 
 def run_gloo(args, n):
@@ -139,7 +159,8 @@ def table(rows, clients, rounds):
              "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
              "Sum: in worker order (deterministic, the default) unless marked /arrival. Pushes "
              "and answers: streams of 4 MiB chunks when larger (the default) unless marked "
-             "/whole (one message each).", "",
+             "/whole (one message each). /2shards: the model split across 2 dbs_ps processes "
+             "(--shard=i/2); their CPU, faults and peak RSS are summed.", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -182,11 +203,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
-    p.add_argument("--variants", default="fp32,fp32/whole,fp32/arrival,bf16",
+    p.add_argument("--variants",
+                   default="fp32,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards",
                    help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
                         "order (deterministic, the default) and streamed in chunks (the "
                         "default), or with /arrival summed on arrival, or with /whole pushed "
-                        "as one message")
+                        "as one message, or with /Kshards split across K dbs_ps processes")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
                    help="the workers' --stream_chunk_kb")
     p.add_argument("--clients", type=int, default=4)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
@@ -28,8 +30,10 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "worker/grpc_ps_client.h"
+#include "worker/sharded_ps_client.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "dbs_ps address; for a sharded job every shard's, comma-separated, shard 0 first.");
 ABSL_FLAG(int, clients, 4, "Fake workers (dbs_ps must be started with --workers equal to this).");
 ABSL_FLAG(int64_t, params, 1000000, "Model size in floats.");
 ABSL_FLAG(int, tensors, 8, "Number of tensors the model is split into (sizes halve).");
@@ -37,7 +41,9 @@ ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
 ABSL_FLAG(int, steps, 20, "Timed steps.");
 ABSL_FLAG(int, stream_chunk_kb, 4096,
           "Gradients larger than this go as streams of chunks of this size (0: one message).");
-ABSL_FLAG(int, server_pid, 0, "dbs_ps's pid, for its CPU time, page faults and peak RSS.");
+ABSL_FLAG(std::vector<std::string>, server_pid, {},
+          "dbs_ps's pid (every shard's, comma-separated), for its CPU time, page faults and peak "
+          "RSS (summed over the shards).");
 
 namespace {
 
@@ -117,7 +123,25 @@ int main(int argc, char** argv) {
   const int64_t params = absl::GetFlag(FLAGS_params);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int steps = absl::GetFlag(FLAGS_steps);
-  const int server_pid = absl::GetFlag(FLAGS_server_pid);
+  std::vector<int> server_pids;
+  for (const std::string& p : absl::GetFlag(FLAGS_server_pid)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(p, &pid) || pid <= 0) {
+      std::fprintf(stderr, "--server_pid: '%s' is not a pid\n", p.c_str());
+      return 2;
+    }
+    server_pids.push_back(pid);
+  }
+  // Every shard's figures, summed.
+  auto server_stat = [&] {
+    ProcStat total;
+    for (int pid : server_pids) {
+      const ProcStat s = ReadProcStat(pid);
+      total.cpu_seconds += s.cpu_seconds;
+      total.minor_faults += s.minor_faults;
+    }
+    return total;
+  };
   if (clients < 1 || params < 1 || steps < 1 || warmup < 0 || absl::GetFlag(FLAGS_tensors) < 1) {
     std::fprintf(stderr, "--clients, --params, --steps and --tensors must be >= 1\n");
     return 2;
@@ -136,7 +160,8 @@ int main(int argc, char** argv) {
       config.call_timeout = absl::Seconds(300);
       config.max_message_mb = 2047;
       config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
-      dbs::GrpcPsClient client(config);
+      std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
+      dbs::PsClient& client = *owned;
       std::vector<float> values(static_cast<size_t>(params), 0.0f);
       std::vector<float> gradient(static_cast<size_t>(params));
       for (size_t i = 0; i < gradient.size(); ++i) gradient[i] = 1e-3f * ((i + c) % 17);
@@ -177,13 +202,13 @@ int main(int argc, char** argv) {
     });
   }
   start_timing.Block();
-  const ProcStat server_before = server_pid > 0 ? ReadProcStat(server_pid) : ProcStat{};
+  const ProcStat server_before = server_stat();
   const double self_before = SelfCpuSeconds();
   const absl::Time t0 = absl::Now();
   end_timing.Block();
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double self_after = SelfCpuSeconds();
-  const ProcStat server_after = server_pid > 0 ? ReadProcStat(server_pid) : ProcStat{};
+  const ProcStat server_after = server_stat();
   for (std::thread& t : threads) t.join();
   for (const ClientResult& r : results) {
     if (!r.status.ok()) {
@@ -207,12 +232,15 @@ int main(int argc, char** argv) {
       {"wall_ms_per_step", 1e3 * wall / steps},
       {"client_cpu_ms_per_step", 1e3 * (self_after - self_before) / steps / clients},
   };
-  if (server_pid > 0) {
+  if (!server_pids.empty()) {
     out["server_cpu_ms_per_step"] =
         1e3 * (server_after.cpu_seconds - server_before.cpu_seconds) / steps;
     out["server_faults_per_step"] =
         static_cast<double>(server_after.minor_faults - server_before.minor_faults) / steps;
-    out["server_peak_rss_bytes"] = PeakRss(server_pid);
+    long long rss = 0;
+    for (int pid : server_pids) rss += PeakRss(pid);
+    out["server_peak_rss_bytes"] = rss;
+    out["shards"] = server_pids.size();
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;

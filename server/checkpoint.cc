@@ -283,20 +283,23 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobSta
 }
 
 absl::StatusOr<JobState> LoadNewestCheckpoint(const std::string& dir,
-                                              std::vector<std::string>* refused,
-                                              std::string* path) {
+                                              std::vector<std::string>* refused, std::string* path,
+                                              const std::function<bool(const JobState&)>& wanted) {
   for (const auto& [seq, file] : ListCheckpoints(dir)) {
     std::ifstream f(file, std::ios::binary);
     std::stringstream buf;
     buf << f.rdbuf();
     absl::StatusOr<JobState> st = DecodeCheckpoint(buf.str());
-    if (st.ok()) {
+    if (st.ok() && (!wanted || wanted(*st))) {
       if (path != nullptr) *path = file;
       return st;
     }
-    if (refused != nullptr) refused->push_back(absl::StrCat(file, ": ", st.status().message()));
+    if (!st.ok() && refused != nullptr) {
+      refused->push_back(absl::StrCat(file, ": ", st.status().message()));
+    }
   }
-  return absl::NotFoundError(absl::StrCat("no valid checkpoint in ", dir));
+  return absl::NotFoundError(
+      absl::StrCat("no valid checkpoint", wanted ? " of that step" : "", " in ", dir));
 }
 
 }  // namespace dbs

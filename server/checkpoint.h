@@ -14,6 +14,7 @@
 #ifndef DBS_SERVER_CHECKPOINT_H_
 #define DBS_SERVER_CHECKPOINT_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,11 +43,12 @@ absl::StatusOr<JobState> DecodeCheckpoint(const std::string& bytes);
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobState& state,
                                             int keep = 3);
 
-// The newest checkpoint in `dir` that decodes; each refused file is listed in `refused` as
-// "path: reason". NOT_FOUND when there is none.
-absl::StatusOr<JobState> LoadNewestCheckpoint(const std::string& dir,
-                                              std::vector<std::string>* refused,
-                                              std::string* path = nullptr);
+// The newest checkpoint in `dir` that decodes (and that `wanted` accepts, when given); each
+// file that does not decode is listed in `refused` as "path: reason". NOT_FOUND when there is
+// none.
+absl::StatusOr<JobState> LoadNewestCheckpoint(
+    const std::string& dir, std::vector<std::string>* refused, std::string* path = nullptr,
+    const std::function<bool(const JobState&)>& wanted = nullptr);
 
 }  // namespace dbs
 

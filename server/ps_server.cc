@@ -48,11 +48,6 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   if (c.shard == 0 && !c.leader.empty()) {
     return absl::InvalidArgumentError("shard 0 is the leader: --leader is for shards 1..k-1");
   }
-  if (c.num_shards > 1 && !c.job.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "checkpoints of a sharded job are not supported yet: run it without --checkpoint_dir, "
-        "or with one shard");
-  }
   if (c.supervise_every <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("supervise_every must be > 0");
   }
@@ -82,10 +77,21 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
     job_->SetShardLog(shard_log_.get());
   } else if (follower()) {
     // The leader decides every step's workers and samples; this shard's barrier follows it.
-    follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(30));
+    follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));
     job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
     parameter_service_.SetGate(
         [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });
+    follower_->SetOnFirstEvent([this] {
+      serving_.store(true);
+      if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(true);
+    });
+    if (!config.job.checkpoint_dir.empty()) {
+      follower_->SetCheckpointing(
+          [job = job_.get()] { return job->SaveCheckpoint(); },
+          [this](int64_t version, int epoch, int step, const StepQuotas& quotas) {
+            return RestoreShard(version, epoch, step, quotas);
+          });
+    }
   }
 }
 
@@ -113,6 +119,7 @@ absl::Status PsServer::StartFollowing() {
     tls.pem_cert_chain = config_.tls_cert_pem;
     f.credentials = grpc::SslCredentials(tls);
   }
+  if (config_.restore || config_.restore_if_present) f.checkpoints = CheckpointsHeld();
   link_ = std::make_unique<LeaderLink>(std::move(f), follower_.get());
   link_thread_ = std::thread([this] {
     const absl::Status s = link_->Run();
@@ -129,7 +136,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
   // The port opens first, NOT_SERVING (its calls answered UNAVAILABLE, which workers retry),
   // so an orchestrator sees a live process that is not ready while a checkpoint loads.
   DBS_RETURN_IF_ERROR(server->Listen());
-  if (config.restore || config.restore_if_present) {
+  // A follower restores when its leader says from which step (ShardFollower, RESUME).
+  if ((config.restore || config.restore_if_present) && config.shard == 0) {
     const absl::Status restored = server->RestoreNewestCheckpoint();
     if (absl::IsNotFound(restored) && config.restore_if_present && !config.restore) {
       LOG(INFO) << "no checkpoint in " << config.job.checkpoint_dir << ": starting a new job";
@@ -137,6 +145,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
       return restored;
     }
   }
+  if (server->shard_log_ != nullptr) server->shard_log_->SeedFresh();
   DBS_RETURN_IF_ERROR(server->Open());
   if (server->follower()) DBS_RETURN_IF_ERROR(server->StartFollowing());
   DBS_RETURN_IF_ERROR(server->StartHttp());
@@ -144,8 +153,13 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
 }
 
 absl::Status PsServer::Open() {
-  serving_.store(true);
-  server_->GetHealthCheckService()->SetServingStatus(true);
+  // A follower that may restore serves once the leader has said where the job stands (its
+  // first event): until then its parameters may be about to be replaced.
+  const bool wait_for_leader = follower() && (config_.restore || config_.restore_if_present);
+  if (!wait_for_leader) {
+    serving_.store(true);
+    server_->GetHealthCheckService()->SetServingStatus(true);
+  }
   if (!config_.port_file.empty()) {
     DBS_RETURN_IF_ERROR(WriteFileAtomic(config_.port_file, absl::StrCat(port_, "\n")));
   }
@@ -177,11 +191,82 @@ absl::Status PsServer::StartHttp() {
   return absl::OkStatus();
 }
 
-absl::Status PsServer::RestoreNewestCheckpoint() {
+absl::Status PsServer::RestoreShard(int64_t version, int epoch, int step,
+                                    const StepQuotas& quotas) {
+  if (!config_.restore && !config_.restore_if_present) {
+    return absl::FailedPreconditionError("start this shard with --restore");
+  }
   std::vector<std::string> refused;
   std::string path;
   absl::StatusOr<JobState> state =
-      LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused, &path);
+      LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused, &path, [&](const JobState& st) {
+        return st.aggregator.store.version == version && st.aggregator.epoch == epoch &&
+               st.aggregator.step == step;
+      });
+  for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
+  if (!state.ok()) return state.status();
+  DBS_RETURN_IF_ERROR(job_->RestoreShard(*state, quotas, config_.restore_override));
+  LOG(INFO) << "shard " << config_.shard << "/" << config_.num_shards << " restored " << path
+            << ": epoch " << epoch + 1 << ", step " << step + 1 << ", parameter version "
+            << version;
+  return absl::OkStatus();
+}
+
+namespace {
+
+CheckpointAt PositionOf(const JobState& st) {
+  return {st.aggregator.store.version, st.aggregator.epoch, st.aggregator.step};
+}
+
+std::string Describe(const std::set<CheckpointAt>& positions) {
+  std::string out;
+  for (const CheckpointAt& c : positions) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "version ", c.version, " (epoch ", c.epoch + 1,
+                    " step ", c.step + 1, ")");
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::set<CheckpointAt> PsServer::CheckpointsHeld() const {
+  std::set<CheckpointAt> held;
+  // Every checkpoint that decodes, newest first; none is kept in memory.
+  (void)LoadNewestCheckpoint(config_.job.checkpoint_dir, nullptr, nullptr, [&](const JobState& st) {
+    held.insert(PositionOf(st));
+    return false;
+  });
+  return held;
+}
+
+absl::Status PsServer::RestoreNewestCheckpoint() {
+  std::vector<std::string> refused;
+  std::string path;
+  std::function<bool(const JobState&)> wanted;
+  std::map<int, std::set<CheckpointAt>> followers;
+  if (shard_log_ != nullptr) {
+    // A sharded job continues from the newest step every shard holds a checkpoint of.
+    LOG(INFO) << "waiting for the other " << config_.num_shards - 1
+              << " shard(s) to say which checkpoints they hold";
+    DBS_ASSIGN_OR_RETURN(followers, shard_log_->AwaitFollowers(config_.job.stall_timeout));
+    wanted = [&](const JobState& st) {
+      for (const auto& [shard, held] : followers) {
+        if (held.count(PositionOf(st)) == 0) return false;
+      }
+      return true;
+    };
+  }
+  absl::StatusOr<JobState> state =
+      LoadNewestCheckpoint(config_.job.checkpoint_dir, &refused, &path, wanted);
+  if (!state.ok() && shard_log_ != nullptr && !CheckpointsHeld().empty()) {
+    std::string held = absl::StrCat("this shard holds ", Describe(CheckpointsHeld()));
+    for (const auto& [shard, positions] : followers) {
+      absl::StrAppend(&held, "; shard ", shard, " holds ", Describe(positions));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("no checkpoint of the same step is held by every shard (", held,
+                     "): restart every shard with its own --checkpoint_dir"));
+  }
   for (const std::string& r : refused) LOG(ERROR) << "refusing checkpoint " << r;
   if (!state.ok()) return state.status();
   DBS_RETURN_IF_ERROR(job_->Restore(*state, config_.restore_override));
@@ -254,7 +339,8 @@ absl::Status PsServer::Run(std::ostream& out) {
   }
   const absl::Status result = job_->Wait();
   server_->GetHealthCheckService()->SetServingStatus(false);
-  if (stopped_.load() && !config_.job.checkpoint_dir.empty()) {
+  // (Not for a sharded job: the other shards could not write one of the same step.)
+  if (stopped_.load() && !config_.job.checkpoint_dir.empty() && config_.num_shards == 1) {
     // Stopped from outside (SIGTERM from an orchestrator): keep everything done so far, so a
     // restart with --restore continues from here.
     const absl::Status saved = job_->SaveCheckpoint();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <iosfwd>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -86,7 +87,13 @@ class PsServer {
 
  private:
   PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job, const Clock* clock);
+  // The newest valid checkpoint; a sharded job's leader waits for its followers first and takes
+  // the newest that every shard holds.
   absl::Status RestoreNewestCheckpoint();
+  // Where each valid checkpoint in the checkpoint directory stands.
+  std::set<CheckpointAt> CheckpointsHeld() const;
+  // A follower: its own checkpoint of the leader's restored step (see ShardFollower).
+  absl::Status RestoreShard(int64_t version, int epoch, int step, const StepQuotas& quotas);
   // Binds the port and starts the services, NOT_SERVING.
   absl::Status Listen();
   // Serves: health SERVING, calls accepted, the port file written.

@@ -14,7 +14,8 @@ ShardLog::ShardLog(int num_shards, std::map<std::string, std::string> settings)
     : num_shards_(num_shards), settings_(std::move(settings)) {}
 
 absl::Status ShardLog::Join(int shard, int num_shards,
-                            const std::map<std::string, std::string>& settings) {
+                            const std::map<std::string, std::string>& settings,
+                            std::set<CheckpointAt> checkpoints) {
   if (num_shards != num_shards_ || shard < 1 || shard >= num_shards_) {
     return absl::FailedPreconditionError(
         absl::StrCat("this leader runs ", num_shards_, " shards; a follower started as shard ",
@@ -44,12 +45,26 @@ absl::Status ShardLog::Join(int shard, int num_shards,
                      "without it; restart the job"));
   }
   joined_[shard] = 0;
+  checkpoints_[shard] = std::move(checkpoints);
   return absl::OkStatus();
 }
 
 void ShardLog::Part(int shard) {
   absl::MutexLock lock(&mu_);
   joined_.erase(shard);
+  checkpoints_.erase(shard);
+}
+
+absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
+    absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(joined_.size()) == num_shards_ - 1;
+    };
+    if (mu_.AwaitWithTimeout(absl::Condition(&all), timeout)) return checkpoints_;
+  }
+  return Admit();
 }
 
 absl::Status ShardLog::Admit() const {
@@ -75,8 +90,30 @@ void ShardLog::Append(ShardEventData event) {
   for (auto& w : wake) w();
 }
 
+void ShardLog::Seed(std::vector<ShardEventData> events) {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    for (ShardEventData& e : events) events_.push_back(std::move(e));
+    wake.swap(wakers_);
+  }
+  for (auto& w : wake) w();
+}
+
+void ShardLog::SeedFresh() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!events_.empty() || base_ > 0) return;
+  }
+  ShardEventData fresh;
+  fresh.kind = ShardEventData::Kind::kResume;
+  fresh.version = -1;
+  Seed({fresh});
+}
+
 void ShardLog::TrimLocked() {
-  if (joined_.empty()) return;
+  // Until every follower has joined, each must still read the log from its start.
+  if (static_cast<int>(joined_.size()) < num_shards_ - 1) return;
   int64_t low = joined_.begin()->second;
   for (const auto& [shard, next] : joined_) low = std::min(low, next);
   while (base_ < low && !events_.empty()) {
@@ -109,6 +146,15 @@ ShardFollower::ShardFollower(StepAggregator* aggregator, absl::Duration wait)
     : aggregator_(aggregator), wait_(wait) {}
 
 void ShardFollower::Apply(const ShardEventData& e) {
+  ApplyEvent(e);
+  if (first_) {
+    std::function<void()> first = std::move(first_);
+    first_ = nullptr;
+    first();
+  }
+}
+
+void ShardFollower::ApplyEvent(const ShardEventData& e) {
   switch (e.kind) {
     case ShardEventData::Kind::kWorker: {
       absl::MutexLock lock(&mu_);
@@ -120,10 +166,20 @@ void ShardFollower::Apply(const ShardEventData& e) {
       absl::MutexLock lock(&mu_);
       epoch_ = e.epoch;
       done_ = 0;
+      awaiting_checkpoint_ = e.checkpoint;
       return;
     }
     case ShardEventData::Kind::kStep:
       ApplyStep(e);
+      return;
+    case ShardEventData::Kind::kCheckpoint: {
+      if (e.checkpoint) SaveNow(e.epoch);
+      absl::MutexLock lock(&mu_);
+      awaiting_checkpoint_ = false;
+      return;
+    }
+    case ShardEventData::Kind::kResume:
+      ApplyResume(e);
       return;
     case ShardEventData::Kind::kEnd:
       if (!e.status.ok()) aggregator_->Abort(e.status);
@@ -157,8 +213,51 @@ void ShardFollower::ApplyStep(const ShardEventData& e) {
     LOG(ERROR) << "shard follower: could not apply the leader's re-plan at epoch " << e.epoch
                << " step " << e.step;
   }
+  if (e.checkpoint) SaveAfter(e.epoch, e.step);
   absl::MutexLock lock(&mu_);
   if (e.epoch == epoch_) done_ = std::max(done_, e.step + 1);
+}
+
+void ShardFollower::SaveAfter(int epoch, int step) {
+  if (!save_) return;
+  // The leader checkpointed after this step; this shard's barrier completes it once the step's
+  // last pushes reach it (nobody can push the next step before this event is applied).
+  const absl::Time deadline = absl::Now() + wait_;
+  while (true) {
+    const StepProgress p = aggregator_->Progress();
+    if (p.epoch > epoch || (p.epoch == epoch && p.step > step)) break;
+    if (absl::Now() > deadline) {
+      LOG(ERROR) << "shard follower: step " << step << " of epoch " << epoch
+                 << " did not complete here within " << absl::FormatDuration(wait_)
+                 << ": no checkpoint of it";
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  SaveNow(epoch);
+}
+
+void ShardFollower::SaveNow(int epoch) {
+  if (!save_) return;
+  const absl::Status saved = save_();
+  if (!saved.ok()) LOG(ERROR) << "shard checkpoint (epoch " << epoch << ") failed: " << saved;
+}
+
+void ShardFollower::ApplyResume(const ShardEventData& e) {
+  if (e.version < 0) return;  // a new job: nothing to restore
+  const absl::Status restored =
+      restore_ ? restore_(e.version, e.epoch, e.step, e.quotas)
+               : absl::FailedPreconditionError(
+                     "start this shard with --restore and its own --checkpoint_dir");
+  if (!restored.ok()) {
+    Lost(absl::FailedPreconditionError(absl::StrCat(
+        "the leader continues from its checkpoint of parameter version ", e.version, " (epoch ",
+        e.epoch + 1, ", step ", e.step + 1, "); this shard cannot: ", restored.message())));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  epoch_ = e.epoch;
+  done_ = e.step;
 }
 
 void ShardFollower::Lost(const absl::Status& why) {
@@ -171,9 +270,19 @@ void ShardFollower::Lost(const absl::Status& why) {
 }
 
 absl::Status ShardFollower::Gate(int epoch, int step) {
+  // A push can overtake the leader's log only by a hop: its worker has this shard's answer to
+  // the step before. One for a step this shard's barrier has not reached (a worker that went
+  // on while the job restarted from a checkpoint) is not waited for: the barrier refuses it,
+  // and the worker resumes from where the job stands.
+  const StepProgress p = aggregator_->Progress();
+  const bool reached = p.epoch == epoch
+                           ? p.step >= step
+                           : p.epoch == epoch - 1 && step == 0 && p.step >= p.num_steps;
+  if (!reached) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ended_ || epoch < epoch_) return true;
+    if (epoch == epoch_ && awaiting_checkpoint_) return false;
     if (epoch == epoch_) return step <= done_ || step > done_ + 1;  // too far ahead: refused later
     return epoch > epoch_ + 1 || step > 0;
   };

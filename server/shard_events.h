@@ -18,9 +18,11 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -30,18 +32,33 @@
 namespace dbs {
 
 struct ShardEventData {
-  enum class Kind { kWorker, kEpoch, kStep, kEnd };
+  enum class Kind { kWorker, kEpoch, kStep, kEnd, kCheckpoint, kResume };
   Kind kind = Kind::kWorker;
   int worker_id = 0;  // kWorker
   std::string token;  // kWorker
-  int epoch = 0;      // kEpoch, kStep
-  int step = 0;       // kStep
-  // kEpoch: the epoch's quotas, one per step. kStep with `changed`: the quotas of the steps
-  // after `step`, through the new last step.
+  int epoch = 0;      // kEpoch, kStep, kCheckpoint, kResume
+  int step = 0;       // kStep, kResume
+  // kEpoch, kResume: the epoch's quotas, one per step. kStep with `changed`: the quotas of the
+  // steps after `step`, through the new last step.
   StepQuotas quotas;
   bool changed = false;
-  std::set<int> dead;   // kStep: workers removed at this step
+  std::set<int> dead;  // kStep: workers removed at this step
+  // kStep: the leader checkpointed after this step. kEpoch: a kCheckpoint event (of the epoch
+  // before) follows before this epoch's first step. kCheckpoint: the leader's checkpoint was
+  // written.
+  bool checkpoint = false;
+  int64_t version = 0;  // kResume: the parameters' version (-1: a new job, nothing to restore)
   absl::Status status;  // kEnd
+};
+
+// Where a checkpoint stands (a follower's, as it tells the leader).
+struct CheckpointAt {
+  int64_t version = 0;
+  int epoch = 0;
+  int step = 0;
+  bool operator<(const CheckpointAt& o) const {
+    return std::tie(version, epoch, step) < std::tie(o.version, o.epoch, o.step);
+  }
 };
 
 // The leader's log. Thread-safe.
@@ -53,13 +70,24 @@ class ShardLog {
   // Shard `shard` asks to follow (with the shard count and settings it was started with).
   // FAILED_PRECONDITION, naming the difference, for another shard count, an index out of
   // range, other settings, or a shard that is following already.
-  absl::Status Join(int shard, int num_shards, const std::map<std::string, std::string>& settings);
+  // A follower started with --restore names the checkpoints it holds.
+  absl::Status Join(int shard, int num_shards, const std::map<std::string, std::string>& settings,
+                    std::set<CheckpointAt> checkpoints = {});
   // Its stream ended: it may join again (a restarted follower) while no worker has registered.
   void Part(int shard);
   // OK once every follower has joined (workers may register); UNAVAILABLE naming the missing.
   absl::Status Admit() const;
+  // Waits at most `timeout` for every follower to join; then the checkpoints each holds (by
+  // shard), or what Admit says.
+  absl::StatusOr<std::map<int, std::set<CheckpointAt>>> AwaitFollowers(absl::Duration timeout);
 
   void Append(ShardEventData event);
+  // Where a restored leader stands (before any follower joins): what a follower needs to
+  // continue from the same step. Does not count as workers having registered.
+  void Seed(std::vector<ShardEventData> events);
+  // A new job (nothing restored): a RESUME of version -1 first, when nothing was seeded, so
+  // every follower's first event says whether there is anything to restore.
+  void SeedFresh();
 
   // The event at position `next` (from 0) into `*out`: true when it exists. Otherwise false,
   // and `wake` runs once (on the appending thread, outside the lock) when the next event
@@ -71,6 +99,7 @@ class ShardLog {
   const std::map<std::string, std::string> settings_;
   mutable absl::Mutex mu_;
   std::map<int, int64_t> joined_ ABSL_GUARDED_BY(mu_);  // shard -> next position it reads
+  std::map<int, std::set<CheckpointAt>> checkpoints_ ABSL_GUARDED_BY(mu_);  // by shard
   std::deque<ShardEventData> events_ ABSL_GUARDED_BY(mu_);
   int64_t base_ ABSL_GUARDED_BY(mu_) = 0;  // position of events_.front()
   bool workers_seen_ ABSL_GUARDED_BY(mu_) = false;
@@ -84,6 +113,20 @@ class ShardFollower {
   // `aggregator` must outlive the follower. Calls that wait for the leader (Gate, Authenticate)
   // wait at most `wait`.
   ShardFollower(StepAggregator* aggregator, absl::Duration wait);
+
+  // How this shard checkpoints: `save` writes its state now; `restore` loads its own checkpoint
+  // of `version` and puts the barrier at (epoch, step) with `quotas`. Without them, a leader's
+  // checkpoint is not followed and a RESUME ends the follower.
+  using Save = std::function<absl::Status()>;
+  using Restore =
+      std::function<absl::Status(int64_t version, int epoch, int step, const StepQuotas& quotas)>;
+  void SetCheckpointing(Save save, Restore restore) {
+    save_ = std::move(save);
+    restore_ = std::move(restore);
+  }
+
+  // Runs once, after the first event from the leader has been applied.
+  void SetOnFirstEvent(std::function<void()> first) { first_ = std::move(first); }
 
   // The leader's next event, in log order.
   void Apply(const ShardEventData& event);
@@ -105,6 +148,15 @@ class ShardFollower {
 
  private:
   void ApplyStep(const ShardEventData& e);
+  // Writes this shard's checkpoint once its barrier has completed `step` of `epoch` (its pushes
+  // may still be arriving).
+  void SaveAfter(int epoch, int step);
+  void SaveNow(int epoch);
+  void ApplyResume(const ShardEventData& e);
+  void ApplyEvent(const ShardEventData& e);
+  Save save_;
+  Restore restore_;
+  std::function<void()> first_;
 
   StepAggregator* const aggregator_;
   const absl::Duration wait_;
@@ -112,6 +164,8 @@ class ShardFollower {
   std::map<int, std::string> tokens_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;  // the leader's latest epoch
   int done_ ABSL_GUARDED_BY(mu_) = 0;    // steps of it the leader completed
+  // The leader's end-of-epoch checkpoint is still to come: the epoch's pushes wait for it.
+  bool awaiting_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_ ABSL_GUARDED_BY(mu_);
 };

@@ -24,12 +24,20 @@ void ToProto(const ShardEventData& e, v1::ShardEvent* out) {
   }
   out->set_changed(e.changed);
   for (int id : e.dead) out->add_dead(id);
+  out->set_checkpoint(e.checkpoint);
+  out->set_version(e.version);
   out->set_code(static_cast<int>(e.status.code()));
   out->set_message(std::string(e.status.message()));
 }
 
 ShardEventData FromProto(const v1::ShardEvent& in) {
   ShardEventData e;
+  if (!v1::ShardEvent::Kind_IsValid(in.kind())) {  // a newer leader
+    e.kind = ShardEventData::Kind::kEnd;
+    e.status = absl::FailedPreconditionError(
+        absl::StrCat("the leader sent an event of unknown kind ", in.kind()));
+    return e;
+  }
   e.kind = static_cast<ShardEventData::Kind>(in.kind());
   e.worker_id = in.worker_id();
   e.token = in.token();
@@ -40,6 +48,8 @@ ShardEventData FromProto(const v1::ShardEvent& in) {
   }
   e.changed = in.changed();
   e.dead.insert(in.dead().begin(), in.dead().end());
+  e.checkpoint = in.checkpoint();
+  e.version = in.version();
   e.status = absl::Status(static_cast<absl::StatusCode>(in.code()), in.message());
   return e;
 }
@@ -141,7 +151,12 @@ grpc::ServerWriteReactor<v1::ShardEvent>* ShardServiceImpl::Follow(
   }
   const std::map<std::string, std::string> settings(request->settings().begin(),
                                                     request->settings().end());
-  const absl::Status joined = log_->Join(request->shard(), request->num_shards(), settings);
+  std::set<CheckpointAt> checkpoints;
+  for (const v1::CheckpointAt& c : request->checkpoints()) {
+    checkpoints.insert({c.version(), c.epoch(), c.step()});
+  }
+  const absl::Status joined =
+      log_->Join(request->shard(), request->num_shards(), settings, std::move(checkpoints));
   if (!joined.ok()) return new RefusedWrite(joined);
   LOG(INFO) << "shard " << request->shard() << "/" << request->num_shards() << " follows";
   return new FollowReactor(log_, request->shard());
@@ -154,6 +169,12 @@ absl::Status LeaderLink::Run() {
   req.set_shard(config_.shard);
   req.set_num_shards(config_.num_shards);
   for (const auto& [k, v] : config_.settings) (*req.mutable_settings())[k] = v;
+  for (const CheckpointAt& c : config_.checkpoints) {
+    v1::CheckpointAt* out = req.add_checkpoints();
+    out->set_version(c.version);
+    out->set_epoch(c.epoch);
+    out->set_step(c.step);
+  }
   Backoff backoff(BackoffConfig{});
   const absl::Time deadline = absl::Now() + config_.connect_timeout;
   absl::Status result;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +37,7 @@ struct FollowConfig {
   int shard = 1;
   int num_shards = 2;
   std::map<std::string, std::string> settings;  // this shard's TrainingSettings
+  std::set<CheckpointAt> checkpoints;           // with --restore: the ones it holds
   std::string job_token;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration connect_timeout = absl::Minutes(2);  // for the leader to come up

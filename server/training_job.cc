@@ -24,8 +24,9 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
   job->aggregator_->SetStepHook([raw](const StepStats& s) {
-    std::optional<PlanChange> change = raw->OnStep(s);
-    raw->LogStep(s, change);
+    bool checkpointed = false;
+    std::optional<PlanChange> change = raw->OnStep(s, &checkpointed);
+    raw->LogStep(s, change, checkpointed);
     return change;
   });
   job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
@@ -54,6 +55,8 @@ void TrainingJob::OnEpochPlanned(int epoch, int num_steps, const std::map<int, W
     e.kind = ShardEventData::Kind::kEpoch;
     e.epoch = epoch;
     e.quotas = quotas;
+    // Planned because the epoch before completed: its checkpoint (OnEpochCompleted) comes next.
+    e.checkpoint = epoch > 0 && !config_.checkpoint_dir.empty();
     shard_log_->Append(std::move(e));
   }
   aggregator_->BeginEpoch(epoch, std::move(quotas));
@@ -74,6 +77,13 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
   if (!config_.checkpoint_dir.empty()) {
     const absl::Status saved = SaveCheckpoint();
     if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
+    if (shard_log_ != nullptr) {  // the followers wait for it (see OnEpochPlanned)
+      ShardEventData e;
+      e.kind = ShardEventData::Kind::kCheckpoint;
+      e.epoch = record.epoch;
+      e.checkpoint = saved.ok();
+      shard_log_->Append(std::move(e));
+    }
   }
   if (!audit.ok()) {
     LOG(ERROR) << "sample audit of epoch " << record.epoch + 1 << " failed: " << audit.missing
@@ -161,12 +171,14 @@ void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token) {
   shard_log_->Append(std::move(e));
 }
 
-void TrainingJob::LogStep(const StepStats& stats, const std::optional<PlanChange>& change) {
+void TrainingJob::LogStep(const StepStats& stats, const std::optional<PlanChange>& change,
+                          bool checkpointed) {
   if (shard_log_ == nullptr) return;
   ShardEventData e;
   e.kind = ShardEventData::Kind::kStep;
   e.epoch = stats.epoch;
   e.step = stats.step;
+  e.checkpoint = checkpointed;
   if (change.has_value() && !stats.last_of_epoch) {  // as the aggregator applies it
     e.changed = true;
     e.quotas = change->later_quotas;
@@ -224,7 +236,7 @@ absl::Status TrainingJob::Wait() {
   return final_status_;
 }
 
-std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
+std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* checkpointed) {
   if (observer_ != nullptr) {
     const absl::Time now = clock_->Now();
     absl::Duration wall;
@@ -247,6 +259,7 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats) {
     if (due) {
       const absl::Status saved = SaveCheckpoint();
       if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
+      *checkpointed = saved.ok();
     }
   }
   // What the controller balances: compute, plus each worker's own communication when counted.
@@ -343,7 +356,7 @@ absl::Status TrainingJob::SaveCheckpoint() {
   return absl::OkStatus();
 }
 
-absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings) {
+absl::Status TrainingJob::CheckRestorable(const JobState& st, bool allow_other_settings) const {
   const SchedulerConfig& c = config_.scheduler;
   if (st.config.expected_workers != c.expected_workers || st.config.epochs != c.epochs ||
       st.config.global_batch != c.global_batch || st.config.seed != c.seed ||
@@ -369,6 +382,11 @@ absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings)
     }
     LOG(WARNING) << "restoring with changed settings: " << list;
   }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings) {
+  DBS_RETURN_IF_ERROR(CheckRestorable(st, allow_other_settings));
   DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
   scheduler_->LoadState(st.scheduler);
   StepQuotas quotas;
@@ -383,10 +401,40 @@ absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings)
       }
     }
   }
+  if (shard_log_ != nullptr) SeedShardLog(st, quotas);
   aggregator_->LoadState(st.aggregator, std::move(quotas));
   absl::MutexLock lock(&mu_);
   audits_ = st.audits;
   return absl::OkStatus();
+}
+
+absl::Status TrainingJob::RestoreShard(const JobState& st, StepQuotas quotas,
+                                       bool allow_other_settings) {
+  DBS_RETURN_IF_ERROR(CheckRestorable(st, allow_other_settings));
+  DBS_RETURN_IF_ERROR(store_->LoadState(st.aggregator.store));
+  aggregator_->LoadState(st.aggregator, std::move(quotas));
+  return absl::OkStatus();
+}
+
+void TrainingJob::SeedShardLog(const JobState& st, const StepQuotas& quotas) {
+  // Where the barrier stands first: a follower restores before it serves anything.
+  std::vector<ShardEventData> events;
+  ShardEventData r;
+  r.kind = ShardEventData::Kind::kResume;
+  r.epoch = st.aggregator.epoch;
+  r.step = st.aggregator.step;
+  r.quotas = quotas;
+  r.version = st.aggregator.store.version;
+  events.push_back(std::move(r));
+  const Scheduler::State now = scheduler_->SaveState();  // tokens as restored (or made afresh)
+  for (size_t id = 0; id < now.tokens.size(); ++id) {
+    ShardEventData w;
+    w.kind = ShardEventData::Kind::kWorker;
+    w.worker_id = static_cast<int>(id);
+    w.token = now.tokens[id];
+    events.push_back(std::move(w));
+  }
+  shard_log_->Seed(std::move(events));
 }
 
 absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id,

@@ -72,6 +72,9 @@ class TrainingJob : public SchedulerListener {
   // Settings that shape training (TrainingSettings) must match too, unless
   // `allow_other_settings`.
   absl::Status Restore(const JobState& state, bool allow_other_settings = false);
+  // A sharded job's follower: continues from its own checkpoint `state` with the leader's
+  // `quotas` for the checkpoint's epoch (the scheduler stays idle).
+  absl::Status RestoreShard(const JobState& state, StepQuotas quotas, bool allow_other_settings);
   // Writes a checkpoint now (no-op without a checkpoint directory).
   absl::Status SaveCheckpoint();
   // Where `worker_id` should continue, and the parameters to continue from.
@@ -101,7 +104,9 @@ class TrainingJob : public SchedulerListener {
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
   // After every step: record its times, checkpoint when due, re-plan the rest of the epoch when
   // the window says so.
-  std::optional<PlanChange> OnStep(const StepStats& stats);
+  std::optional<PlanChange> OnStep(const StepStats& stats, bool* checkpointed);
+  // The checks of Restore that do not depend on the job's role.
+  absl::Status CheckRestorable(const JobState& state, bool allow_other_settings) const;
   LivenessMonitor liveness_;  // thread-safe itself
   ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
@@ -114,7 +119,9 @@ class TrainingJob : public SchedulerListener {
   JobObserver* observer_ = nullptr;
   ShardLog* shard_log_ = nullptr;
   // A completed step (and the re-plan made at it) for the shard log.
-  void LogStep(const StepStats& stats, const std::optional<PlanChange>& change);
+  void LogStep(const StepStats& stats, const std::optional<PlanChange>& change, bool checkpointed);
+  // After a restore: the workers and where the barrier stands, for followers.
+  void SeedShardLog(const JobState& state, const StepQuotas& quotas);
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
   absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -7,6 +7,7 @@ killed as a group), so a failing test leaves nothing behind.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -133,6 +134,42 @@ class ProcessTestCase(unittest.TestCase):
         self.assertEqual(ps.returncode, 0)
         with open(summary) as f:
             return json.load(f), outs
+
+    def start_restart_workers(self, server):
+        """Three MLP workers for the restart tests; w2 streams its pushes, its registration and
+        its resume (the 940 KB MLP in 64 KiB chunks), the others send whole messages. Returns
+        once worker 0 is at step 25 or later of epoch 2 (of 3): two periodic checkpoints (every
+        10 steps) are written by then. (Killing at its first progress line raced the first one:
+        under ASan it came before it.)"""
+        common = self.worker_argv(server, "--train_limit=6000", "--test_limit=500",
+                                  "--model=mlp", "--log_every_s=0.2")
+        procs = [self.spawn(common + [f"--name=w{i}"] +
+                            (["--stream_chunk_kb=64"] if i == 2 else [])) for i in range(3)]
+
+        def epoch2_step(text):
+            m = re.search(r"epoch 2/3 step (\d+)/", text)
+            return int(m.group(1)) if m else 0
+        line = procs[0].stdout.readline().decode()
+        while line and epoch2_step(line) < 25:
+            line = procs[0].stdout.readline().decode()
+        self.assertGreaterEqual(epoch2_step(line), 25, line)
+        return procs
+
+    def check_restarted_job(self, procs, summary, resumed):
+        """The workers of start_restart_workers finished without a restart, one of them saying
+        `resumed`, and the job's 3 epochs trained every sample once."""
+        results = [p.communicate(timeout=60) for p in procs]
+        outs = [out.decode() for out, _ in results]
+        for p, (_, werr) in zip(procs, results):
+            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
+        self.assertTrue(any(resumed in o for o in outs), outs[0][-2000:])
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(s["epochs_completed"], 3)
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
+        self.assertGreaterEqual(s["final_test_accuracy"], 0.7)
 
     def run_cmd(self, argv, timeout):
         p = self.spawn(argv)
@@ -450,9 +487,11 @@ class ShardedJobTest(ProcessTestCase):
         self.assertGreater(s["final_test_accuracy"], 0.6)
 
     def test_a_follower_with_other_settings_is_refused(self):
-        leader, port = self.start_ps(["--workers=1", "--shard=0/2", "--lr=0.05"], "leader")
+        leader, port = self.start_ps(["--workers=1", "--shard=0/2", "--lr=0.05",
+                                      "--summary_path="], "leader")
         rc, out, err = self.run_cmd(
             [PS, "--host=127.0.0.1", "--port=0", "--workers=1", "--shard=1/2", "--lr=0.1",
+             "--summary_path=",
              f"--leader=127.0.0.1:{port}"], timeout=60)
         self.assertNotEqual(rc, 0)
         self.assertIn("other training settings than the leader", err)
@@ -559,22 +598,8 @@ class ServerRestartTest(ProcessTestCase):
         flags = ["--workers=3", "--epochs=3", "--global_batch=64", f"--checkpoint_dir={ckpt}",
                  "--checkpoint_every_steps=10", f"--summary_path={summary}"]
         ps, port = self.start_ps(flags)
-        common = self.worker_argv(port, "--train_limit=6000", "--test_limit=500", "--model=mlp",
-                                  "--log_every_s=0.2")
-        # w2 streams its pushes, its registration and its resume (the 940 KB MLP in 64 KiB
-        # chunks); the others send whole messages: both kinds resume.
-        procs = [self.spawn(common + [f"--name=w{i}"] +
-                            (["--stream_chunk_kb=64"] if i == 2 else [])) for i in range(3)]
-        # Kill -9 the server in the middle of epoch 2, once at least two of its periodic
-        # checkpoints (every 10 steps) are written: at step 25 or later. (Killing at its first
-        # progress line raced the first one: under ASan it came before it.)
-        def epoch2_step(text):
-            m = re.search(r"epoch 2/3 step (\d+)/", text)
-            return int(m.group(1)) if m else 0
-        line = procs[0].stdout.readline().decode()
-        while line and epoch2_step(line) < 25:
-            line = procs[0].stdout.readline().decode()
-        self.assertGreaterEqual(epoch2_step(line), 25, line)
+        # Kill -9 the server in the middle of epoch 2 (both kinds of push resume).
+        procs = self.start_restart_workers(port)
         ps.kill()
         ps.wait()
         files = sorted(os.listdir(ckpt), key=lambda n: int(n[5:-4]))
@@ -590,17 +615,81 @@ class ServerRestartTest(ProcessTestCase):
         self.assertEqual(restarted.returncode, 0, log[-3000:])
         self.assertIn(f"refusing checkpoint {newest}: corrupt checkpoint", log)
         self.assertIn(f"restored {os.path.join(ckpt, files[-2])}: epoch 2", log)
-        outs = [p.communicate(timeout=60)[0].decode() for p in procs]
-        for p in procs:
-            self.assertEqual(p.returncode, 0, "workers continue without a restart")
-        self.assertTrue(any("resuming at epoch 2" in o for o in outs), outs[0][-2000:])
-        with open(summary) as f:
-            s = json.load(f)
-        self.assertEqual(s["status"], "ok")
-        self.assertEqual(s["epochs_completed"], 3)
-        for e in s["epochs"]:
-            self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
-        self.assertGreaterEqual(s["final_test_accuracy"], 0.7)
+        self.check_restarted_job(procs, summary, "resuming at epoch 2")
+
+
+class ShardedRestartTest(ProcessTestCase):
+    def test_killed_shards_restore_the_same_step_and_workers_continue(self):
+        """Issue 11 item 4: each shard checkpoints its own range at the leader's checkpoints;
+        after both are killed, the restarted leader restores its newest and the follower its
+        own checkpoint of the same step."""
+        ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]
+        summary = os.path.join(self.tmp, "summary.json")
+        flags = ["--workers=3", "--epochs=3", "--global_batch=64", "--checkpoint_every_steps=10"]
+        leader, port = self.start_ps(flags + [f"--checkpoint_dir={ckpt[0]}", "--shard=0/2",
+                                              f"--summary_path={summary}"], "leader")
+        follower, fport = self.start_ps(flags + [f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
+                                                 f"--leader=127.0.0.1:{port}"], "follower")
+        procs = self.start_restart_workers(f"127.0.0.1:{port},127.0.0.1:{fport}")
+        leader.kill()
+        follower.kill()
+        leader.wait()
+        follower.wait()
+        for d in ckpt:  # epoch 1's end and at least one periodic checkpoint in epoch 2
+            self.assertGreaterEqual(len(os.listdir(d)), 2, d)
+        restarted = self.spawn([PS, "--host=127.0.0.1", f"--port={port}", "--restore",
+                                f"--checkpoint_dir={ckpt[0]}", "--shard=0/2",
+                                f"--summary_path={summary}"] + flags)
+        refollower = self.spawn([PS, "--host=127.0.0.1", f"--port={fport}", "--restore",
+                                 f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
+                                 f"--leader=127.0.0.1:{port}"] + flags)
+        try:
+            _, err = restarted.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for p in [restarted, refollower] + procs:
+                p.kill()
+            self.fail("the restarted job did not end: " + " | ".join(
+                p.communicate()[1].decode()[-1500:] for p in [restarted, refollower] + procs))
+        log = err.decode()
+        self.assertEqual(restarted.returncode, 0, log[-3000:])
+        m = re.search(r"restored \S+: epoch (\d+), step (\d+), parameter version (\d+)", log)
+        self.assertIsNotNone(m, log[-3000:])
+        _, ferr = refollower.communicate(timeout=60)
+        flog = ferr.decode()
+        self.assertEqual(refollower.returncode, 0, flog[-3000:])
+        self.assertIn(f"shard 1/2 restored {ckpt[1]}", flog)
+        self.assertIn(f"epoch {m.group(1)}, step {m.group(2)}, parameter version {m.group(3)}",
+                      flog)
+        self.check_restarted_job(procs, summary, "resuming at epoch")
+
+    def test_shards_without_a_common_checkpoint_refuse_to_restore(self):
+        ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]
+        flags = ["--workers=1", "--epochs=2", "--global_batch=64", "--summary_path="]
+        leader, port = self.start_ps(flags + [f"--checkpoint_dir={ckpt[0]}", "--shard=0/2"],
+                                     "leader")
+        follower, fport = self.start_ps(flags + [f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
+                                                 f"--leader=127.0.0.1:{port}"], "follower")
+        rc, out, err = self.run_cmd(self.worker_argv(
+            f"127.0.0.1:{port},127.0.0.1:{fport}", "--name=w", "--train_limit=640",
+            "--test_limit=100", "--model=mlp"), timeout=120)
+        self.assertEqual(rc, 0, err[-2000:])
+        for p in (leader, follower):
+            p.communicate(timeout=60)
+        # The follower's checkpoints are lost; the leader's are not. The restarted leader waits
+        # for its follower to say what it holds, finds no step both hold, and says so.
+        shutil.rmtree(ckpt[1])
+        port = free_port()
+        restarted = self.spawn([PS, "--host=127.0.0.1", f"--port={port}", "--restore",
+                                f"--checkpoint_dir={ckpt[0]}", "--shard=0/2"] + flags)
+        refollower = self.spawn([PS, "--host=127.0.0.1", "--port=0", "--restore",
+                                 f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
+                                 f"--leader=127.0.0.1:{port}"] + flags)
+        _, err = restarted.communicate(timeout=60)
+        self.assertNotEqual(restarted.returncode, 0)
+        self.assertIn("no checkpoint of the same step is held by every shard", err.decode())
+        self.assertIn("shard 1 holds none", err.decode())
+        _, ferr = refollower.communicate(timeout=60)
+        self.assertNotEqual(refollower.returncode, 0, ferr.decode()[-2000:])
 
 
 class OtherModelTest(ProcessTestCase):

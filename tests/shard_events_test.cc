@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/status_matchers.h"
-#include "tests/push_outcome.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/push_outcome.h"
 
 namespace dbs {
 namespace {
@@ -50,6 +50,26 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("too late")));
 }
 
+TEST(ShardLogTest, EveryFollowerReadsTheLogFromItsStartWhateverOrderTheyJoinIn) {
+  ShardLog log(3, {});
+  log.SeedFresh();
+  log.SeedFresh();  // once only
+  ASSERT_THAT(log.Join(1, 3, {}, {{5, 0, 3}}), IsOk());
+  ShardEventData e;
+  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  EXPECT_EQ(e.kind, ShardEventData::Kind::kResume);
+  EXPECT_EQ(e.version, -1);
+  EXPECT_FALSE(log.Next(1, 1, &e, [] {}));
+  // Shard 1 has read the first event; shard 2 joins later and still gets it.
+  ASSERT_THAT(log.Join(2, 3, {}, {}), IsOk());
+  ASSERT_TRUE(log.Next(2, 0, &e, [] {}));
+  EXPECT_EQ(e.version, -1);
+  auto held = log.AwaitFollowers(absl::ZeroDuration());
+  ASSERT_THAT(held.status(), IsOk());
+  EXPECT_EQ(held->at(1).size(), 1u);
+  EXPECT_TRUE(held->at(2).empty());
+}
+
 class ShardFollowerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -72,10 +92,10 @@ class ShardFollowerTest : public ::testing::Test {
     follower_->Apply(epoch);
   }
 
-  GradientPush Push(int worker, int step, int n) {
+  GradientPush Push(int worker, int step, int n, int epoch = 0) {
     GradientPush p;
     p.worker_id = worker;
-    p.epoch = 0;
+    p.epoch = epoch;
     p.step = step;
     p.num_samples = n;
     p.gradient = std::vector<float>{1.0f, 1.0f};
@@ -97,17 +117,42 @@ class ShardFollowerTest : public ::testing::Test {
 
 TEST_F(ShardFollowerTest, APushWaitsUntilTheLeaderHasCompletedThePreviousStep) {
   EXPECT_THAT(follower_->Gate(0, 0), IsOk());
-  // Step 1 before the leader logged step 0: it waits, and without the log it gives up.
+  // A push for a step this shard has not reached (a worker ahead of a restored job) is left
+  // to the barrier to refuse, at once.
+  EXPECT_THAT(follower_->Gate(0, 1), IsOk());
+  std::vector<Outcome> out(3);
+  for (int id = 0; id < 3; ++id) agg_->Push(Push(id, 0, 2), out[id].callback());
+  ASSERT_TRUE(out[0].result.has_value());
+  // This shard completed step 0 before the leader's log said so: step 1 waits, and without
+  // the log it gives up.
   EXPECT_THAT(follower_->Gate(0, 1),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("has not heard from the leader")));
-  // The next epoch waits too; anything further ahead is left to the barrier to refuse.
-  EXPECT_THAT(follower_->Gate(1, 0), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  // Anything further ahead is left to the barrier to refuse.
   EXPECT_THAT(follower_->Gate(0, 2), IsOk());
   EXPECT_THAT(follower_->Gate(5, 0), IsOk());
   absl::Status waited;
   std::thread pusher([&] { waited = follower_->Gate(0, 1); });
   absl::SleepFor(absl::Milliseconds(20));
   follower_->Apply(Step(0));
+  pusher.join();
+  EXPECT_THAT(waited, IsOk());
+}
+
+TEST_F(ShardFollowerTest, TheNextEpochsPushesWaitForItsPlan) {
+  std::vector<Outcome> out(3);
+  for (int step = 0; step < 3; ++step) {
+    for (int id = 0; id < 3; ++id) agg_->Push(Push(id, step, 2), out[id].callback());
+    follower_->Apply(Step(step));
+  }
+  EXPECT_THAT(follower_->Gate(1, 0), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  absl::Status waited;
+  std::thread pusher([&] { waited = follower_->Gate(1, 0); });
+  absl::SleepFor(absl::Milliseconds(20));
+  ShardEventData next;
+  next.kind = ShardEventData::Kind::kEpoch;
+  next.epoch = 1;
+  next.quotas = {{{0, 2}, {1, 2}, {2, 2}}};
+  follower_->Apply(next);
   pusher.join();
   EXPECT_THAT(waited, IsOk());
 }
@@ -189,6 +234,62 @@ TEST_F(ShardFollowerTest, TokensAreTheLeadersAndTheEndReleasesEveryone) {
   EXPECT_THAT(waiting.result->status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
   EXPECT_THAT(follower_->Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+TEST_F(ShardFollowerTest, AfterAnEpochThePushesWaitForTheLeadersCheckpoint) {
+  int saved = 0;
+  follower_->SetCheckpointing(
+      [&] {
+        ++saved;
+        return absl::OkStatus();
+      },
+      nullptr);
+  ShardEventData next;
+  next.kind = ShardEventData::Kind::kEpoch;
+  next.epoch = 1;
+  next.quotas = {{{0, 2}, {1, 2}, {2, 2}}};
+  next.checkpoint = true;  // epoch 0's checkpoint follows
+  follower_->Apply(next);
+  EXPECT_THAT(follower_->Gate(1, 0), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  ShardEventData ckpt;
+  ckpt.kind = ShardEventData::Kind::kCheckpoint;
+  ckpt.epoch = 0;
+  ckpt.checkpoint = true;
+  follower_->Apply(ckpt);
+  EXPECT_EQ(saved, 1);
+  EXPECT_THAT(follower_->Gate(1, 0), IsOk());
+  // A step the leader checkpointed after: saved once this shard has completed it too (its
+  // last pushes arrive after the leader's word).
+  std::vector<Outcome> out(3);
+  std::thread pushers([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    for (int id = 0; id < 3; ++id) agg_->Push(Push(id, 0, 2, 1), out[id].callback());
+  });
+  ShardEventData step = Step(0);
+  step.epoch = 1;
+  step.checkpoint = true;
+  follower_->Apply(step);
+  EXPECT_EQ(saved, 2);
+  EXPECT_EQ(agg_->Progress().step, 1);
+  pushers.join();
+  ASSERT_TRUE(out[2].result.has_value());
+  EXPECT_THAT(out[2].result->status(), IsOk());
+}
+
+TEST_F(ShardFollowerTest, ANewJobHasNothingToRestoreAndARestoredOneNeedsTheSameStep) {
+  ShardEventData fresh;
+  fresh.kind = ShardEventData::Kind::kResume;
+  fresh.version = -1;
+  follower_->Apply(fresh);  // no restore function needed
+  EXPECT_FALSE(follower_->WaitFor(absl::ZeroDuration()));
+  ShardEventData resume;
+  resume.kind = ShardEventData::Kind::kResume;
+  resume.version = 7;
+  resume.epoch = 0;
+  resume.step = 1;
+  follower_->Apply(resume);  // without --restore
+  EXPECT_THAT(follower_->Wait(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          HasSubstr("start this shard with --restore")));
 }
 
 }  // namespace

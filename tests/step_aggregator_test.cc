@@ -12,9 +12,9 @@
 
 #include "common/clock.h"
 #include "common/status_matchers.h"
-#include "tests/push_outcome.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/push_outcome.h"
 
 namespace dbs {
 namespace {
