@@ -10,7 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_test import DATA_DIR, ProcessTestCase  # noqa: E402
+from cluster_test import DATA_DIR, PS, ProcessTestCase  # noqa: E402
 
 SMALL = ["--train_limit=600", "--test_limit=200", "--log_every_s=60", "--connect_timeout_s=3"]
 
@@ -98,6 +98,37 @@ class SecurityTest(ProcessTestCase):
         self.assertEqual(record["status"], "ok")
         self.assertEqual(record["epochs_completed"], 1)
         self.assertEqual(len(record["worker_info"]), 2, "no stranger registered")
+
+    def test_the_shards_of_a_job_follow_only_with_the_secret_under_mutual_tls(self):
+        summary = self.p("sharded.json")
+        server_tls = [f"--tls_cert={self.p('server.pem')}", f"--tls_key={self.p('server.key')}",
+                      f"--tls_client_ca={self.p('ca.pem')}"]
+        job = ["--workers=2", "--epochs=1", "--global_batch=32", "--linger_s=1"]
+        token = f"--job_token_file={self.secret}"
+        leader, port = self.start_ps(job + server_tls + [token, "--shard=0/2",
+                                                         f"--summary_path={summary}"], "leader")
+        # Without the job's secret a process cannot take shard 1's place.
+        rc, _, err = self.run_cmd([PS, "--host=127.0.0.1", "--port=0", "--shard=1/2",
+                                   f"--leader=127.0.0.1:{port}", "--summary_path=", *job,
+                                   *server_tls], 60)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("refused", err)
+        self.assertIn("job's secret", err)
+        follower, fport = self.start_ps(job + server_tls + [
+            token, "--shard=1/2", f"--leader=127.0.0.1:{port}", "--summary_path="], "follower")
+        servers = f"127.0.0.1:{port},127.0.0.1:{fport}"
+        workers = [self.spawn(self.worker_argv(servers, *SMALL, f"--name=w{i}",
+                                               *self.tls("worker"), token)) for i in range(2)]
+        for w in workers:
+            _, err = w.communicate(timeout=180)
+            self.assertEqual(w.returncode, 0, err.decode()[-2000:])
+        for p in (leader, follower):
+            _, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual(record["status"], "ok")
+        self.assertEqual(len(record["worker_info"]), 2)
 
     def test_a_second_process_with_a_live_name_is_refused(self):
         ps, port = self.start_ps(["--workers=2", "--epochs=1", "--global_batch=32",
