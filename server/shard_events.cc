@@ -297,11 +297,22 @@ absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token)
   auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ended_ || tokens_.count(worker_id) > 0;
   };
-  // Only an id the leader may be about to announce is waited for.
+  // Only an id the leader may be about to announce is waited for, and by a few calls at a
+  // time: a peer making up ids cannot hold more of the server's threads than that.
   const bool plausible = worker_id >= 0 && worker_id <= static_cast<int>(tokens_.size()) + 64;
-  if (plausible) mu_.AwaitWithTimeout(absl::Condition(&known), wait_);
+  if (plausible && !known() && waiting_auth_ < kMaxAuthWaits) {
+    ++waiting_auth_;
+    mu_.AwaitWithTimeout(absl::Condition(&known), wait_);
+    --waiting_auth_;
+  }
   auto it = tokens_.find(worker_id);
-  if (it == tokens_.end()) return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  if (it == tokens_.end()) {
+    return plausible
+               ? absl::UnavailableError(absl::StrCat("worker ", worker_id,
+                                                     " is not known to this shard yet (the leader "
+                                                     "has not announced it)"))
+               : absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  }
   if (token.empty()) {
     return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
   }

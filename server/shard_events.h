@@ -138,8 +138,9 @@ class ShardFollower {
   // does not happen within the wait. A push further ahead is not waited for (the barrier
   // refuses it).
   absl::Status Gate(int epoch, int step);
-  // OK when `token` is worker `worker_id`'s (as Scheduler::Authenticate); an id the leader has
-  // not announced yet is waited for.
+  // OK when `token` is worker `worker_id`'s (as Scheduler::Authenticate). An id the leader may
+  // be about to announce is waited for (by at most 8 calls at a time), then UNAVAILABLE (a
+  // client retries); NOT_FOUND for one far beyond the known workers.
   absl::Status Authenticate(int worker_id, absl::string_view token);
 
   // Blocks until the job has ended (or the leader was lost); returns how.
@@ -166,6 +167,9 @@ class ShardFollower {
   int done_ ABSL_GUARDED_BY(mu_) = 0;    // steps of it the leader completed
   // The leader's end-of-epoch checkpoint is still to come: the epoch's pushes wait for it.
   bool awaiting_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls waiting in Authenticate for the leader to announce their worker.
+  static constexpr int kMaxAuthWaits = 8;
+  int waiting_auth_ ABSL_GUARDED_BY(mu_) = 0;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_ ABSL_GUARDED_BY(mu_);
 };

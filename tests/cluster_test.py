@@ -486,6 +486,38 @@ class ShardedJobTest(ProcessTestCase):
                 self.assertIn(f"dbs_ps shard {i}/3: the job finished", f.read())
         self.assertGreater(s["final_test_accuracy"], 0.6)
 
+    def test_a_killed_worker_is_removed_on_every_shard(self):
+        # The leader evicts the dead worker; the follower must evict it at the same step and
+        # expect the survivors' new batches from then on.
+        summary = os.path.join(self.tmp, "kill.json")
+        servers, server = self.start_shards(
+            ["--workers=4", "--global_batch=64", "--epochs=2", "--worker_timeout_s=5",
+             f"--summary_path={summary}"], "kill", 2)
+        procs = [self.spawn(self.worker_argv(
+            server, "--train_limit=6000", "--test_limit=1000", "--model=mlp",
+            "--log_every_s=0.5", "--connect_timeout_s=5", f"--name=kill-{i}"))
+            for i in range(4)]
+        victim = procs[1]
+        line = WorkerDeathTest.wait_for_training(victim)
+        self.assertIn("step", line)
+        victim.kill()
+        outs = [p.communicate(timeout=120) for p in servers]
+        for p, (out, err) in zip(servers, outs):
+            self.assertEqual(p.returncode, 0, err.decode()[-3000:])
+        self.assertIn("removed; the step completes with the other gradients", outs[0][1].decode())
+        self.assertIn("dbs_ps shard 1/2: the job finished", outs[1][0].decode())
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "ok")
+        self.assertEqual(len(s["epochs"][0]["dead_workers"]), 1)
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], e["audit"])
+        for p in procs:
+            if p is not victim:
+                _, err = p.communicate(timeout=60)
+                self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        self.assertGreater(s["final_test_accuracy"], 0.7)
+
     def test_a_follower_with_other_settings_is_refused(self):
         leader, port = self.start_ps(["--workers=1", "--shard=0/2", "--lr=0.05",
                                       "--summary_path="], "leader")
@@ -496,6 +528,17 @@ class ShardedJobTest(ProcessTestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("other training settings than the leader", err)
         self.assertIn("lr 0.1 (leader: 0.05)", err)
+        # A worker that lists the follower first is told to list the leader first.
+        follower, fport = self.start_ps(["--workers=1", "--shard=1/2", "--lr=0.05",
+                                         "--summary_path=", f"--leader=127.0.0.1:{port}"],
+                                        "follower")
+        rc, out, err = self.run_cmd(
+            self.worker_argv(f"127.0.0.1:{fport},127.0.0.1:{port}", "--name=backwards",
+                             "--train_limit=500", "--model=mlp"), timeout=60)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("List shard 0, the leader, first in --server", err)
+        follower.kill()
+        follower.wait()
         # Workers may not register while a shard is missing: the leader says which.
         rc, out, err = self.run_cmd(
             self.worker_argv(port, "--name=early", "--connect_timeout_s=2", "--train_limit=500",

@@ -2,6 +2,7 @@
 // the follower's step barrier expects what the leader's log says, when the log says it.
 #include "server/shard_events.h"
 
+#include <atomic>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -221,8 +222,46 @@ TEST_F(ShardFollowerTest, TokensAreTheLeadersAndTheEndReleasesEveryone) {
               StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
   EXPECT_THAT(follower_->Authenticate(1, ""),
               StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  // An id the leader may be about to announce: waited for, then retried by the client.
   EXPECT_THAT(follower_->Authenticate(7, "token7"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not known to this shard yet")));
+  // Announced while a call waits for it: the call goes through.
+  absl::Status late;
+  std::thread caller([&] { late = follower_->Authenticate(3, "token3"); });
+  absl::SleepFor(absl::Milliseconds(20));
+  ShardEventData w;
+  w.kind = ShardEventData::Kind::kWorker;
+  w.worker_id = 3;
+  w.token = "token3";
+  follower_->Apply(w);
+  caller.join();
+  EXPECT_THAT(late, IsOk());
+  // Far beyond the known workers: unknown at once.
+  EXPECT_THAT(follower_->Authenticate(1000, "x"),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // At most 8 calls wait at a time; the others are answered at once.
+  ShardFollower patient(agg_.get(), absl::Minutes(5));
+  std::vector<std::thread> waiters;
+  std::vector<absl::Status> results(12);
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 12; ++i) {
+    waiters.emplace_back([&, i] {
+      results[i] = patient.Authenticate(0, "t0");
+      ++answered;
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (answered.load() < 4 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(answered.load(), 4);  // the other 8 wait for worker 0 (for minutes)
+  ShardEventData zero;
+  zero.kind = ShardEventData::Kind::kWorker;
+  zero.worker_id = 0;
+  zero.token = "t0";
+  patient.Apply(zero);
+  for (auto& t : waiters) t.join();
+  int ok = 0;
+  for (const absl::Status& r : results) ok += r.ok() ? 1 : 0;
+  EXPECT_EQ(ok, 8);
   EXPECT_FALSE(follower_->WaitFor(absl::Milliseconds(1)));
   Outcome waiting;
   agg_->Push(Push(0, 0, 2), waiting.callback());

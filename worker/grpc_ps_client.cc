@@ -201,6 +201,12 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     }
     const bool retryable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (last.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dbs_ps at ", config_.address,
+          " does not serve the scheduler: it is a follower shard (dbs_ps --shard=i/k with "
+          "i > 0). List shard 0, the leader, first in --server"));
+    }
     if (!retryable) return Annotate(last, "registration refused");
     const absl::Duration delay = backoff.Next();
     if (absl::Now() + delay >= deadline) break;

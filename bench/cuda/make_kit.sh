@@ -18,12 +18,16 @@ bazel build //server:dbs_ps //proto:dbs_cc_grpc >/dev/null
 cp bazel-bin/server/dbs_ps "$KIT/"
 chmod u+w "$KIT/dbs_ps"
 
-# The worker's sources without libtorch (bazel query 'deps(//worker:dbs_worker)' lists them).
-SOURCES=(worker/worker_main.cc worker/training_loop.cc worker/slowdown_schedule.cc
-         worker/grpc_ps_client.cc worker/dataset.cc common/wire_values.cc common/tensor_codec.cc
-         common/tensor.cc common/step_wire.cc common/secrets.cc common/plan_codec.cc
-         common/plan.cc common/permutation.cc common/grpc_step_wire.cc common/files.cc
-         common/cli.cc common/backoff.cc bazel-bin/proto/dbs.pb.cc bazel-bin/proto/dbs.grpc.pb.cc)
+# The worker's sources without libtorch: every .cc of worker/ and common/ that dbs_worker
+# depends on, except the two libtorch ones, and the generated protobuf code.
+mapfile -t SOURCES < <(bazel query 'kind("source file", deps(//worker:dbs_worker))' \
+  --output=label 2>/dev/null | grep -E '^//(worker|common):.*\.cc$' |
+  grep -v -E ':(model|torch_learner)\.cc$' | sed -e 's|^//||' -e 's|:|/|')
+if [ "${#SOURCES[@]}" -lt 10 ]; then
+  echo "make_kit: bazel query found only ${#SOURCES[@]} worker sources" >&2
+  exit 1
+fi
+SOURCES+=(bazel-bin/proto/dbs.pb.cc bazel-bin/proto/dbs.grpc.pb.cc)
 printf '%s\n' "${SOURCES[@]}" | xargs -P 2 -I{} sh -c \
   'g++ -std=c++17 -O2 -DNDEBUG -fPIC -I. -Ibazel-bin -c "$1" -o "$2/obj/$(echo "$1" | tr / _).o"' \
   _ {} "$KIT"
