@@ -64,7 +64,10 @@ absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
     };
     if (mu_.AwaitWithTimeout(absl::Condition(&all), timeout)) return checkpoints_;
   }
-  return Admit();
+  absl::Status missing = Admit();
+  if (!missing.ok()) return missing;
+  absl::MutexLock lock(&mu_);  // every follower joined just after the wait ended
+  return checkpoints_;
 }
 
 absl::Status ShardLog::Admit() const {
