@@ -18,12 +18,13 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "common/tsan.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 
 namespace dbs {
 
-class WaitingReactor final : public grpc::ServerUnaryReactor {
+class WaitingReactor final : public tsan::Reactor<grpc::ServerUnaryReactor> {
  public:
   // Returns true when it removed the waiter (its callback will never run).
   using Withdraw = std::function<bool()>;
@@ -59,6 +60,7 @@ class WaitingReactor final : public grpc::ServerUnaryReactor {
   void Release() { Unref(); }
 
   void OnCancel() override {
+    const auto reacting = Reacting();
     {
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
@@ -66,7 +68,10 @@ class WaitingReactor final : public grpc::ServerUnaryReactor {
     WithdrawNow();
   }
 
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    Unref();
+  }
 
  private:
   ~WaitingReactor() override = default;

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "common/step_wire.h"
 #include "common/tensor_codec.h"
+#include "common/tsan.h"
 
 namespace dbs {
 namespace {
@@ -194,7 +195,8 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
 // it and the last such callback has run), and every operation starts under `mu_` and only
 // before Finish. gRPC never runs a bidi reaction inline from StartRead, StartWrite or Finish, so
 // holding `mu_` across them cannot deadlock with a reaction.
-class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class PushStreamReactor final
+    : public tsan::Reactor<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
   PushStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx) {
@@ -207,6 +209,7 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   }
 
   void OnReadDone(bool ok) override {
+    const auto reacting = Reacting();
     if (Finished()) return;
     if (!ok) return EndOfPieces();
     received_ += in_.Length();
@@ -219,6 +222,7 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   }
 
   void OnWriteDone(bool ok) override {
+    const auto reacting = Reacting();
     if (!ok) return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
     absl::MutexLock lock(&mu_);
     if (finished_) return;
@@ -230,6 +234,7 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   }
 
   void OnCancel() override {
+    const auto reacting = Reacting();
     // A waiting answer is withdrawn; a piece queued in the aggregator still ends (summed, or
     // dropped with the step) and releases its hold then.
     const uint64_t ticket = ticket_.exchange(0);
@@ -237,7 +242,10 @@ class PushStreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
   }
 
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    Unref();
+  }
 
  private:
   // Checks a piece against the stream's first and gives its values to the aggregator.
@@ -399,7 +407,7 @@ std::vector<grpc::ByteBuffer> ParameterServiceImpl::ChunkedValues(const Paramete
 
 // PullParametersStream: the current parameters as a stream of ranges, each a view of the bytes
 // serialized once for every answer of that version. Nothing outside gRPC calls into it.
-class PullStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class PullStreamReactor final : public tsan::Reactor<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
  public:
   PullStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
                     const grpc::ByteBuffer* in)
@@ -418,12 +426,16 @@ class PullStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
   }
 
   void OnWriteDone(bool ok) override {
+    const auto reacting = Reacting();
     if (!ok) return Done(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
     if (++written_ < out_.size()) return StartWrite(&out_[written_]);
     Done(grpc::Status::OK);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    delete this;
+  }
 
  private:
   // Checks the request and lays out the answer's messages.
@@ -466,7 +478,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ParameterServiceImpl::PullParameters
 // appended as they arrive (what the server holds grows with what the client really sent, not
 // with the size it claims). The first registration's values win; later ones are read and only
 // their layout is checked. The answer carries the version.
-class RegisterStreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class RegisterStreamReactor final
+    : public tsan::Reactor<grpc::ServerReadReactor<grpc::ByteBuffer>> {
  public:
   RegisterStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
                         grpc::ByteBuffer* out)
@@ -480,6 +493,7 @@ class RegisterStreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuf
   }
 
   void OnReadDone(bool ok) override {
+    const auto reacting = Reacting();
     if (!ok) return Done(ToGrpcStatus(Register()));
     received_ += in_.Length();
     v1::RegisterModelRequest req;
@@ -491,7 +505,10 @@ class RegisterStreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuf
     StartRead(&in_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    delete this;
+  }
 
  private:
   absl::Status Take(const v1::RegisterModelRequest& req) {

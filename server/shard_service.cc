@@ -6,6 +6,7 @@
 #include "common/backoff.h"
 #include "common/grpc_status.h"
 #include "common/secrets.h"
+#include "common/tsan.h"
 #include "glog/logging.h"
 
 namespace dbs {
@@ -56,7 +57,7 @@ ShardEventData FromProto(const v1::ShardEvent& in) {
 
 // Writes the log's events to one follower, one at a time, waiting on the log when it has read
 // them all. The log's wake-ups reach it through `state`, which outlives the reactor.
-class FollowReactor : public grpc::ServerWriteReactor<v1::ShardEvent> {
+class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEvent>> {
  public:
   struct State {
     absl::Mutex mu;
@@ -71,6 +72,7 @@ class FollowReactor : public grpc::ServerWriteReactor<v1::ShardEvent> {
   }
 
   void OnWriteDone(bool ok) override {
+    const auto reacting = Reacting();
     absl::MutexLock lock(&state_->mu);
     writing_ = false;
     if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
@@ -80,11 +82,13 @@ class FollowReactor : public grpc::ServerWriteReactor<v1::ShardEvent> {
   }
 
   void OnCancel() override {
+    const auto reacting = Reacting();
     absl::MutexLock lock(&state_->mu);
     if (!writing_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "follower went away"));
   }
 
   void OnDone() override {
+    { const auto reacting = Reacting(); }
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
@@ -135,10 +139,13 @@ class FollowReactor : public grpc::ServerWriteReactor<v1::ShardEvent> {
   bool clean_ = false;
 };
 
-class RefusedWrite : public grpc::ServerWriteReactor<v1::ShardEvent> {
+class RefusedWrite : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEvent>> {
  public:
   explicit RefusedWrite(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    delete this;
+  }
 };
 
 }  // namespace
