@@ -1,4 +1,4 @@
-// Secrets: random tokens and comparing them.
+// Secrets: random tokens, comparing them, and worker tokens signed with the job's secret.
 #ifndef DBS_COMMON_SECRETS_H_
 #define DBS_COMMON_SECRETS_H_
 
@@ -11,8 +11,18 @@ namespace dbs {
 // 128 random bits from the kernel (getrandom), as 32 hex digits.
 std::string RandomToken();
 
-// Compares secrets without an early exit, so timing does not tell how much of a guess was right.
+// Compares secrets without an early exit (OpenSSL's CRYPTO_memcmp), so timing does not tell how
+// much of a guess was right.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// Worker tokens that every shard of a server can check by itself, before it has heard of the
+// worker: 128 random bits and an HMAC-SHA256 (OpenSSL) of the worker id and those bits under a
+// key derived from the job's secret, as 64 hex digits. Only a holder of the secret can make one
+// that passes IsIssuedWorkerToken; the server still compares a call's token with the one it
+// issued to that worker.
+std::string TokenKeyFromSecret(absl::string_view job_secret);
+std::string IssueWorkerToken(absl::string_view key, int worker_id);
+bool IsIssuedWorkerToken(absl::string_view key, int worker_id, absl::string_view token);
 
 }  // namespace dbs
 

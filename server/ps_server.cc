@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "common/secrets.h"
 #include "common/shard_range.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -71,6 +72,11 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           },
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype) {
   job_->SetObserver(&metrics_);
+  // With a job secret, worker tokens are signed with a key derived from it, so that every shard
+  // can refuse a made-up token at once (common/secrets.h).
+  const std::string token_key =
+      config.job_token.empty() ? std::string() : TokenKeyFromSecret(config.job_token);
+  job_->scheduler()->SetTokenKey(token_key);
   if (config.num_shards > 1 && config.shard == 0) {
     shard_log_ = std::make_unique<ShardLog>(config.num_shards, TrainingSettings(config.job));
     shard_service_ = std::make_unique<ShardServiceImpl>(shard_log_.get(), config.job_token);
@@ -78,6 +84,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
   } else if (follower()) {
     // The leader decides every step's workers and samples; this shard's barrier follows it.
     follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));
+    follower_->SetTokenKey(token_key);
     job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
     parameter_service_.SetGate(
         [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });

@@ -85,7 +85,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);
       left_.push_back(false);
-      tokens_.push_back(token_source_());
+      tokens_.push_back(NewTokenLocked());
       if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back());
       ++events_;
       if (static_cast<int>(workers_.size()) == config_.expected_workers) {
@@ -630,7 +630,17 @@ void Scheduler::LoadState(State state) {
   tokens_ = std::move(state.tokens);
   // A checkpoint without tokens (none are written empty) gets fresh ones: its workers register
   // again under their names.
-  while (tokens_.size() < workers_.size()) tokens_.push_back(token_source_());
+  while (tokens_.size() < workers_.size()) tokens_.push_back(NewTokenLocked());
+}
+
+void Scheduler::SetTokenKey(std::string key) {
+  absl::MutexLock lock(&mu_);
+  token_key_ = std::move(key);
+}
+
+std::string Scheduler::NewTokenLocked() {
+  if (token_key_.empty()) return token_source_();
+  return IssueWorkerToken(token_key_, static_cast<int>(tokens_.size()));
 }
 
 absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token) const {

@@ -102,6 +102,10 @@ class Scheduler {
   Scheduler(SchedulerConfig config, std::unique_ptr<SharePolicy> policy, const Clock* clock,
             SchedulerListener* listener, TokenSource token_source = nullptr);
 
+  // From now on, tokens are signed with `key` (IssueWorkerToken, common/secrets.h), so that the
+  // server's other shards can check them before they hear of the worker. Call before serving.
+  void SetTokenKey(std::string key);
+
   // OK when `token` is worker `worker_id`'s: NOT_FOUND for an unknown id, UNAUTHENTICATED for no
   // token, PERMISSION_DENIED for another worker's or a wrong one.
   absl::Status Authenticate(int worker_id, absl::string_view token) const;
@@ -225,7 +229,10 @@ class Scheduler {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // new registrations and accepted reports
+  std::string NewTokenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const TokenSource token_source_;
+  std::string token_key_ ABSL_GUARDED_BY(mu_);            // '' : tokens from token_source_
   std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);  // by id
 };
 

@@ -296,13 +296,22 @@ absl::Status ShardFollower::Gate(int epoch, int step) {
 }
 
 absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token) {
+  if (token.empty()) {
+    return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
+  }
   absl::MutexLock lock(&mu_);
   auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ended_ || tokens_.count(worker_id) > 0;
   };
   // Only an id the leader may be about to announce is waited for, and by a few calls at a
-  // time: a peer making up ids cannot hold more of the server's threads than that.
+  // time: a peer making up ids cannot hold more of the server's threads than that. With the
+  // leader's key, a peer without the job's secret cannot make it wait at all.
   const bool plausible = worker_id >= 0 && worker_id <= static_cast<int>(tokens_.size()) + 64;
+  if (plausible && !known() && !token_key_.empty() &&
+      !IsIssuedWorkerToken(token_key_, worker_id, token)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the token was not issued to worker ", worker_id, " by this job's server"));
+  }
   if (plausible && !known() && waiting_auth_ < kMaxAuthWaits) {
     ++waiting_auth_;
     mu_.AwaitWithTimeout(absl::Condition(&known), wait_);
@@ -316,14 +325,16 @@ absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token)
                                                      "has not announced it)"))
                : absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
   }
-  if (token.empty()) {
-    return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
-  }
   if (!ConstantTimeEquals(token, it->second)) {
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
   }
   return absl::OkStatus();
+}
+
+void ShardFollower::SetTokenKey(std::string key) {
+  absl::MutexLock lock(&mu_);
+  token_key_ = std::move(key);
 }
 
 absl::Status ShardFollower::Wait() {

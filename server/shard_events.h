@@ -140,8 +140,12 @@ class ShardFollower {
   absl::Status Gate(int epoch, int step);
   // OK when `token` is worker `worker_id`'s (as Scheduler::Authenticate). An id the leader may
   // be about to announce is waited for (by at most 8 calls at a time), then UNAVAILABLE (a
-  // client retries); NOT_FOUND for one far beyond the known workers.
+  // client retries); NOT_FOUND for one far beyond the known workers. With a token key (the
+  // leader's, SetTokenKey), only a token the leader signed for that id is waited for: any
+  // other is refused at once (PERMISSION_DENIED), as is a call with no token (UNAUTHENTICATED).
   absl::Status Authenticate(int worker_id, absl::string_view token);
+  // The key the leader signs worker tokens with (Scheduler::SetTokenKey). Call before serving.
+  void SetTokenKey(std::string key);
 
   // Blocks until the job has ended (or the leader was lost); returns how.
   absl::Status Wait();
@@ -163,8 +167,9 @@ class ShardFollower {
   const absl::Duration wait_;
   mutable absl::Mutex mu_;
   std::map<int, std::string> tokens_ ABSL_GUARDED_BY(mu_);
-  int epoch_ ABSL_GUARDED_BY(mu_) = -1;  // the leader's latest epoch
-  int done_ ABSL_GUARDED_BY(mu_) = 0;    // steps of it the leader completed
+  std::string token_key_ ABSL_GUARDED_BY(mu_);  // '' : tokens cannot be checked before known
+  int epoch_ ABSL_GUARDED_BY(mu_) = -1;         // the leader's latest epoch
+  int done_ ABSL_GUARDED_BY(mu_) = 0;           // steps of it the leader completed
   // The leader's end-of-epoch checkpoint is still to come: the epoch's pushes wait for it.
   bool awaiting_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   // Calls waiting in Authenticate for the leader to announce their worker.

@@ -29,6 +29,9 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
 ABSL_FLAG(int, rounds, 1, "Rounds of attacks; 0: until killed.");
 ABSL_FLAG(int, big_mb, 80, "Size of the oversized pushes, in MiB.");
+ABSL_FLAG(bool, follower, false,
+          "The server is a follower shard (dbs_ps --shard=i/k, i > 0), which serves only "
+          "ParameterService: UNIMPLEMENTED is its clear answer to SchedulerService calls.");
 
 namespace {
 
@@ -78,6 +81,13 @@ class Attacker {
   }
 
  private:
+  static bool SchedulerMethod(const std::string& method) {
+    for (const char* name : {"RegisterWorker", "Leave", "ReportEpoch", "GetEpochPlan"}) {
+      if (method.find(name) != std::string::npos) return true;
+    }
+    return false;
+  }
+
   // A refusal the server may give to a call from a stranger; anything else is a finding.
   static bool Refusal(StatusCode c) {
     switch (c) {
@@ -110,9 +120,11 @@ class Attacker {
     ++calls_;
     const int code = static_cast<int>(s.error_code());
     ++by_method_[method.substr(method.rfind('/') + 1)][std::to_string(code)];
-    const bool refused = Refusal(s.error_code()) ||
-                         (transport_refusal && (s.error_code() == StatusCode::CANCELLED ||
-                                                s.error_code() == StatusCode::UNAVAILABLE));
+    const bool refused =
+        Refusal(s.error_code()) ||
+        (follower_ && s.error_code() == StatusCode::UNIMPLEMENTED && SchedulerMethod(method)) ||
+        (transport_refusal &&
+         (s.error_code() == StatusCode::CANCELLED || s.error_code() == StatusCode::UNAVAILABLE));
     if (!refused && findings_.size() < 50) {
       findings_.push_back(
           {{"method", method}, {"what", what}, {"code", code}, {"message", s.error_message()}});
@@ -365,6 +377,7 @@ class Attacker {
     }
   }
 
+  const bool follower_ = absl::GetFlag(FLAGS_follower);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dbs::v1::SchedulerService::Stub> sched_;
   std::unique_ptr<dbs::v1::ParameterService::Stub> params_;

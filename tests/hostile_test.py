@@ -1,6 +1,7 @@
 """A hostile peer on the network while a real job trains.
 
-dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MNIST. Meanwhile
+dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MNIST; in the second
+test dbs_ps is two shards and the attack goes to the follower. Meanwhile
 tests/hostile_client (no secret, no token) sends every kind of bad call, round after round:
 random bytes to every method, malformed, overflowing and oversized tensors, wrong steps and
 epochs, unknown and forged ids, floods of registrations and of waiting calls, streamed pushes
@@ -51,15 +52,18 @@ def peak_rss_mib(pid):
 
 
 class HostileTest(ProcessTestCase):
-    def run_job(self, tag, attack):
+    def run_job(self, tag, attack, shards=1):
+        """The job, attacked or not. With shards > 1 the attack goes to the last shard (a
+        follower, which serves only ParameterService) and its memory is the one watched."""
         summary = os.path.join(self.tmp, f"{tag}.json")
-        ps, port = self.start_ps(JOB + [f"--summary_path={summary}"], tag=tag)
+        servers, server = self.start_shards(JOB + [f"--summary_path={summary}"], tag, shards)
+        target, address = servers[-1], server.split(",")[-1]
         peak = [0.0]
         stop = threading.Event()
 
         def watch():
             while not stop.is_set():
-                m = peak_rss_mib(ps.pid)
+                m = peak_rss_mib(target.pid)
                 if m is not None:
                     peak[0] = max(peak[0], m)
                 time.sleep(0.1)
@@ -68,11 +72,15 @@ class HostileTest(ProcessTestCase):
         watcher.start()
         hostile = None
         if attack:
-            hostile = self.spawn([HOSTILE, f"--server=127.0.0.1:{port}", "--rounds=0"])
+            argv = [HOSTILE, f"--server={address}", "--rounds=0"]
+            if shards > 1:
+                argv.append("--follower")
+            hostile = self.spawn(argv)
             # The attack is under way before the workers join.
             first = hostile.stdout.readline()
             self.assertTrue(first, "the hostile client ended before its first round")
-        workers = [self.spawn(self.worker_argv(port, *WORKER, f"--name=w{i}")) for i in range(2)]
+        workers = [self.spawn(self.worker_argv(server, *WORKER, f"--name=w{i}"))
+                   for i in range(2)]
         for w in workers:
             out, err = w.communicate(timeout=600)
             self.assertEqual(w.returncode, 0, err.decode()[-3000:])
@@ -82,22 +90,24 @@ class HostileTest(ProcessTestCase):
             hostile.send_signal(signal.SIGTERM)
             out, err = hostile.communicate(timeout=60)
             rounds = [json.loads(line) for line in (first + out).decode().splitlines() if line]
-        ps_out, ps_err = ps.communicate(timeout=120)
+        for ps in servers:
+            ps_out, ps_err = ps.communicate(timeout=120)
+            self.assertEqual(ps.returncode, 0, ps_err.decode()[-3000:])
         stop.set()
         watcher.join()
-        self.assertEqual(ps.returncode, 0, ps_err.decode()[-3000:])
         with open(summary) as f:
             record = json.load(f)
         return record, peak[0], rounds
 
-    def test_a_hostile_peer_changes_nothing(self):
-        calm, calm_peak, _ = self.run_job("calm", attack=False)
-        hostile, peak, rounds = self.run_job("hostile", attack=True)
+    def check_attack(self, shards):
+        calm, calm_peak, _ = self.run_job(f"calm{shards}", attack=False, shards=shards)
+        hostile, peak, rounds = self.run_job(f"hostile{shards}", attack=True, shards=shards)
         last = rounds[-1]
-        print(f"undisturbed: accuracy {calm['final_test_accuracy']:.4f}, dbs_ps peak "
-              f"{calm_peak:.0f} MiB; attacked: accuracy {hostile['final_test_accuracy']:.4f}, "
-              f"dbs_ps peak {peak:.0f} MiB; {len(rounds)} attack rounds, {last['calls']} bad "
-              f"calls: {json.dumps(last['by_method'])}", flush=True)
+        print(f"{shards} shard(s), undisturbed: accuracy {calm['final_test_accuracy']:.4f}, "
+              f"dbs_ps peak {calm_peak:.0f} MiB; attacked: accuracy "
+              f"{hostile['final_test_accuracy']:.4f}, dbs_ps peak {peak:.0f} MiB; {len(rounds)} "
+              f"attack rounds, {last['calls']} bad calls: {json.dumps(last['by_method'])}",
+              flush=True)
         self.assertGreaterEqual(len(rounds), 3, "the attack ran through the training")
         # Calls forged for the live workers' ids were refused as such (not as unknown ids).
         denied = sum(codes.get("7", 0) for codes in last["by_method"].values())
@@ -112,6 +122,14 @@ class HostileTest(ProcessTestCase):
         self.assertAlmostEqual(hostile["final_test_accuracy"], calm["final_test_accuracy"],
                                delta=ACCURACY_TOLERANCE)
         self.assertLess(peak - calm_peak, PEAK_EXTRA_BOUND_MIB)
+
+    def test_a_hostile_peer_changes_nothing(self):
+        self.check_attack(shards=1)
+
+    def test_a_hostile_peer_at_a_follower_changes_nothing(self):
+        # The follower checks each made-up token against the leader's signature at once
+        # (common/secrets.h) instead of waiting for the leader to announce the worker.
+        self.check_attack(shards=2)
 
 
 if __name__ == "__main__":

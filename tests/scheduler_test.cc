@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/secrets.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -95,6 +96,23 @@ TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
   EXPECT_EQ(d->worker_id, 3);
   EXPECT_EQ(d->start_epoch, 1);
   EXPECT_EQ(s->Register(Reg("b"))->start_epoch, 0);
+}
+
+TEST_F(SchedulerTest, WithATokenKeyEachWorkersTokenIsSignedForItsId) {
+  auto s = Make("dbs", 3);
+  const std::string key = TokenKeyFromSecret("the-job-secret");
+  s->SetTokenKey(key);
+  auto a = s->Register(Reg("a"));
+  auto b = s->Register(Reg("b"));
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_TRUE(IsIssuedWorkerToken(key, 0, a->token));
+  EXPECT_TRUE(IsIssuedWorkerToken(key, 1, b->token));
+  EXPECT_FALSE(IsIssuedWorkerToken(key, 1, a->token));
+  EXPECT_THAT(s->Authenticate(0, a->token), IsOk());
+  // Signed for its id is not enough: the call must carry the token issued to that worker.
+  EXPECT_THAT(s->Authenticate(0, IssueWorkerToken(key, 0)),
+              StatusCodeIs(absl::StatusCode::kPermissionDenied));
 }
 
 TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/secrets.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -214,6 +215,32 @@ TEST_F(ShardFollowerTest, AnEvictedWorkerWhosePushArrivedHereStaysInThisStep) {
   ASSERT_TRUE(out[1].result.has_value());
   EXPECT_EQ((*out[1].result)->global_samples, 6);
   EXPECT_EQ(agg_->Progress().waiting_for, (std::vector<int>{0, 1}));  // step 1: the survivors
+}
+
+TEST_F(ShardFollowerTest, WithTheLeadersKeyOnlyATokenItSignedIsWaitedFor) {
+  // Waits would last minutes: a call answered here was answered without one.
+  ShardFollower patient(agg_.get(), absl::Minutes(5));
+  const std::string key = TokenKeyFromSecret("the-job-secret");
+  patient.SetTokenKey(key);
+  EXPECT_THAT(patient.Authenticate(0, "made-up"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not issued to worker 0")));
+  EXPECT_THAT(patient.Authenticate(0, IssueWorkerToken(TokenKeyFromSecret("another"), 0)),
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  const std::string token = IssueWorkerToken(key, 0);
+  EXPECT_THAT(patient.Authenticate(1, token),  // signed for worker 0, not 1
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_THAT(patient.Authenticate(0, ""),
+              StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  // A token signed for the id waits for the leader's announcement.
+  absl::Status late;
+  std::thread caller([&] { late = patient.Authenticate(0, token); });
+  ShardEventData w;
+  w.kind = ShardEventData::Kind::kWorker;
+  w.worker_id = 0;
+  w.token = token;
+  patient.Apply(w);
+  caller.join();
+  EXPECT_THAT(late, IsOk());
 }
 
 TEST_F(ShardFollowerTest, TokensAreTheLeadersAndTheEndReleasesEveryone) {

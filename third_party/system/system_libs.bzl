@@ -62,6 +62,12 @@ cc_library(
     linkopts = ["-lglog", "-lgflags"],
 )
 
+# OpenSSL's libcrypto (libssl-dev): HMAC-SHA256 for worker tokens.
+cc_library(
+    name = "openssl",
+    linkopts = ["-lcrypto"],
+)
+
 cc_library(
     name = "zlib",
     linkopts = ["-lz"],
