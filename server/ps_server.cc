@@ -81,6 +81,18 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
     shard_log_ = std::make_unique<ShardLog>(config.num_shards, TrainingSettings(config.job));
     shard_service_ = std::make_unique<ShardServiceImpl>(shard_log_.get(), config.job_token);
     job_->SetShardLog(shard_log_.get());
+    // A follower lost mid-job takes its range of the model with it: stop as if told to, so that
+    // the workers wait and retry, and every shard can be restarted from their newest common
+    // checkpoint (an orchestrator restarts on this exit code: docs/deploying.md#exit-codes).
+    shard_log_->SetOnLost([this](int shard) {
+      const absl::Status why = absl::UnavailableError(absl::StrCat(
+          "shard ", shard, "/", config_.num_shards,
+          " stopped following: the job cannot go on without its part of the model; restart every "
+          "shard with --restore (or --restore_if_present) to continue from the newest "
+          "checkpoint they all hold"));
+      LOG(ERROR) << why.message();
+      Stop(why);
+    });
   } else if (follower()) {
     // The leader decides every step's workers and samples; this shard's barrier follows it.
     follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));

@@ -35,10 +35,15 @@ absl::Status ShardLog::Join(int shard, int num_shards,
   }
   absl::MutexLock lock(&mu_);
   if (joined_.count(shard) > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", shard, "/", num_shards_, " is following already"));
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", shard, "/", num_shards_,
+        " is following already (a restarted follower whose old stream has not ended yet?)"));
   }
-  if (workers_seen_ || base_ > 0) {
+  if (lost_) {
+    return absl::UnavailableError(absl::StrCat("the leader is stopping: it lost a shard; shard ",
+                                               shard, "/", num_shards_, " can follow its restart"));
+  }
+  if (workers_seen_ || appended_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard, "/", num_shards_,
                      " joins too late: workers have registered and the job has gone on "
@@ -50,9 +55,22 @@ absl::Status ShardLog::Join(int shard, int num_shards,
 }
 
 void ShardLog::Part(int shard) {
+  std::function<void(int)> on_lost;
+  {
+    absl::MutexLock lock(&mu_);
+    if (joined_.erase(shard) == 0) return;
+    checkpoints_.erase(shard);
+    if ((workers_seen_ || appended_) && !ended_ && !lost_) {
+      lost_ = true;
+      on_lost = on_lost_;
+    }
+  }
+  if (on_lost) on_lost(shard);
+}
+
+void ShardLog::SetOnLost(std::function<void(int shard)> on_lost) {
   absl::MutexLock lock(&mu_);
-  joined_.erase(shard);
-  checkpoints_.erase(shard);
+  on_lost_ = std::move(on_lost);
 }
 
 absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
@@ -87,6 +105,8 @@ void ShardLog::Append(ShardEventData event) {
   {
     absl::MutexLock lock(&mu_);
     if (event.kind == ShardEventData::Kind::kWorker) workers_seen_ = true;
+    if (event.kind == ShardEventData::Kind::kEnd) ended_ = true;
+    appended_ = true;
     events_.push_back(std::move(event));
     wake.swap(wakers_);
   }
@@ -115,8 +135,9 @@ void ShardLog::SeedFresh() {
 }
 
 void ShardLog::TrimLocked() {
-  // Until every follower has joined, each must still read the log from its start.
-  if (static_cast<int>(joined_.size()) < num_shards_ - 1) return;
+  // Until every follower has joined, each must still read the log from its start; so must one
+  // that parts and joins again before the job goes on (what was seeded is a few events).
+  if (static_cast<int>(joined_.size()) < num_shards_ - 1 || !(workers_seen_ || appended_)) return;
   int64_t low = joined_.begin()->second;
   for (const auto& [shard, next] : joined_) low = std::min(low, next);
   while (base_ < low && !events_.empty()) {

@@ -69,12 +69,17 @@ class ShardLog {
 
   // Shard `shard` asks to follow (with the shard count and settings it was started with).
   // FAILED_PRECONDITION, naming the difference, for another shard count, an index out of
-  // range, other settings, or a shard that is following already.
+  // range, other settings, or a job that has gone on without it. UNAVAILABLE (the follower
+  // retries) while its previous stream is still open, and while the job is ending because a
+  // shard was lost: the leader is about to exit and be restarted.
   // A follower started with --restore names the checkpoints it holds.
   absl::Status Join(int shard, int num_shards, const std::map<std::string, std::string>& settings,
                     std::set<CheckpointAt> checkpoints = {});
   // Its stream ended: it may join again (a restarted follower) while no worker has registered.
+  // Once workers have, the job cannot go on without that shard's range of the model: `on_lost`
+  // (SetOnLost) runs, unless the job has ended.
   void Part(int shard);
+  void SetOnLost(std::function<void(int shard)> on_lost);
   // OK once every follower has joined (workers may register); UNAVAILABLE naming the missing.
   absl::Status Admit() const;
   // Waits at most `timeout` for every follower to join; then the checkpoints each holds (by
@@ -103,6 +108,10 @@ class ShardLog {
   std::deque<ShardEventData> events_ ABSL_GUARDED_BY(mu_);
   int64_t base_ ABSL_GUARDED_BY(mu_) = 0;  // position of events_.front()
   bool workers_seen_ ABSL_GUARDED_BY(mu_) = false;
+  bool appended_ ABSL_GUARDED_BY(mu_) = false;  // the job has gone on (Append, not Seed)
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;     // an END was appended
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;      // a follower was lost after workers registered
+  std::function<void(int shard)> on_lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> wakers_ ABSL_GUARDED_BY(mu_);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

@@ -662,48 +662,91 @@ class ServerRestartTest(ProcessTestCase):
 
 
 class ShardedRestartTest(ProcessTestCase):
+    FLAGS = ["--workers=3", "--epochs=3", "--global_batch=64", "--checkpoint_every_steps=10"]
+
+    def setUp(self):
+        super().setUp()
+        self.ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]
+        self.summary = os.path.join(self.tmp, "summary.json")
+
+    def shard_argv(self, shard, port, leader_port):
+        """dbs_ps as shard `shard` of 2 on `port`, checkpointing into its own directory and
+        restoring from it."""
+        argv = [PS, "--host=127.0.0.1", f"--port={port}", "--restore",
+                f"--checkpoint_dir={self.ckpt[shard]}", f"--shard={shard}/2"] + self.FLAGS
+        if shard == 0:
+            return argv + [f"--summary_path={self.summary}"]
+        return argv + [f"--leader=127.0.0.1:{leader_port}"]
+
+    def start_training(self):
+        """Two shards and the restart workers, until checkpoints exist (start_restart_workers);
+        returns (leader, port, follower, fport, workers)."""
+        leader, port = self.start_ps(self.FLAGS + [f"--checkpoint_dir={self.ckpt[0]}",
+                                                   "--shard=0/2",
+                                                   f"--summary_path={self.summary}"], "leader")
+        follower, fport = self.start_ps(self.FLAGS + [f"--checkpoint_dir={self.ckpt[1]}",
+                                                      "--shard=1/2",
+                                                      f"--leader=127.0.0.1:{port}"], "follower")
+        procs = self.start_restart_workers(f"127.0.0.1:{port},127.0.0.1:{fport}")
+        return leader, port, follower, fport, procs
+
+    def wait_for(self, proc, timeout, others, what):
+        """proc's stderr once it exits; kills everything and fails if it does not in time."""
+        try:
+            return proc.communicate(timeout=timeout)[1].decode()
+        except subprocess.TimeoutExpired:
+            everyone = [proc] + others
+            for p in everyone:
+                p.kill()
+            self.fail(what + ": " + " | ".join(p.communicate()[1].decode()[-1500:]
+                                               for p in everyone))
+
     def test_killed_shards_restore_the_same_step_and_workers_continue(self):
         """Issue 11 item 4: each shard checkpoints its own range at the leader's checkpoints;
         after both are killed, the restarted leader restores its newest and the follower its
         own checkpoint of the same step."""
-        ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]
-        summary = os.path.join(self.tmp, "summary.json")
-        flags = ["--workers=3", "--epochs=3", "--global_batch=64", "--checkpoint_every_steps=10"]
-        leader, port = self.start_ps(flags + [f"--checkpoint_dir={ckpt[0]}", "--shard=0/2",
-                                              f"--summary_path={summary}"], "leader")
-        follower, fport = self.start_ps(flags + [f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
-                                                 f"--leader=127.0.0.1:{port}"], "follower")
-        procs = self.start_restart_workers(f"127.0.0.1:{port},127.0.0.1:{fport}")
+        leader, port, follower, fport, procs = self.start_training()
         leader.kill()
         follower.kill()
         leader.wait()
         follower.wait()
-        for d in ckpt:  # epoch 1's end and at least one periodic checkpoint in epoch 2
+        for d in self.ckpt:  # epoch 1's end and at least one periodic checkpoint in epoch 2
             self.assertGreaterEqual(len(os.listdir(d)), 2, d)
-        restarted = self.spawn([PS, "--host=127.0.0.1", f"--port={port}", "--restore",
-                                f"--checkpoint_dir={ckpt[0]}", "--shard=0/2",
-                                f"--summary_path={summary}"] + flags)
-        refollower = self.spawn([PS, "--host=127.0.0.1", f"--port={fport}", "--restore",
-                                 f"--checkpoint_dir={ckpt[1]}", "--shard=1/2",
-                                 f"--leader=127.0.0.1:{port}"] + flags)
-        try:
-            _, err = restarted.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in [restarted, refollower] + procs:
-                p.kill()
-            self.fail("the restarted job did not end: " + " | ".join(
-                p.communicate()[1].decode()[-1500:] for p in [restarted, refollower] + procs))
-        log = err.decode()
+        restarted = self.spawn(self.shard_argv(0, port, port))
+        refollower = self.spawn(self.shard_argv(1, fport, port))
+        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
         self.assertEqual(restarted.returncode, 0, log[-3000:])
         m = re.search(r"restored \S+: epoch (\d+), step (\d+), parameter version (\d+)", log)
         self.assertIsNotNone(m, log[-3000:])
         _, ferr = refollower.communicate(timeout=60)
         flog = ferr.decode()
         self.assertEqual(refollower.returncode, 0, flog[-3000:])
-        self.assertIn(f"shard 1/2 restored {ckpt[1]}", flog)
+        self.assertIn(f"shard 1/2 restored {self.ckpt[1]}", flog)
         self.assertIn(f"epoch {m.group(1)}, step {m.group(2)}, parameter version {m.group(3)}",
                       flog)
-        self.check_restarted_job(procs, summary, "resuming at epoch")
+        self.check_restarted_job(procs, self.summary, "resuming at epoch")
+
+    def test_a_lost_follower_stops_the_leader_and_the_restarted_shards_continue(self):
+        """A follower killed mid-job takes its range of the model with it: the leader stops by
+        itself with a restart exit code instead of stalling, a follower restarted at once
+        retries until the leader is back, and the restarted shards continue the job from their
+        newest common checkpoint while the workers wait."""
+        leader, port, follower, fport, procs = self.start_training()
+        follower.kill()
+        follower.wait()
+        # Restarted at once, as an orchestrator would: the old leader may still be stopping.
+        refollower = self.spawn(self.shard_argv(1, fport, port))
+        log = self.wait_for(leader, 60, [refollower] + procs,
+                            "the leader did not stop after losing its follower")
+        self.assertEqual(leader.returncode, 200, log[-3000:])
+        self.assertIn("shard 1/2 stopped following", log)
+        restarted = self.spawn(self.shard_argv(0, port, port))
+        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
+        self.assertEqual(restarted.returncode, 0, log[-3000:])
+        _, ferr = refollower.communicate(timeout=60)
+        self.assertEqual(refollower.returncode, 0, ferr.decode()[-3000:])
+        self.assertIn("shard 1/2 restored", ferr.decode())
+        self.check_restarted_job(procs, self.summary, "resuming at epoch")
 
     def test_shards_without_a_common_checkpoint_refuse_to_restore(self):
         ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]

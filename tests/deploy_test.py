@@ -136,6 +136,7 @@ class DockerfileTest(unittest.TestCase):
 
 class ComposeTest(ProcessTestCase):
     FILE = "deploy/compose/docker-compose.yaml"
+    SHARDS = "deploy/compose/docker-compose.shards.yaml"
 
     def config(self):
         compose = shutil.which("docker-compose")
@@ -145,49 +146,77 @@ class ComposeTest(ProcessTestCase):
 
     def test_docker_compose_config_accepts_it(self):
         compose = self.config()
-        r = subprocess.run([compose, "-f", os.path.join(ROOT, self.FILE), "config", "-q"],
-                           capture_output=True, timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        for files in ([self.FILE], [self.FILE, self.SHARDS]):
+            argv = [compose]
+            for f in files:
+                argv += ["-f", os.path.join(ROOT, f)]
+            r = subprocess.run(argv + ["config", "-q"], capture_output=True, timeout=60)
+            self.assertEqual(r.returncode, 0, f"{files}: {r.stderr.decode()}")
 
     def test_its_services_train_a_job_as_local_processes(self):
-        compose = self.config()
-        resolved = subprocess.run([compose, "-f", os.path.join(ROOT, self.FILE), "config"],
-                                  capture_output=True, timeout=60, check=True).stdout.decode()
-        services = yaml_documents(resolved)[0]["services"]
-        self.assertEqual(len([s for s in services if s.startswith("worker-")]), 4)
+        services = self.train_locally([self.FILE])
         self.assertEqual(len({services[s]["cpus"] for s in services if s != "dbs-ps"}), 4,
                          "the workers' CPU limits differ")
-        ps_port, metrics_port = free_port(), free_port()
-        hosts = {"dbs-ps:50051": f"127.0.0.1:{ps_port}"}
-        ckpt = os.path.join(self.tmp, "checkpoints")
+
+    def test_with_the_shards_file_two_shards_train_the_job(self):
+        services = self.train_locally([self.FILE, self.SHARDS])
+        self.assertEqual(services["dbs-ps"]["environment"]["DBS_SHARD"], "0/2")
+        self.assertEqual(services["dbs-ps-1"]["environment"]["DBS_SHARD"], "1/2")
+        follower_ckpt = os.path.join(self.tmp, "checkpoints-dbs-ps-1")
+        self.assertTrue(os.listdir(follower_ckpt), "the follower checkpoints into its volume")
+
+    def train_locally(self, files):
+        """Runs every service of the resolved compose `files` as a local process (its command
+        and environment, with host names, ports and volume paths made local), one short epoch,
+        and checks the job; returns the resolved services."""
+        compose = self.config()
+        argv = [compose]
+        for f in files:
+            argv += ["-f", os.path.join(ROOT, f)]
+        resolved = subprocess.run(argv + ["config"], capture_output=True, timeout=60,
+                                  check=True).stdout.decode()
+        services = yaml_documents(resolved)[0]["services"]
+        self.assertEqual(len([s for s in services if s.startswith("worker-")]), 4)
+        servers = sorted(s for s in services if s.startswith("dbs-ps"))
+        ports = {name: free_port() for name in servers}
+        hosts = {f"{name}:50051": f"127.0.0.1:{ports[name]}" for name in servers}
+        metrics_port = free_port()
 
         def local(name):
             """A service's command and environment, with its names and paths made local."""
             svc = services[name]
             env = {k: str(v) for k, v in svc["environment"].items()}
+            ckpt = os.path.join(self.tmp, "checkpoints" if name == "dbs-ps"
+                                else f"checkpoints-{name}")
             for k, v in env.items():
-                env[k] = hosts.get(v, v).replace("/checkpoints", ckpt)
-            if name == "dbs-ps":
-                env.update(DBS_HOST="127.0.0.1", DBS_PORT=str(ps_port),
-                           DBS_METRICS_PORT=str(metrics_port), DBS_LINGER_S="2",
+                for host, address in hosts.items():
+                    v = ",".join(address if part == host else part for part in v.split(","))
+                env[k] = v.replace("/checkpoints", ckpt)
+            if name in servers:
+                env.update(DBS_HOST="127.0.0.1", DBS_PORT=str(ports[name]), DBS_LINGER_S="2",
                            DBS_EPOCHS="1")  # a short job; every other setting is the file's
+                if "DBS_METRICS_PORT" in env:
+                    env["DBS_METRICS_PORT"] = str(metrics_port)
             else:
                 env.update(DBS_TRAIN_LIMIT="2000", DBS_TEST_LIMIT="400", DBS_LOG_EVERY_S="60")
             argv = [BINARIES[svc["command"][0]], *svc["command"][1:]]
             base = {k: v for k, v in os.environ.items() if not k.startswith("DBS_")}
             return argv, {**base, **env}
 
-        argv, env = local("dbs-ps")
-        ps = self.spawn(argv, env=env)
-        # depends_on: service_healthy -- the file's own health check, made local.
-        check = services["dbs-ps"]["healthcheck"]["test"][1:]  # after "CMD"
-        probe = [BINARIES[check[0]]] + [a.replace("127.0.0.1:50051", f"127.0.0.1:{ps_port}")
-                                        for a in check[1:]]
-        deadline = time.time() + 60
-        while subprocess.run(probe, capture_output=True).returncode != 0:
-            self.assertLess(time.time(), deadline, "dbs-ps never became healthy")
-            self.assertIsNone(ps.poll(), "dbs-ps exited")
-            time.sleep(0.5)
+        procs = {}
+        for name in servers:
+            argv, env = local(name)
+            procs[name] = self.spawn(argv, env=env)
+        # depends_on: service_healthy -- each file's own health check, made local.
+        for name in servers:
+            check = services[name]["healthcheck"]["test"][1:]  # after "CMD"
+            probe = [BINARIES[check[0]]] + [
+                a.replace("127.0.0.1:50051", f"127.0.0.1:{ports[name]}") for a in check[1:]]
+            deadline = time.time() + 60
+            while subprocess.run(probe, capture_output=True).returncode != 0:
+                self.assertLess(time.time(), deadline, f"{name} never became healthy")
+                self.assertIsNone(procs[name].poll(), f"{name} exited")
+                time.sleep(0.5)
         workers = []
         for name in sorted(s for s in services if s.startswith("worker-")):
             argv, env = local(name)
@@ -195,14 +224,17 @@ class ComposeTest(ProcessTestCase):
         for w in workers:
             _, err = w.communicate(timeout=600)
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
-        ps.communicate(timeout=60)
-        self.assertEqual(ps.returncode, 0)
+        for name in servers:
+            _, err = procs[name].communicate(timeout=60)
+            self.assertEqual(procs[name].returncode, 0, f"{name}: {err.decode()[-2000:]}")
+        ckpt = os.path.join(self.tmp, "checkpoints")
         with open(os.path.join(ckpt, "summary.json")) as f:
             summary = json.load(f)
         self.assertEqual(summary["status"], "ok")
         self.assertEqual(sorted(w["name"] for w in summary["worker_info"]),
                          ["worker-0", "worker-1", "worker-2", "worker-3"])
         self.assertTrue(os.listdir(ckpt), "checkpoints were written to the volume's directory")
+        return services
 
 
 class KubernetesTest(unittest.TestCase):

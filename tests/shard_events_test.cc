@@ -28,8 +28,9 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.1"}}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lr 0.1 (leader: 0.05)")));
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}), IsOk());
+  // Retried by the follower: a restarted one may come before its old stream has ended.
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("following already")));
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("following already")));
   EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shard(s) 2 of")));
   EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}), IsOk());
   EXPECT_THAT(log.Admit(), IsOk());
@@ -46,9 +47,40 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
   EXPECT_EQ(woken, 1);
   ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
   EXPECT_EQ(e.token, "t0");
-  // Once workers have registered, a shard that left cannot come back.
+  // Once workers have registered, a shard that leaves is lost: the leader is told once, and
+  // the shard (restarted) is asked to retry until the leader itself has been restarted.
+  std::vector<int> lost;
+  log.SetOnLost([&](int shard) { lost.push_back(shard); });
   log.Part(2);
+  EXPECT_EQ(lost, std::vector<int>{2});
   EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
+  log.Part(1);
+  EXPECT_EQ(lost, std::vector<int>{2});
+}
+
+TEST(ShardLogTest, AShardLeavingAnEndedJobIsNotLostAndCannotComeBack) {
+  ShardLog log(2, {});
+  int lost = 0;
+  log.SetOnLost([&](int) { ++lost; });
+  log.SeedFresh();
+  ASSERT_THAT(log.Join(1, 2, {}), IsOk());
+  ShardEventData e;
+  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  EXPECT_FALSE(log.Next(1, 1, &e, [] {}));  // read: nothing new yet
+  log.Part(1);  // before any worker: not lost, and it may join again and read from the start
+  ASSERT_THAT(log.Join(1, 2, {}), IsOk());
+  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  EXPECT_EQ(e.kind, ShardEventData::Kind::kResume);
+  ShardEventData worker;
+  worker.kind = ShardEventData::Kind::kWorker;
+  log.Append(worker);
+  ShardEventData end;
+  end.kind = ShardEventData::Kind::kEnd;
+  log.Append(end);
+  log.Part(1);
+  EXPECT_EQ(lost, 0);
+  EXPECT_THAT(log.Join(1, 2, {}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("too late")));
 }
 
