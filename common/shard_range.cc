@@ -47,17 +47,29 @@ ModelLayout ShardLayout(const ModelLayout& layout, ValueRange range) {
   return pieces;
 }
 
-absl::StatusOr<std::pair<int, int>> ParseShard(absl::string_view text) {
+absl::StatusOr<std::pair<int, int>> ParseShard(absl::string_view text,
+                                               absl::string_view host_name) {
   const std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
+  if (parts.size() == 2 && parts[0] == "ordinal") {
+    const size_t dash = host_name.rfind('-');
+    const absl::string_view ordinal =
+        dash == absl::string_view::npos ? absl::string_view() : host_name.substr(dash + 1);
+    int i = 0;
+    if (ordinal.empty() || !absl::SimpleAtoi(ordinal, &i)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shard=ordinal/k takes the shard from the host name's trailing -N (a StatefulSet "
+          "pod's ordinal, as in dbs-ps-1); host name '",
+          host_name, "' has none"));
+    }
+    return ParseShard(absl::StrCat(i, "/", parts[1]));
+  }
   int i = 0;
   int k = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &i) || !absl::SimpleAtoi(parts[1], &k) ||
       k < 1 || k > kMaxShards || i < 0 || i >= k) {
     return absl::InvalidArgumentError(
         absl::StrCat("--shard must be i/k with 0 <= i < k <= ", kMaxShards,
-                     " (e.g. 0/2 for the first of two "
-                     "shards); got '",
-                     text, "'"));
+                     " (e.g. 0/2 for the first of two shards), or ordinal/k; got '", text, "'"));
   }
   return std::make_pair(i, k);
 }

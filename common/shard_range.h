@@ -38,7 +38,10 @@ ValueRange ShardRange(size_t total, int count, int index);
 ModelLayout ShardLayout(const ModelLayout& layout, ValueRange range);
 
 // "i/k" (as --shard takes it) -> {i, k}; INVALID_ARGUMENT unless 0 <= i < k <= kMaxShards.
-absl::StatusOr<std::pair<int, int>> ParseShard(absl::string_view text);
+// "ordinal/k" takes i from the trailing "-N" of `host_name` (a Kubernetes StatefulSet pod's
+// ordinal: dbs-ps-1 is shard 1), so every pod of the set can be given the same flags.
+absl::StatusOr<std::pair<int, int>> ParseShard(absl::string_view text,
+                                               absl::string_view host_name = "");
 
 }  // namespace dbs
 

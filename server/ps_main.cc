@@ -2,12 +2,15 @@
 //
 // Flags are parsed here only; everything below main receives plain config structs.
 #include <signal.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/cli.h"
 #include "common/clock.h"
@@ -35,7 +38,8 @@ ABSL_FLAG(std::string, shard, "0/1",
           "i/k: this process keeps shard i of the model's values split across k dbs_ps "
           "processes (docs/dataplane.md#shards). Shard 0 is the leader and hosts the scheduler; "
           "start shards 1..k-1 with --leader and the same training flags. Workers list every "
-          "shard in --server, in order.");
+          "shard in --server, in order. 'ordinal/k' takes i from the host name's trailing -N "
+          "(a Kubernetes StatefulSet pod's ordinal); shard 0 then ignores --leader.");
 ABSL_FLAG(std::string, leader, "",
           "Shards 1..k-1: host:port of shard 0, which they follow (with the same --job_token "
           "and TLS files).");
@@ -129,6 +133,14 @@ ABSL_FLAG(double, linger_s, 10.0,
 
 namespace {
 
+// This machine's name: $HOSTNAME (a Kubernetes pod's name) when set, else gethostname().
+std::string HostName() {
+  if (const char* env = std::getenv("HOSTNAME"); env != nullptr && *env != '\0') return env;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
 // Every flag is read here; ValidateServerConfig checks them all in one place.
 absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   dbs::ServerConfig c;
@@ -179,11 +191,15 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  absl::StatusOr<std::pair<int, int>> shard = dbs::ParseShard(absl::GetFlag(FLAGS_shard));
+  const std::string shard_flag = absl::GetFlag(FLAGS_shard);
+  absl::StatusOr<std::pair<int, int>> shard = dbs::ParseShard(shard_flag, HostName());
   if (!shard.ok()) return shard.status();
   c.shard = shard->first;
   c.num_shards = shard->second;
   c.leader = absl::GetFlag(FLAGS_leader);
+  // Every pod of a StatefulSet gets the same flags: the one that turns out to lead ignores
+  // --leader (which names it).
+  if (absl::StartsWith(shard_flag, "ordinal/") && c.shard == 0) c.leader.clear();
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();

@@ -238,7 +238,7 @@ class ComposeTest(ProcessTestCase):
 
 
 class KubernetesTest(unittest.TestCase):
-    OVERLAYS = ["cpu", "gpu", "hetero-demo"]
+    OVERLAYS = ["cpu", "gpu", "hetero-demo", "sharded"]
 
     def render(self, overlay):
         kubectl = shutil.which("kubectl")
@@ -272,6 +272,13 @@ class KubernetesTest(unittest.TestCase):
             r = self.validate(objects)
             self.assertEqual(r.returncode, 0, f"{overlay}:\n{r.stdout.decode()}")
             self.assertEqual(r.stdout.decode().count("valid "), len(objects))
+        sharded = {o["kind"]: o for o in self.render("sharded")}
+        self.assertEqual(sharded["StatefulSet"]["spec"]["replicas"], 2)
+        self.assertEqual(sharded["StatefulSet"]["spec"]["podManagementPolicy"], "Parallel")
+        worker_config = [o for o in self.render("sharded") if o["kind"] == "ConfigMap"
+                         and o["metadata"]["name"].startswith("dbs-worker-config")][0]
+        self.assertEqual(worker_config["data"]["DBS_SERVER"],
+                         "dbs-ps-0.dbs-ps:50051,dbs-ps-1.dbs-ps:50051")
         gpu = {o["kind"]: o for o in self.render("gpu")}
         container = gpu["Job"]["spec"]["template"]["spec"]["containers"][0]
         self.assertEqual(container["resources"]["limits"]["nvidia.com/gpu"], 1)
@@ -313,10 +320,15 @@ class KubernetesTest(unittest.TestCase):
                                    d if k == "DBS_CHECKPOINT_DIR" else v)
                                for k, v in env.items()}
                         base = {k: v for k, v in os.environ.items() if not k.startswith("DBS_")}
-                        r = subprocess.run([BINARIES[binary], "--dry_run"],
-                                           env={**base, **env}, capture_output=True, timeout=30)
-                        self.assertEqual(r.returncode, 0,
-                                         f"{overlay} {binary}: {r.stderr.decode()}")
+                        # Each pod of a StatefulSet, by its name (--shard=ordinal/k reads it).
+                        pods = [f"{o['metadata']['name']}-{i}"
+                                for i in range(o["spec"].get("replicas", 1))]
+                        for pod in pods if o["kind"] == "StatefulSet" else ["worker-0"]:
+                            r = subprocess.run([BINARIES[binary], "--dry_run"],
+                                               env={**base, "HOSTNAME": pod, **env},
+                                               capture_output=True, timeout=30)
+                            self.assertEqual(r.returncode, 0,
+                                             f"{overlay} {binary} {pod}: {r.stderr.decode()}")
 
 
 if __name__ == "__main__":

@@ -76,5 +76,18 @@ TEST(ShardRangeTest, ParsesShardFlag) {
   }
 }
 
+TEST(ShardRangeTest, AnOrdinalShardComesFromTheHostName) {
+  auto one = ParseShard("ordinal/2", "dbs-ps-1");
+  ASSERT_THAT(one.status(), IsOk());
+  EXPECT_EQ(*one, std::make_pair(1, 2));
+  EXPECT_EQ(*ParseShard("ordinal/3", "my-job-dbs-ps-0"), std::make_pair(0, 3));
+  EXPECT_THAT(ParseShard("ordinal/2", "laptop").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'laptop' has none")));
+  EXPECT_THAT(ParseShard("ordinal/2", "dbs-ps-x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has none")));
+  EXPECT_THAT(ParseShard("ordinal/2", "dbs-ps-2").status(),  // a third pod of a 2-shard job
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got '2/2'")));
+}
+
 }  // namespace
 }  // namespace dbs
