@@ -6,23 +6,51 @@
 
 namespace dbs {
 
-void SgdOptimizer::Step(absl::Span<float> params, absl::Span<const float> grad) {
+void SgdOptimizer::Begin(size_t model_size) {
+  if (static_cast<float>(config_.momentum) == 0.0f) return;
+  first_ = !has_momentum_;  // torch.optim.SGD: the first buffer is the gradient itself
+  if (first_) momentum_.assign(model_size, 0.0f);
+}
+
+void SgdOptimizer::StepRange(float* p, const float* g, size_t offset, size_t n) {
   const float lr = static_cast<float>(config_.lr);
   const float mu = static_cast<float>(config_.momentum);
   const float wd = static_cast<float>(config_.weight_decay);
-  const size_t n = params.size();
+  // One branch-free loop per case, over raw pointers, so that the compiler vectorizes it.
   if (mu == 0.0f) {
-    for (size_t i = 0; i < n; ++i) params[i] -= lr * (grad[i] + wd * params[i]);
+    for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
     return;
   }
-  if (!has_momentum_) momentum_.assign(n, 0.0f);
-  for (size_t i = 0; i < n; ++i) {
-    const float d = grad[i] + wd * params[i];
-    // torch.optim.SGD: the first step's buffer is the gradient itself.
-    momentum_[i] = has_momentum_ ? mu * momentum_[i] + d : d;
-    params[i] -= lr * (config_.nesterov ? d + mu * momentum_[i] : momentum_[i]);
+  float* const m = momentum_.data() + offset;
+  const bool nesterov = config_.nesterov;
+  if (first_ && nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      m[i] = d;
+      p[i] -= lr * (d + mu * d);
+    }
+  } else if (first_) {
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = g[i] + wd * p[i];
+      p[i] -= lr * m[i];
+    }
+  } else if (nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      m[i] = mu * m[i] + d;
+      p[i] -= lr * (d + mu * m[i]);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = mu * m[i] + (g[i] + wd * p[i]);
+      p[i] -= lr * m[i];
+    }
   }
-  has_momentum_ = true;
+}
+
+void SgdOptimizer::End() {
+  if (static_cast<float>(config_.momentum) != 0.0f) has_momentum_ = true;
+  first_ = false;
 }
 
 std::string SgdOptimizer::Describe() const {
@@ -31,26 +59,30 @@ std::string SgdOptimizer::Describe() const {
                       ")");
 }
 
-void AdamOptimizer::Step(absl::Span<float> params, absl::Span<const float> grad) {
-  const size_t n = params.size();
-  if (m_.size() != n) {
-    m_.assign(n, 0.0f);
-    v_.assign(n, 0.0f);
+void AdamOptimizer::Begin(size_t model_size) {
+  if (m_.size() != model_size) {
+    m_.assign(model_size, 0.0f);
+    v_.assign(model_size, 0.0f);
   }
   ++t_;
-  const double b1 = config_.beta1, b2 = config_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t_));
-  const float step = static_cast<float>(config_.lr / bc1);
-  const float sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(t_));
+  step_ = static_cast<float>(config_.lr / bc1);
+  sqrt_bc2_ = static_cast<float>(std::sqrt(bc2));
+}
+
+void AdamOptimizer::StepRange(float* p, const float* gr, size_t offset, size_t n) {
   const float eps = static_cast<float>(config_.eps);
   const float wd = static_cast<float>(config_.weight_decay);
-  const float fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
+  const float fb1 = static_cast<float>(config_.beta1), fb2 = static_cast<float>(config_.beta2);
+  const float step = step_, sqrt_bc2 = sqrt_bc2_;
+  float* const m = m_.data() + offset;
+  float* const v = v_.data() + offset;
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * params[i];
-    m_[i] = fb1 * m_[i] + (1.0f - fb1) * g;
-    v_[i] = fb2 * v_[i] + (1.0f - fb2) * g * g;
-    params[i] -= step * m_[i] / (std::sqrt(v_[i]) / sqrt_bc2 + eps);
+    const float g = gr[i] + wd * p[i];
+    m[i] = fb1 * m[i] + (1.0f - fb1) * g;
+    v[i] = fb2 * v[i] + (1.0f - fb2) * g * g;
+    p[i] -= step * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
   }
 }
 

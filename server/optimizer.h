@@ -28,7 +28,18 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // params -= update(grad). Both spans have the model's size.
-  virtual void Step(absl::Span<float> params, absl::Span<const float> grad) = 0;
+  void Step(absl::Span<float> params, absl::Span<const float> grad) {
+    Begin(params.size());
+    StepRange(params.data(), grad.data(), 0, params.size());
+    End();
+  }
+  // The same step in pieces, so that a caller can do more with each block while it is in the
+  // cache: Begin (the model's size), then StepRange over every range [offset, offset + count)
+  // exactly once (`params` and `grad` point at the range), then End. The result is the same, bit
+  // for bit, whatever the ranges.
+  virtual void Begin(size_t model_size) = 0;
+  virtual void StepRange(float* params, const float* grad, size_t offset, size_t count) = 0;
+  virtual void End() = 0;
   virtual std::string Describe() const = 0;
   virtual OptimizerState SaveState() const = 0;
   // INVALID_ARGUMENT when the state belongs to another optimizer or another model size.
@@ -45,7 +56,9 @@ struct SgdConfig {
 class SgdOptimizer : public Optimizer {
  public:
   explicit SgdOptimizer(SgdConfig config) : config_(config) {}
-  void Step(absl::Span<float> params, absl::Span<const float> grad) override;
+  void Begin(size_t model_size) override;
+  void StepRange(float* params, const float* grad, size_t offset, size_t count) override;
+  void End() override;
   std::string Describe() const override;
   OptimizerState SaveState() const override;
   absl::Status LoadState(const OptimizerState& state, size_t model_size) override;
@@ -54,6 +67,7 @@ class SgdOptimizer : public Optimizer {
   SgdConfig config_;
   std::vector<float> momentum_;
   bool has_momentum_ = false;
+  bool first_ = false;  // this step starts the momentum
 };
 
 struct AdamConfig {
@@ -67,7 +81,9 @@ struct AdamConfig {
 class AdamOptimizer : public Optimizer {
  public:
   explicit AdamOptimizer(AdamConfig config) : config_(config) {}
-  void Step(absl::Span<float> params, absl::Span<const float> grad) override;
+  void Begin(size_t model_size) override;
+  void StepRange(float* params, const float* grad, size_t offset, size_t count) override;
+  void End() override {}
   std::string Describe() const override;
   OptimizerState SaveState() const override;
   absl::Status LoadState(const OptimizerState& state, size_t model_size) override;
@@ -77,6 +93,8 @@ class AdamOptimizer : public Optimizer {
   std::vector<float> m_;
   std::vector<float> v_;
   int64_t t_ = 0;
+  float step_ = 0.0f;      // lr / (1 - beta1^t), of the step in progress
+  float sqrt_bc2_ = 0.0f;  // sqrt(1 - beta2^t)
 };
 
 struct OptimizerConfig {

@@ -1,12 +1,24 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace dbs {
+namespace {
+
+// The index of the first of `v`'s `n` elements that is not finite, or `n`.
+size_t FirstNonFinite(const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return n;
+}
+
+}  // namespace
 
 ParameterStore::ParameterStore(std::unique_ptr<Optimizer> optimizer)
     : optimizer_(std::move(optimizer)) {}
@@ -42,55 +54,91 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Snapshot() const {
 }
 
 absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const float> grad) {
+  std::vector<float> copy(grad.begin(), grad.end());
+  const GradientScale all{copy.size(), 1.0f};
+  return ApplyGradient(absl::MakeSpan(copy), absl::MakeConstSpan(&all, 1));
+}
+
+absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
+    absl::Span<float> sum, absl::Span<const GradientScale> scales) {
   absl::MutexLock lock(&mu_);
+  const size_t n = values_.size();
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
-  if (grad.size() != values_.size()) {
+  if (sum.size() != n || scales.empty() || scales.back().end != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gradient holds ", grad.size(), " floats; the model has ", values_.size()));
+        absl::StrCat("gradient holds ", sum.size(), " floats; the model has ", n));
   }
-  // The values before the step (the snapshot every step hands out, so usually no copy).
+  // The values before the step (the snapshot every step hands out, so usually no copy), kept
+  // to undo an update that would make a value non-finite.
   const ParameterSnapshot before = SnapshotLocked();
-  optimizer_->Step(absl::MakeSpan(values_), grad);
+  std::shared_ptr<std::vector<float>> after = FreeBufferLocked();
+  after->resize(n);
   // Buffers are not trained: the "gradient" there is the sample-weighted mean of the values the
   // workers pushed, which every worker then holds.
+  std::vector<std::pair<size_t, size_t>> buffers;  // [begin, end), ascending
   size_t offset = 0;
   for (const TensorSpec& t : layout_) {
-    const size_t n = static_cast<size_t>(t.NumElements());
-    if (t.buffer)
-      std::copy(grad.begin() + offset, grad.begin() + offset + n, values_.begin() + offset);
-    offset += n;
+    const size_t count = static_cast<size_t>(t.NumElements());
+    if (t.buffer) buffers.emplace_back(offset, offset + count);
+    offset += count;
   }
-  for (size_t i = 0; i < values_.size(); ++i) {
-    if (std::isfinite(values_[i])) continue;
+  // One pass, block by block, each block in the cache from its scaling to its snapshot.
+  constexpr size_t kBlock = 4096;
+  float* const g = sum.data();
+  float* const p = values_.data();
+  float* const out = after->data();
+  size_t bad = n;
+  size_t scale = 0, buffer = 0;
+  optimizer_->Begin(n);
+  for (size_t a = 0; a < n;) {
+    while (scales[scale].end <= a) ++scale;
+    const size_t b = std::min({n, a + kBlock, scales[scale].end});
+    const float factor = scales[scale].factor;
+    for (size_t i = a; i < b; ++i) g[i] *= factor;
+    optimizer_->StepRange(p + a, g + a, a, b - a);
+    for (; buffer < buffers.size() && buffers[buffer].first < b; ++buffer) {
+      const size_t from = std::max(a, buffers[buffer].first);
+      const size_t to = std::min(b, buffers[buffer].second);
+      std::copy(g + from, g + to, p + from);
+      if (buffers[buffer].second > b) break;  // it goes on in the next block
+    }
+    int finite = 1;
+    for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
+    if (finite == 0 && bad == n) bad = a + FirstNonFinite(p + a, b - a);
+    std::copy(p + a, p + b, out + a);
+    std::fill(g + a, g + b, 0.0f);
+    a = b;
+  }
+  optimizer_->End();
+  if (bad < n) {
     // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
     // has moved, so the job must end.
     values_ = *before.values;
     return absl::DataLossError(absl::StrCat(
-        "the update of parameter version ", version_ + 1, " made element ", i,
+        "the update of parameter version ", version_ + 1, " made element ", bad,
         " non-finite (the gradients were finite but too large for this learning rate); the "
         "parameters of version ",
         version_, " are kept"));
   }
   ++version_;
-  cached_.reset();
-  return SnapshotLocked();
+  cached_ = std::move(after);
+  return ParameterSnapshot{version_, cached_};
+}
+
+std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked() const {
+  // A pooled buffer nobody outside holds any more (its pages are already mapped), so a step
+  // allocates nothing.
+  for (const auto& b : pool_) {
+    if (b.use_count() == 1 && b->size() == values_.size()) return b;
+  }
+  auto buffer = std::make_shared<std::vector<float>>();
+  if (pool_.size() < kSnapshotPool) pool_.push_back(buffer);
+  return buffer;
 }
 
 ParameterSnapshot ParameterStore::SnapshotLocked() const {
   if (!cached_) {
-    // Reuse a pooled buffer nobody outside holds any more (its pages are already mapped), so
-    // a step allocates nothing.
-    std::shared_ptr<std::vector<float>> buffer;
-    for (const auto& b : pool_) {
-      if (b.use_count() == 1 && b->size() == values_.size()) {
-        buffer = b;
-        break;
-      }
-    }
-    if (buffer == nullptr) {
-      buffer = std::make_shared<std::vector<float>>();
-      if (pool_.size() < kSnapshotPool) pool_.push_back(buffer);
-    }
+    std::shared_ptr<std::vector<float>> buffer = FreeBufferLocked();
     buffer->assign(values_.begin(), values_.end());
     cached_ = std::move(buffer);
   }

@@ -19,6 +19,12 @@
 
 namespace dbs {
 
+// Values [previous entry's end, end) of a step's summed gradient are multiplied by `factor`.
+struct GradientScale {
+  size_t end = 0;
+  float factor = 1.0f;
+};
+
 struct ParameterSnapshot {
   int64_t version = 0;
   std::shared_ptr<const std::vector<float>> values;
@@ -44,7 +50,15 @@ class ParameterStore {
   // FAILED_PRECONDITION before Register.
   absl::StatusOr<ParameterSnapshot> Snapshot() const;
 
-  // Applies one optimizer step with `grad` (the model's size) and returns the new parameters.
+  // Applies one optimizer step and returns the new parameters. The gradient is `sum` (the
+  // model's size) scaled piecewise by `scales` (see GradientScale; the last entry's `end` is the
+  // model's size): the step's sum of gradients and, per range, one over the samples summed. It
+  // runs as one pass over the model, block by block: scale, optimizer, check, snapshot. `sum` is
+  // left zeroed, ready for the next step, whatever the outcome. DATA_LOSS, with the parameters
+  // unchanged, when the update would make one of them non-finite.
+  absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
+                                                  absl::Span<const GradientScale> scales);
+  // The same with an unscaled gradient, left as it is (tests).
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<const float> grad);
 
   // A consistent copy of the parameters, their version and the optimizer's state.
@@ -59,6 +73,8 @@ class ParameterStore {
 
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A snapshot buffer of the model's size that nobody else holds.
+  std::shared_ptr<std::vector<float>> FreeBufferLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);

@@ -85,11 +85,11 @@ absl::Status StepAggregator::CheckGradient(const GradientPush& push) const {
   if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
   }
-  return CheckChunk(push.worker_id, 0, push.gradient.get(), model);
+  return CheckChunk(push.worker_id, 0, push.gradient.get(), model, /*check_values=*/true);
 }
 
 absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const WirePayload* values,
-                                        size_t model) {
+                                        size_t model, bool check_values) {
   if (values == nullptr || values->bytes == 0) {
     return absl::InvalidArgumentError("a piece of a streamed push carries no values");
   }
@@ -105,29 +105,57 @@ absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const Wire
                                                    offset + count, " lie beyond the model's ",
                                                    model));
   }
-  // Values at `first` of the piece, read by `at(i)`: branch-free first, so that the compiler
-  // vectorizes the common case, then the culprit named.
-  auto check = [&](size_t first, size_t count, auto at) {
+  if (!check_values) return absl::OkStatus();
+  return SumChecked(worker_id, offset, *values, 0, nullptr, 0.0f, nullptr);
+}
+
+absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
+                                        size_t skip, float* sum, float weight, size_t* summed) {
+  // Block by block: each block is checked branch-free (so that the compiler vectorizes it) while
+  // it is in the L1 cache, the culprit named only when there is one, and then added. A bad
+  // value stops the sum at the start of its block.
+  auto block = [&](size_t first, size_t count, auto at) {
     int bad = 0;
     for (size_t i = 0; i < count; ++i) bad |= !(std::fabs(at(i)) <= kMaxAbsGradient);
-    if (bad == 0) return absl::OkStatus();
-    for (size_t i = 0; i < count; ++i) {
-      if (!(std::fabs(at(i)) <= kMaxAbsGradient)) {  // NaN fails too
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ",
-            at(i), " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+    if (bad != 0) {
+      if (summed != nullptr) *summed = first;
+      for (size_t i = 0;; ++i) {
+        if (!(std::fabs(at(i)) <= kMaxAbsGradient)) {  // NaN fails too
+          return absl::InvalidArgumentError(absl::StrCat(
+              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ",
+              at(i), " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+        }
       }
+    }
+    if (sum != nullptr) {
+      float* s = sum + offset + first;
+      for (size_t i = 0; i < count; ++i) s[i] += weight * at(i);
     }
     return absl::OkStatus();
   };
-  if (values->dtype == WireDtype::kFp32) {  // read where they lie
-    return ForEachFp32Run(*values, [&](size_t first, const uint8_t* run, size_t count) {
-      return check(first, count, [run](size_t i) { return LoadFp32(run, i); });
+  // Values [from, from + count) of the piece; those before `skip` were summed already.
+  auto range = [&](size_t from, size_t count, auto at) -> absl::Status {
+    for (size_t b = 0; b < count; b += kDecodeBlock) {
+      size_t lo = b, hi = std::min(count, b + kDecodeBlock);
+      if (from + hi <= skip) continue;
+      if (from + lo < skip) lo = skip - from;
+      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, [&at, lo](size_t i) { return at(lo + i); }));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status;
+  if (values.dtype == WireDtype::kFp32) {  // read where they lie
+    status = ForEachFp32Run(values, [&](size_t first, const uint8_t* run, size_t count) {
+      return range(first, count, [run](size_t i) { return LoadFp32(run, i); });
+    });
+  } else {
+    status = ForEachBlock(values, [&](size_t first, absl::Span<const float> v) {
+      const float* const d = v.data();  // not Span's operator[], whose bound check is a branch
+      return range(first, v.size(), [d](size_t i) { return d[i]; });
     });
   }
-  return ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
-    return check(first, v.size(), [&v](size_t i) { return v[i]; });
-  });
+  if (status.ok() && summed != nullptr) *summed = values.bytes / BytesPerValue(values.dtype);
+  return status;
 }
 
 absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
@@ -169,9 +197,11 @@ void StepAggregator::Notify(Notices* notices) {
 
 absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset,
                                        std::shared_ptr<const WirePayload> values, Taken taken) {
-  // Checked before the lock, like a whole gradient.
+  // Its shape is checked before the lock; its values as they are summed (SumChecked), so that
+  // each received byte is read from memory once.
   const size_t model = static_cast<size_t>(store_->num_elements());
-  DBS_RETURN_IF_ERROR(CheckChunk(header.worker_id, offset, values.get(), model));
+  DBS_RETURN_IF_ERROR(
+      CheckChunk(header.worker_id, offset, values.get(), model, /*check_values=*/false));
   const size_t end = offset + values->bytes / BytesPerValue(values->dtype);
   Notices notices;
   absl::Status status;
@@ -190,16 +220,22 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
         Incoming& in = incoming_[header.worker_id];
         if (end <= in.received) {
           notices.emplace_back(std::move(taken), absl::OkStatus());  // sent again by a retry
-        } else if (offset != in.received) {
+        } else if (offset > in.received) {
           status = absl::InvalidArgumentError(
               absl::StrCat("worker ", header.worker_id, " sent values ", offset, "..", end,
                            " of step ", header.step, " when ", in.received,
                            " of them had arrived: a push's pieces must be consecutive"));
         } else {
+          // A retry may resend values summed before a refusal inside its piece: they are
+          // skipped.
+          const uint64_t serial = ++last_piece_;
           in.samples = header.num_samples;
+          in.queued.push_back(
+              Piece{offset, std::move(values), std::move(taken), in.received - offset, serial});
           in.received = end;
-          in.queued.push_back(Piece{offset, std::move(values), std::move(taken)});
-          ReduceReadyLocked(&notices);
+          // Refused when its turn has come at once: the refusal is returned and `taken` never
+          // runs; later, `taken` gets it.
+          ReduceReadyLocked(&notices, serial, &status);
         }
       }
     }
@@ -225,7 +261,7 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   }
   in.samples = push.num_samples;
   in.received = model;
-  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr});
+  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_});
   return absl::OkStatus();
 }
 
@@ -361,7 +397,7 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::ReduceReadyLocked(Notices* notices) {
+void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::Status* watched) {
   if (step_ >= static_cast<int>(quotas_.size())) return;
   const size_t model = sum_.size();
   // In worker order, a piece waits until every lower id's values up to its end are summed;
@@ -374,34 +410,34 @@ void StepAggregator::ReduceReadyLocked(Notices* notices) {
       Piece& piece = in->queued.front();
       const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
       if (options_.deterministic && end > floor) break;  // its turn has not come
-      AddLocked(in->samples, piece.offset, piece.values.get());
+      size_t summed = 0;
+      const absl::Status added = SumChecked(id, piece.offset, *piece.values, piece.skip,
+                                            in->samples > 0 ? sum_.data() : nullptr,
+                                            static_cast<float>(in->samples), &summed);
+      if (!added.ok()) {
+        // The values before the bad one's block stay summed, as the pieces before a refused
+        // piece do; the rest of the push must come again (a retry resumes from there).
+        in->summed = in->received = piece.offset + summed;
+        if (piece.serial == watch) {
+          *watched = added;
+        } else {
+          notices->emplace_back(std::move(piece.taken), added);
+        }
+        in->queued.pop_front();
+        for (Piece& later : in->queued) {
+          notices->emplace_back(std::move(later.taken),
+                                absl::InvalidArgumentError(absl::StrCat(
+                                    "an earlier piece of worker ", id, "'s push was refused")));
+        }
+        in->queued.clear();
+        break;
+      }
       in->summed = end;
       notices->emplace_back(std::move(piece.taken), absl::OkStatus());
       in->queued.pop_front();  // releases the received message
     }
     floor = std::min(floor, quota == 0 ? model : (in == nullptr ? 0 : in->summed));
   }
-}
-
-void StepAggregator::AddLocked(int num_samples, size_t offset, const WirePayload* values) {
-  if (num_samples <= 0 || values == nullptr) return;
-  const float w = static_cast<float>(num_samples);
-  float* const sum = sum_.data() + offset;
-  // Checked when it arrived (CheckGradient, CheckChunk): in range, and small enough that the sum
-  // stays finite.
-  if (values->dtype == WireDtype::kFp32) {  // read where they lie
-    ForEachFp32Run(*values, [&](size_t first, const uint8_t* run, size_t count) {
-      float* s = sum + first;
-      for (size_t i = 0; i < count; ++i) s[i] += w * LoadFp32(run, i);
-      return absl::OkStatus();
-    }).IgnoreError();
-    return;
-  }
-  ForEachBlock(*values, [&](size_t first, absl::Span<const float> v) {
-    float* s = sum + first;
-    for (size_t i = 0; i < v.size(); ++i) s[i] += w * v[i];
-    return absl::OkStatus();
-  }).IgnoreError();
 }
 
 void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* notices) {
@@ -412,7 +448,7 @@ void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* not
   losses_.clear();
 }
 
-bool StepAggregator::MeanLocked() {
+bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
   // An evicted worker may have streamed part of its gradient: its values up to where they were
   // summed count, with its samples, in that range's mean (nothing accepted is lost).
   std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
@@ -425,18 +461,16 @@ bool StepAggregator::MeanLocked() {
   }
   if (samples_ + extra == 0) return false;
   std::sort(partial.begin(), partial.end());
-  // Values [from, to) were summed over `samples` samples.
-  auto scale = [&](size_t from, size_t to, int64_t samples) {
+  // Values before `end` were summed over `samples` samples.
+  auto scale = [&](size_t end, int64_t samples) {
     const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
-    for (size_t i = from; i < to; ++i) sum_[i] *= inv;
+    if (scales->empty() || scales->back().end < end) scales->push_back({end, inv});
   };
-  size_t from = 0;
   for (const auto& [summed, samples] : partial) {
-    scale(from, summed, samples_ + extra);
+    scale(summed, samples_ + extra);
     extra -= samples;
-    from = summed;
   }
-  scale(from, sum_.size(), samples_);
+  scale(sum_.size(), samples_);
   return true;
 }
 
@@ -453,9 +487,11 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   r.global_loss = samples_ > 0 ? loss_sum / samples_ : 0.0;
   r.revisions = std::move(revisions_);
   revisions_.reset();
-  // The mean in place (the sum is cleared after the step anyway), then one update.
+  // The mean and the update in one pass, which leaves the sum cleared for the next step.
+  std::vector<GradientScale> scales;
+  const bool update = MeanScalesLocked(&scales);
   absl::StatusOr<ParameterSnapshot> snap =
-      MeanLocked() ? store_->ApplyGradient(sum_) : store_->Snapshot();
+      update ? store_->ApplyGradient(absl::MakeSpan(sum_), scales) : store_->Snapshot();
   if (snap.ok()) {
     r.parameters = *snap;
     *result = r;
@@ -470,7 +506,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     *result = snap.status();
   }
   TakePendingLocked(to_run);
-  std::fill(sum_.begin(), sum_.end(), 0.0f);
+  if (!update) std::fill(sum_.begin(), sum_.end(), 0.0f);
   DropIncomingLocked(absl::OkStatus(), notices);  // none is left queued
   samples_ = 0;
   ++step_;

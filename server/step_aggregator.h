@@ -242,25 +242,33 @@ class StepAggregator {
   static void Notify(Notices* notices);
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
   absl::Status CheckGradient(const GradientPush& push) const;
-  // The same for a piece at `offset` of a model of `model` values.
+  // The same for a piece at `offset` of a model of `model` values: its shape, and its values
+  // when `check_values`.
   static absl::Status CheckChunk(int worker_id, size_t offset, const WirePayload* values,
-                                 size_t model);
+                                 size_t model, bool check_values);
+  // Checks `values` (a piece at `offset`) and, with a `sum`, adds `weight` times each of them
+  // from the piece's value `skip` on to sum[offset...], in one pass: stops at the first value
+  // that is not finite or beyond kMaxAbsGradient and returns the refusal naming it. `*summed`
+  // (if given) receives how many of the piece's values are summed (all on success; before the
+  // refused one's block otherwise).
+  static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
+                                 size_t skip, float* sum, float weight, size_t* summed);
   // A valid push's gradient becomes the step's: a whole one is queued as one piece; a streamed
   // one must have arrived completely. Changes nothing on error.
   absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds the queued pieces whose turn has come: at once, or in worker order
-  // (AggregatorOptions::deterministic).
-  void ReduceReadyLocked(Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // sum[offset...] += num_samples * values.
-  void AddLocked(int num_samples, size_t offset, const WirePayload* values)
+  // Sums the queued pieces whose turn has come (at once, or in worker order:
+  // AggregatorOptions::deterministic), each checked as it is summed. A refused piece ends its
+  // worker's queue; its refusal goes to its `taken`, or to `*watched` when it is piece `watch`.
+  void ReduceReadyLocked(Notices* notices, uint64_t watch = 0, absl::Status* watched = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the step's pieces; the queued ones end with `status`.
   void DropIncomingLocked(const absl::Status& status, Notices* notices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Turns the step's sum into its sample-weighted mean, in place (per range where an evicted
-  // worker's streamed values were summed in part); false when the step has no samples at all.
-  bool MeanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What turns the step's sum into its sample-weighted mean: one over the samples summed, per
+  // range where an evicted worker's streamed values were summed in part; false when the step has
+  // no samples at all.
+  bool MeanScalesLocked(std::vector<GradientScale>* scales) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
                           Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -287,7 +295,9 @@ class StepAggregator {
   struct Piece {
     size_t offset = 0;
     std::shared_ptr<const WirePayload> values;
-    Taken taken;  // may be empty
+    Taken taken;      // may be empty
+    size_t skip = 0;  // its first values were summed before (a retry after a refusal)
+    uint64_t serial = 0;
   };
   struct Incoming {
     int samples = 0;
@@ -308,6 +318,7 @@ class StepAggregator {
   int released_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int, double> overhead_ ABSL_GUARDED_BY(mu_);
   int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_piece_ ABSL_GUARDED_BY(mu_) = 0;  // pieces queued so far
 };
 
 }  // namespace dbs

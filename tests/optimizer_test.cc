@@ -1,5 +1,8 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <vector>
 
 #include "common/status_matchers.h"
@@ -52,6 +55,70 @@ TEST(AdamTest, FirstTwoStepsByHand) {
   // 0.04998; update = 0.01 * 0.194737 / 0.223562 = 0.0087106
   opt.Step(absl::MakeSpan(p), std::vector<float>{0.1f, 0.0f});
   EXPECT_NEAR(p[0], 0.99f - 0.0087106f, 2e-6);
+}
+
+// The vectorized loops against torch.optim's formulas written out element by element, and a step
+// in uneven ranges against one step: the same bits, over steps with momentum started and not.
+std::vector<float> RandomValues(size_t n, std::mt19937* rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(*rng);
+  v[0] = -0.0f;  // signs of zero must come out the same too
+  v[1] = 0.0f;
+  return v;
+}
+
+TEST(OptimizerBitsTest, SgdMatchesTheFormulaElementByElementAndInRanges) {
+  for (const SgdConfig& c : {SgdConfig{0.1, 0.0, 0.01, false}, SgdConfig{0.05, 0.9, 0.001, false},
+                             SgdConfig{0.05, 0.9, 0.0, true}}) {
+    std::mt19937 rng(7);
+    const size_t n = 1003;
+    std::vector<float> whole = RandomValues(n, &rng), ranged = whole, reference = whole;
+    std::vector<float> momentum(n, 0.0f);
+    SgdOptimizer one(c), pieces(c);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> g = RandomValues(n, &rng);
+      one.Step(absl::MakeSpan(whole), g);
+      pieces.Begin(n);
+      for (size_t a = 0, len = 1; a < n; a += len, len = len * 3 + 1) {
+        len = std::min(len, n - a);
+        pieces.StepRange(ranged.data() + a, g.data() + a, a, len);
+      }
+      pieces.End();
+      const float lr = c.lr, mu = c.momentum, wd = c.weight_decay;
+      for (size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * reference[i];
+        if (mu == 0.0f) {
+          reference[i] -= lr * d;
+          continue;
+        }
+        momentum[i] = step == 0 ? d : mu * momentum[i] + d;
+        reference[i] -= lr * (c.nesterov ? d + mu * momentum[i] : momentum[i]);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::signbit(whole[i]), std::signbit(reference[i])) << i;
+        ASSERT_EQ(whole[i], reference[i]) << "step " << step << " value " << i;
+        ASSERT_EQ(std::signbit(ranged[i]), std::signbit(whole[i])) << i;
+        ASSERT_EQ(ranged[i], whole[i]) << "step " << step << " value " << i;
+      }
+    }
+  }
+}
+
+TEST(OptimizerBitsTest, AdamInRangesEqualsOneStep) {
+  std::mt19937 rng(3);
+  const size_t n = 517;
+  std::vector<float> whole = RandomValues(n, &rng), ranged = whole;
+  AdamOptimizer one({0.01, 0.9, 0.999, 1e-8, 0.01}), pieces({0.01, 0.9, 0.999, 1e-8, 0.01});
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> g = RandomValues(n, &rng);
+    one.Step(absl::MakeSpan(whole), g);
+    pieces.Begin(n);
+    pieces.StepRange(ranged.data(), g.data(), 0, 100);
+    pieces.StepRange(ranged.data() + 100, g.data() + 100, 100, n - 100);
+    pieces.End();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(ranged[i], whole[i]) << i;
+  }
 }
 
 TEST(MakeOptimizerTest, ValidatesNamesAndRanges) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -600,5 +601,94 @@ TEST_F(StreamedPushRulesTest, AnEvictedWorkersSummedPiecesCountForTheirValuesOnl
   // Value 0: (1 * 4 + 3 * 2) / 4 = 2.5; value 1: 3 * 2 / 3 = 2.
   EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
 }
+
+// A model larger than one checking block: values are checked as they are summed, block by block.
+class LargePieceTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kModel = 3 * kDecodeBlock + 5;
+  void SetUp() override {
+    store_ = std::make_unique<ParameterStore>(
+        std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+    ASSERT_THAT(
+        store_->Register({{"w", {static_cast<int64_t>(kModel)}}}, std::vector<float>(kModel, 0.0f)),
+        IsOk());
+    agg_ = std::make_unique<StepAggregator>(store_.get());
+    agg_->BeginEpoch(0, {{{0, 1}, {1, 1}}});
+  }
+  static GradientPush Header(int w, bool streamed = false) {
+    GradientPush p{w, 0, 0, 1, 0.0, {}};
+    p.streamed = streamed;
+    return p;
+  }
+  // Values [from, to) of a gradient whose value i is i + 1 (worker 0) or 2 (i + 1) (worker 1).
+  static std::shared_ptr<const WirePayload> Piece(int w, size_t from, size_t to) {
+    std::vector<float> v;
+    for (size_t i = from; i < to; ++i) v.push_back(static_cast<float>((w + 1) * (i + 1)));
+    return WirePayload::FromFloats(v);
+  }
+  static StepAggregator::Taken Record(std::vector<absl::Status>* out) {
+    return [out](const absl::Status& s) { out->push_back(s); };
+  }
+  std::unique_ptr<ParameterStore> store_;
+  std::unique_ptr<StepAggregator> agg_;
+};
+
+TEST_F(LargePieceTest, ABadValueInsideAPieceIsRefusedAndTheRetryAddsOnlyTheRest) {
+  std::vector<absl::Status> taken;
+  const size_t bad = 2 * kDecodeBlock + 7;  // in the piece's third block
+  std::shared_ptr<const WirePayload> whole = Piece(0, 0, kModel);
+  std::vector<float> poisoned(kModel);
+  for (size_t i = 0; i < kModel; ++i) poisoned[i] = static_cast<float>(i + 1);
+  poisoned[bad] = std::numeric_limits<float>::infinity();
+  EXPECT_THAT(agg_->PushChunk(Header(0), 0, WirePayload::FromFloats(poisoned), Record(&taken)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("element ", bad, " is inf"))));
+  EXPECT_TRUE(taken.empty()) << "a refusal returned at once does not also run `taken`";
+  // The retry resends the whole piece: the blocks summed before the bad one are skipped, not
+  // added twice.
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, whole, Record(&taken)), IsOk());
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_THAT(taken[0], IsOk());
+  Outcome a, b;
+  agg_->Push(Header(0, true), a.callback());
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Piece(1, 0, kModel), Record(&taken)), IsOk());
+  agg_->Push(Header(1, true), b.callback());
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  ASSERT_THAT(*a.result, IsOk());
+  // Mean of (i + 1) and 2 (i + 1), each once: p = -1.5 (i + 1).
+  const std::vector<float> p = *store_->Snapshot()->values;
+  for (size_t i = 0; i < kModel; ++i) {
+    ASSERT_EQ(p[i], -1.5f * static_cast<float>(i + 1)) << "value " << i;
+  }
+}
+
+TEST_F(LargePieceTest, AHeldPieceIsCheckedWhenItsTurnComesAndEndsItsPush) {
+  std::vector<absl::Status> first, second, lower;
+  std::vector<float> poisoned(kDecodeBlock + 1, 1.0f);
+  poisoned[kDecodeBlock] = std::numeric_limits<float>::quiet_NaN();
+  // Worker 1's pieces wait for worker 0's values: accepted for now.
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, WirePayload::FromFloats(poisoned), Record(&first)),
+              IsOk());
+  EXPECT_TRUE(first.empty());
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Piece(0, 0, kModel), Record(&lower)), IsOk());
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_THAT(first[0], StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr(absl::StrCat("worker 1's element ", kDecodeBlock))));
+  // Its first block was summed; the push resumes from there.
+  ASSERT_THAT(
+      agg_->PushChunk(Header(1), kDecodeBlock, Piece(1, kDecodeBlock, kModel), Record(&second)),
+      IsOk());
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_THAT(second[0], IsOk());
+  Outcome a, b;
+  agg_->Push(Header(0, true), a.callback());
+  agg_->Push(Header(1, true), b.callback());
+  ASSERT_TRUE(b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  const std::vector<float> p = *store_->Snapshot()->values;
+  EXPECT_EQ(p[0], -(1.0f + 1.0f) / 2);  // worker 1's first block: the 1s it sent
+  EXPECT_EQ(p[kDecodeBlock], -(kDecodeBlock + 1.0f + 2.0f * (kDecodeBlock + 1)) / 2);
+}
+
 }  // namespace
 }  // namespace dbs
