@@ -21,6 +21,11 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(config.max_message_mb << 20);
   args.SetMaxSendMessageSize(config.max_message_mb << 20);
+  // A connection of its own: gRPC otherwise shares one TCP connection among every channel of the
+  // process with the same target and arguments, so several clients in one process (the data-plane
+  // benchmark's fake workers, tests) would be served one after another through one HTTP/2
+  // transport, where workers in processes of their own are served in parallel.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Our own backoff drives reconnection; keep gRPC's from adding long pauses of its own.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
