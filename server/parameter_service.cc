@@ -114,6 +114,10 @@ grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     const size_t count = snap.values->size();
+    // Let go of the previous version first: once gRPC has sent its last answer (every worker
+    // that pushes this step has received it), its buffer is the one this version reuses.
+    values_ = grpc::Slice();
+    values_of_ = ParameterSnapshot{};
     uint8_t* data = nullptr;
     values_ = pool_->Acquire(ValuesFieldSize(snap.version, count, wire_dtype_), &data);
     WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
