@@ -166,11 +166,11 @@ size_t ValuesFieldSize(int64_t version, size_t count, WireDtype dtype) {
   return 1 + CodedOutputStream::VarintSize64(inner) + inner;
 }
 
-void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> values,
-                      uint8_t* out) {
-  const size_t bytes = values.size() * BytesPerValue(dtype);
+size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint8_t* out) {
+  uint8_t* const start = out;
+  const size_t bytes = count * BytesPerValue(dtype);
   out = CodedOutputStream::WriteVarint32ToArray(DelimitedTag(kValuesField), out);
-  out = CodedOutputStream::WriteVarint64ToArray(FlatInnerSize(version, values.size(), dtype), out);
+  out = CodedOutputStream::WriteVarint64ToArray(FlatInnerSize(version, count, dtype), out);
   if (version != 0) {
     out = CodedOutputStream::WriteVarint32ToArray(
         WireFormatLite::MakeTag(kFlatVersion, WireFormatLite::WIRETYPE_VARINT), out);
@@ -184,8 +184,14 @@ void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> 
   if (bytes > 0) {
     out = CodedOutputStream::WriteVarint32ToArray(DelimitedTag(kFlatValues), out);
     out = CodedOutputStream::WriteVarint64ToArray(bytes, out);
-    EncodeValues(values, dtype, out);
   }
+  return static_cast<size_t>(out - start);
+}
+
+void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> values,
+                      uint8_t* out) {
+  out += WriteValuesFieldHead(version, dtype, values.size(), out);
+  EncodeValues(values, dtype, out);
 }
 
 size_t GradientFieldSize(size_t count, WireDtype dtype) {

@@ -61,6 +61,9 @@ absl::Status ParsePushRequest(const Segments& message, v1::PushGradientRequest* 
 size_t ValuesFieldSize(int64_t version, size_t count, WireDtype dtype);
 void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> values,
                       uint8_t* out);
+// The same field's bytes before its `count` values (which follow them, encoded by
+// EncodeValues); returns how many there are.
+size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint8_t* out);
 
 // The bytes of PushGradientRequest field `gradient` (tag and length included).
 size_t GradientFieldSize(size_t count, WireDtype dtype);

@@ -126,6 +126,32 @@ grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   return values_;
 }
 
+void ParameterServiceImpl::BeginUpdate(int64_t version, size_t count) {
+  {
+    // Let go of the previous version first, as ValuesOf does, so that its buffer is reused.
+    absl::MutexLock lock(&values_mu_);
+    values_ = grpc::Slice();
+    values_of_ = ParameterSnapshot{};
+  }
+  uint8_t* data = nullptr;
+  updating_ = pool_->Acquire(ValuesFieldSize(version, count, wire_dtype_), &data);
+  updating_values_ = data + WriteValuesFieldHead(version, wire_dtype_, count, data);
+}
+
+void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
+  EncodeValues(values, wire_dtype_, updating_values_ + offset * BytesPerValue(wire_dtype_));
+}
+
+void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot) {
+  grpc::Slice done = std::move(updating_);
+  updating_ = grpc::Slice();
+  updating_values_ = nullptr;
+  if (!ok) return;
+  absl::MutexLock lock(&values_mu_);
+  values_ = std::move(done);
+  values_of_ = snapshot;
+}
+
 absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* ctx,
                                                    const PushRequest& request, GradientPush* push) {
   const v1::PushGradientRequest* req = &request.header;

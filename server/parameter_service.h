@@ -24,7 +24,7 @@ using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_Register
                         v1::ParameterService::WithRawCallbackMethod_Resume<
                             v1::ParameterService::Service>>>>>>>;
 
-class ParameterServiceImpl final : public ParameterRawService {
+class ParameterServiceImpl final : public ParameterRawService, private UpdateSink {
  public:
   // OK when `token` is the credential of registered worker `worker_id`
   // (Scheduler::Authenticate).
@@ -45,7 +45,10 @@ class ParameterServiceImpl final : public ParameterRawService {
         resume_(std::move(resume)),
         hooks_(hooks),
         wire_dtype_(wire_dtype),
-        pool_(SlicePool::Create()) {}
+        pool_(SlicePool::Create()) {
+    store_->SetUpdateSink(this);
+  }
+  ~ParameterServiceImpl() override { store_->RemoveUpdateSink(this); }
 
   // A sharded job's follower: every push of (epoch, step) passes `gate` first (it may wait for
   // the leader; see ShardFollower::Gate). Set before serving.
@@ -92,8 +95,14 @@ class ParameterServiceImpl final : public ParameterRawService {
   friend class PushStreamReactor;
   friend class PullStreamReactor;
   friend class RegisterStreamReactor;
-  // The step's parameters serialized for the replies: once per snapshot, shared by all.
+  // The step's parameters serialized for the replies: once per snapshot, shared by all. An
+  // update's are serialized as it produces them (the UpdateSink below); others (the first
+  // registration's, a restored checkpoint's) on first use.
   grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
+  // UpdateSink: the store's update writes the new values into the next answers' buffer.
+  void BeginUpdate(int64_t version, size_t count) override;
+  void WriteUpdate(size_t offset, absl::Span<const float> values) override;
+  void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
                         ParametersAnswer* reply, WaitingReactor* reactor);
   void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
@@ -113,6 +122,10 @@ class ParameterServiceImpl final : public ParameterRawService {
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   grpc::Slice values_ ABSL_GUARDED_BY(values_mu_);
+  // The update in progress: its buffer, and where its values start. Only the store's update
+  // touches them (under the store's lock).
+  grpc::Slice updating_;
+  uint8_t* updating_values_ = nullptr;
 };
 
 }  // namespace dbs

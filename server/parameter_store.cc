@@ -89,6 +89,7 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
   float* const out = after->data();
   size_t bad = n;
   size_t scale = 0, buffer = 0;
+  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, n);
   optimizer_->Begin(n);
   for (size_t a = 0; a < n;) {
     while (scales[scale].end <= a) ++scale;
@@ -106,6 +107,7 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
     if (finite == 0 && bad == n) bad = a + FirstNonFinite(p + a, b - a);
     std::copy(p + a, p + b, out + a);
+    if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(out + a, b - a));
     std::fill(g + a, g + b, 0.0f);
     a = b;
   }
@@ -114,6 +116,7 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
     // has moved, so the job must end.
     values_ = *before.values;
+    if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
     return absl::DataLossError(absl::StrCat(
         "the update of parameter version ", version_ + 1, " made element ", bad,
         " non-finite (the gradients were finite but too large for this learning rate); the "
@@ -122,7 +125,19 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
   }
   ++version_;
   cached_ = std::move(after);
-  return ParameterSnapshot{version_, cached_};
+  const ParameterSnapshot snapshot{version_, cached_};
+  if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
+  return snapshot;
+}
+
+void ParameterStore::SetUpdateSink(UpdateSink* sink) {
+  absl::MutexLock lock(&mu_);
+  sink_ = sink;
+}
+
+void ParameterStore::RemoveUpdateSink(UpdateSink* sink) {
+  absl::MutexLock lock(&mu_);
+  if (sink_ == sink) sink_ = nullptr;
 }
 
 std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked() const {

@@ -38,6 +38,20 @@ struct StoreState {
   OptimizerState optimizer;
 };
 
+// Receives each update's new values as ApplyGradient produces them, block by block and in
+// order, while they are still in the cache: the service serializes them for the answers there,
+// rather than reading the whole model from memory again afterwards. Called under the store's
+// lock, from one update at a time.
+class UpdateSink {
+ public:
+  virtual ~UpdateSink() = default;
+  virtual void BeginUpdate(int64_t version, size_t count) = 0;
+  // Values [offset, offset + values.size()).
+  virtual void WriteUpdate(size_t offset, absl::Span<const float> values) = 0;
+  // `ok`: the update stands and `snapshot` holds the values written; otherwise they are void.
+  virtual void EndUpdate(bool ok, const ParameterSnapshot& snapshot) = 0;
+};
+
 class ParameterStore {
  public:
   explicit ParameterStore(std::unique_ptr<Optimizer> optimizer);
@@ -66,6 +80,11 @@ class ParameterStore {
   // Replaces everything with `state` (a restored checkpoint).
   absl::Status LoadState(const StoreState& state);
 
+  // Every later update goes through `sink` too (see UpdateSink); it must stay alive until it
+  // is removed with RemoveUpdateSink (which does nothing when another sink has replaced it).
+  void SetUpdateSink(UpdateSink* sink);
+  void RemoveUpdateSink(UpdateSink* sink);
+
   bool registered() const;
   // The layout; empty before Register.
   ModelLayout layout() const;
@@ -77,6 +96,7 @@ class ParameterStore {
   std::shared_ptr<std::vector<float>> FreeBufferLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
+  UpdateSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   ModelLayout layout_ ABSL_GUARDED_BY(mu_);
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
