@@ -110,14 +110,18 @@ void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
   return Answer(reactor, snap.status());
 }
 
+void ParameterServiceImpl::ReleaseValuesLocked() {
+  // Once gRPC has sent the last answer of the version let go here (every worker that pushes the
+  // next step has received it), its buffer goes back to the pool, and the next version reuses it.
+  values_ = grpc::Slice();
+  values_of_ = ParameterSnapshot{};
+}
+
 grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     const size_t count = snap.values->size();
-    // Let go of the previous version first: once gRPC has sent its last answer (every worker
-    // that pushes this step has received it), its buffer is the one this version reuses.
-    values_ = grpc::Slice();
-    values_of_ = ParameterSnapshot{};
+    ReleaseValuesLocked();
     uint8_t* data = nullptr;
     values_ = pool_->Acquire(ValuesFieldSize(snap.version, count, wire_dtype_), &data);
     WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
@@ -128,10 +132,8 @@ grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
 
 void ParameterServiceImpl::BeginUpdate(int64_t version, size_t count) {
   {
-    // Let go of the previous version first, as ValuesOf does, so that its buffer is reused.
     absl::MutexLock lock(&values_mu_);
-    values_ = grpc::Slice();
-    values_of_ = ParameterSnapshot{};
+    ReleaseValuesLocked();
   }
   uint8_t* data = nullptr;
   updating_ = pool_->Acquire(ValuesFieldSize(version, count, wire_dtype_), &data);

@@ -99,6 +99,8 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // update's are serialized as it produces them (the UpdateSink below); others (the first
   // registration's, a restored checkpoint's) on first use.
   grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
+  // Lets go of the cached serialized version, before the next one is written.
+  void ReleaseValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
   // UpdateSink: the store's update writes the new values into the next answers' buffer.
   void BeginUpdate(int64_t version, size_t count) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;

@@ -18,6 +18,20 @@ size_t FirstNonFinite(const float* v, size_t n) {
   return n;
 }
 
+// The value ranges [begin, end) of the layout's buffers (BatchNorm's running statistics), in
+// order. Buffers are not trained: the "gradient" there is the sample-weighted mean of the values
+// the workers pushed, which every worker then holds.
+std::vector<std::pair<size_t, size_t>> BufferRanges(const ModelLayout& layout) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  size_t offset = 0;
+  for (const TensorSpec& t : layout) {
+    const size_t count = static_cast<size_t>(t.NumElements());
+    if (t.buffer) ranges.emplace_back(offset, offset + count);
+    offset += count;
+  }
+  return ranges;
+}
+
 }  // namespace
 
 ParameterStore::ParameterStore(std::unique_ptr<Optimizer> optimizer)
@@ -73,23 +87,36 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
   const ParameterSnapshot before = SnapshotLocked();
   std::shared_ptr<std::vector<float>> after = FreeBufferLocked();
   after->resize(n);
-  // Buffers are not trained: the "gradient" there is the sample-weighted mean of the values the
-  // workers pushed, which every worker then holds.
-  std::vector<std::pair<size_t, size_t>> buffers;  // [begin, end), ascending
-  size_t offset = 0;
-  for (const TensorSpec& t : layout_) {
-    const size_t count = static_cast<size_t>(t.NumElements());
-    if (t.buffer) buffers.emplace_back(offset, offset + count);
-    offset += count;
+  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, n);
+  const size_t bad = UpdatePassLocked(sum, scales, after->data());
+  if (bad < n) {
+    // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
+    // has moved, so the job must end.
+    values_ = *before.values;
+    if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
+    return absl::DataLossError(absl::StrCat(
+        "the update of parameter version ", version_ + 1, " made element ", bad,
+        " non-finite (the gradients were finite but too large for this learning rate); the "
+        "parameters of version ",
+        version_, " are kept"));
   }
+  ++version_;
+  cached_ = std::move(after);
+  const ParameterSnapshot snapshot{version_, cached_};
+  if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
+  return snapshot;
+}
+
+size_t ParameterStore::UpdatePassLocked(absl::Span<float> sum,
+                                        absl::Span<const GradientScale> scales, float* out) {
+  const size_t n = values_.size();
+  const std::vector<std::pair<size_t, size_t>> buffers = BufferRanges(layout_);
   // One pass, block by block, each block in the cache from its scaling to its snapshot.
   constexpr size_t kBlock = 4096;
   float* const g = sum.data();
   float* const p = values_.data();
-  float* const out = after->data();
   size_t bad = n;
   size_t scale = 0, buffer = 0;
-  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, n);
   optimizer_->Begin(n);
   for (size_t a = 0; a < n;) {
     while (scales[scale].end <= a) ++scale;
@@ -112,22 +139,7 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     a = b;
   }
   optimizer_->End();
-  if (bad < n) {
-    // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
-    // has moved, so the job must end.
-    values_ = *before.values;
-    if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
-    return absl::DataLossError(absl::StrCat(
-        "the update of parameter version ", version_ + 1, " made element ", bad,
-        " non-finite (the gradients were finite but too large for this learning rate); the "
-        "parameters of version ",
-        version_, " are kept"));
-  }
-  ++version_;
-  cached_ = std::move(after);
-  const ParameterSnapshot snapshot{version_, cached_};
-  if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
-  return snapshot;
+  return bad;
 }
 
 void ParameterStore::SetUpdateSink(UpdateSink* sink) {

@@ -92,6 +92,11 @@ class ParameterStore {
 
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ApplyGradient's pass: the optimizer step on `values_` with the scaled `sum` (left zeroed),
+  // the new values copied to `out` and handed to the sink. Returns the index of the first value
+  // that became non-finite, or the model's size.
+  size_t UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, float* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A snapshot buffer of the model's size that nobody else holds.
   std::shared_ptr<std::vector<float>> FreeBufferLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
