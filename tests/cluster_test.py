@@ -57,6 +57,9 @@ class ProcessTestCase(unittest.TestCase):
                 except ProcessLookupError:
                     pass
                 p.wait()
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def spawn(self, argv, **kw):
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -207,8 +210,14 @@ class ClusterTest(ProcessTestCase):
 
     def test_dbs_rebalances_the_slow_worker_and_beats_the_fixed_split(self):
         runs = {}
+        # Without a lower bound the controller gives a worker whose fixed per-step work alone
+        # outlasts the others' whole step no samples at all (it still takes part in every step):
+        # seen once under AddressSanitizer on CI's loaded 2 cores, where it had been at batch 1.
+        # That is the right plan there, and BalancingPolicyTest covers it; this test is about
+        # rebalancing a worker that still computes, so it keeps every batch at 1 or more.
         for policy in ("fixed", "dbs"):
-            rc, out, err, out_dir = self.launch(policy, f"--policy={policy}", *self.COMMON)
+            rc, out, err, out_dir = self.launch(policy, f"--policy={policy}", "--min_batch=1",
+                                                *self.COMMON)
             self.assertEqual(rc, 0, f"{policy} run failed:\n{out}\n{err}")
             with open(os.path.join(out_dir, "summary.json")) as f:
                 runs[policy] = json.load(f)
@@ -649,7 +658,8 @@ class ServerRestartTest(ProcessTestCase):
         self.assertGreaterEqual(len(files), 2)
         # Damage the newest checkpoint: it must be refused and the one before used.
         newest = os.path.join(ckpt, files[-1])
-        data = open(newest, "rb").read()
+        with open(newest, "rb") as f:
+            data = f.read()
         with open(newest, "wb") as f:
             f.write(data[: len(data) // 2])
         restarted = self.spawn([PS, "--host=127.0.0.1", f"--port={port}", "--restore"] + flags)

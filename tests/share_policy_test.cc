@@ -183,6 +183,14 @@ TEST(BalancingPolicyTest, EqualisesStepTimesWhenOverheadsDiffer) {
 TEST(BalancingPolicyTest, BoundsAndMemoryCapsAreKept) {
   const std::vector<WorkerObservation> w = {Ran(0.0, 1000, {16, 32}), Ran(0.016, 1000, {16, 32})};
   EXPECT_THAT(Dbs(64, 0, 35).Plan(w).batches, ElementsAre(35, 29));
+  // A worker whose fixed per-step work (100 ms) outlasts the other's whole step at all 64 samples
+  // (64 ms) is taken down to nothing by default, 4x at a time (the trust region): it still takes
+  // part in every step, computing no gradient. A minimum keeps it computing.
+  std::vector<WorkerObservation> overhead = {Ran(0, 1000, {32, 16}), Ran(0.1, 1000, {32, 16})};
+  EXPECT_THAT(Dbs(64).Plan(overhead).batches, ElementsAre(60, 4));
+  overhead = {Ran(0, 1000, {32, 48, 60, 63}), Ran(0.1, 1000, {32, 16, 4, 1})};
+  EXPECT_THAT(Dbs(64).Plan(overhead).batches, ElementsAre(64, 0));
+  EXPECT_THAT(Dbs(64, 1).Plan(overhead).batches, ElementsAre(63, 1));
   // A minimum keeps a very slow worker in the job.
   EXPECT_THAT(Dbs(64, 8).Plan({Ran(0, 10000, {16, 32}), Ran(0, 100, {16, 32})}).batches,
               ElementsAre(56, 8));
