@@ -75,71 +75,126 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const
 
 absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     absl::Span<float> sum, absl::Span<const GradientScale> scales) {
-  absl::MutexLock lock(&mu_);
-  const size_t n = values_.size();
-  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
-  if (sum.size() != n || scales.empty() || scales.back().end != n) {
+  const size_t n = static_cast<size_t>(num_elements());
+  if (registered() && (sum.size() != n || scales.empty() || scales.back().end != n)) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradient holds ", sum.size(), " floats; the model has ", n));
   }
-  // The values before the step (the snapshot every step hands out, so usually no copy), kept
-  // to undo an update that would make a value non-finite.
-  const ParameterSnapshot before = SnapshotLocked();
-  std::shared_ptr<std::vector<float>> after = FreeBufferLocked();
-  after->resize(n);
+  DBS_RETURN_IF_ERROR(BeginUpdate().status());
+  UpdateRange(sum, scales, sum.size());
+  return EndUpdate();
+}
+
+absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
+  absl::MutexLock lock(&mu_);
+  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
+  if (update_.has_value()) return absl::FailedPreconditionError("an update is already open");
+  const size_t n = values_.size();
+  Update u;
+  // The values before the step (the snapshot every step hands out, so usually no copy): what
+  // Snapshot serves until the update ends, and what undoes an update that would make a value
+  // non-finite.
+  u.before = SnapshotLocked();
+  u.after = FreeBufferLocked();
+  u.after->resize(n);
+  u.bad = n;
+  update_ = std::move(u);
   if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, n);
-  const size_t bad = UpdatePassLocked(sum, scales, after->data());
-  if (bad < n) {
+  optimizer_->Begin(n);
+  return version_ + 1;
+}
+
+bool ParameterStore::UpdateRange(absl::Span<float> sum, absl::Span<const GradientScale> scales,
+                                 size_t to) {
+  absl::MutexLock lock(&mu_);
+  if (!update_.has_value()) return false;
+  const size_t n = values_.size();
+  to = std::min(to, n);
+  if (sum.size() == n && to > update_->done && !scales.empty() && scales.back().end >= to) {
+    UpdatePassLocked(sum, scales, update_->done, to);
+    update_->done = to;
+  }
+  return update_->bad == n;
+}
+
+absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
+  absl::MutexLock lock(&mu_);
+  if (!update_.has_value()) return absl::FailedPreconditionError("no update is open");
+  const size_t n = values_.size();
+  Update u = std::move(*update_);
+  update_.reset();
+  optimizer_->End();
+  if (u.done < n) {  // a caller's bug, not a peer's: the update is void
+    values_ = *u.before.values;
+    torn_ = true;
+    if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
+    return absl::InternalError(
+        absl::StrCat("the update ended after ", u.done, " of ", n, " values"));
+  }
+  if (u.bad < n) {
     // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
     // has moved, so the job must end.
-    values_ = *before.values;
+    values_ = *u.before.values;
     if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
     return absl::DataLossError(absl::StrCat(
-        "the update of parameter version ", version_ + 1, " made element ", bad,
+        "the update of parameter version ", version_ + 1, " made element ", u.bad,
         " non-finite (the gradients were finite but too large for this learning rate); the "
         "parameters of version ",
         version_, " are kept"));
   }
   ++version_;
-  cached_ = std::move(after);
+  cached_ = std::move(u.after);
   const ParameterSnapshot snapshot{version_, cached_};
   if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
   return snapshot;
 }
 
-size_t ParameterStore::UpdatePassLocked(absl::Span<float> sum,
-                                        absl::Span<const GradientScale> scales, float* out) {
+void ParameterStore::AbandonUpdate() {
+  absl::MutexLock lock(&mu_);
+  if (!update_.has_value()) return;
+  optimizer_->End();
+  values_ = *update_->before.values;
+  torn_ = true;
+  update_.reset();
+  if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
+}
+
+bool ParameterStore::updating() const {
+  absl::MutexLock lock(&mu_);
+  return update_.has_value();
+}
+
+void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales,
+                                      size_t from, size_t to) {
   const size_t n = values_.size();
   const std::vector<std::pair<size_t, size_t>> buffers = BufferRanges(layout_);
   // One pass, block by block, each block in the cache from its scaling to its snapshot.
   constexpr size_t kBlock = 4096;
   float* const g = sum.data();
   float* const p = values_.data();
-  size_t bad = n;
+  float* const out = update_->after->data();
   size_t scale = 0, buffer = 0;
-  optimizer_->Begin(n);
-  for (size_t a = 0; a < n;) {
+  while (buffer < buffers.size() && buffers[buffer].second <= from) ++buffer;
+  for (size_t a = from; a < to;) {
     while (scales[scale].end <= a) ++scale;
-    const size_t b = std::min({n, a + kBlock, scales[scale].end});
+    const size_t b = std::min({to, a + kBlock, scales[scale].end});
     const float factor = scales[scale].factor;
     for (size_t i = a; i < b; ++i) g[i] *= factor;
     optimizer_->StepRange(p + a, g + a, a, b - a);
     for (; buffer < buffers.size() && buffers[buffer].first < b; ++buffer) {
-      const size_t from = std::max(a, buffers[buffer].first);
-      const size_t to = std::min(b, buffers[buffer].second);
-      std::copy(g + from, g + to, p + from);
+      const size_t lo = std::max(a, buffers[buffer].first);
+      const size_t hi = std::min(b, buffers[buffer].second);
+      std::copy(g + lo, g + hi, p + lo);
       if (buffers[buffer].second > b) break;  // it goes on in the next block
     }
     int finite = 1;
     for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
-    if (finite == 0 && bad == n) bad = a + FirstNonFinite(p + a, b - a);
+    if (finite == 0 && update_->bad == n) update_->bad = a + FirstNonFinite(p + a, b - a);
     std::copy(p + a, p + b, out + a);
     if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(out + a, b - a));
     std::fill(g + a, g + b, 0.0f);
     a = b;
   }
-  optimizer_->End();
-  return bad;
 }
 
 void ParameterStore::SetUpdateSink(UpdateSink* sink) {
@@ -179,6 +234,7 @@ StoreState ParameterStore::SaveState() const {
   s.values = values_;
   s.version = version_;
   s.optimizer = optimizer_->SaveState();
+  s.torn = torn_;
   return s;
 }
 
@@ -193,6 +249,8 @@ absl::Status ParameterStore::LoadState(const StoreState& s) {
   values_ = s.values;
   version_ = s.version;
   cached_.reset();
+  update_.reset();
+  torn_ = false;
   return absl::OkStatus();
 }
 

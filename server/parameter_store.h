@@ -1,13 +1,15 @@
 // ParameterStore: the job's model parameters and the optimizer that updates them.
 //
 // The first Register fixes the layout and initial values; later ones must match and receive the
-// stored values. ApplyGradient runs the optimizer once and bumps the version. Snapshots are
-// immutable and shared, so replies can be built without holding the lock. Thread-safe.
+// stored values. ApplyGradient (or BeginUpdate, UpdateRange..., EndUpdate) runs the optimizer once
+// and bumps the version. Snapshots are immutable and shared, so replies can be built without
+// holding the lock. Thread-safe.
 #ifndef DBS_SERVER_PARAMETER_STORE_H_
 #define DBS_SERVER_PARAMETER_STORE_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +38,9 @@ struct StoreState {
   std::vector<float> values;
   int64_t version = 0;
   OptimizerState optimizer;
+  // An update was abandoned half done (AbandonUpdate): the optimizer's state mixes two steps,
+  // so this must not be checkpointed.
+  bool torn = false;
 };
 
 // Receives each update's new values as ApplyGradient produces them, block by block and in
@@ -75,6 +80,27 @@ class ParameterStore {
   // The same with an unscaled gradient, left as it is (tests).
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<const float> grad);
 
+  // ApplyGradient in pieces, so that the first values of a step are updated (and sent) while the
+  // last gradients still arrive: BeginUpdate, then UpdateRange for consecutive ranges up to the
+  // model's end, then EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
+  // EndUpdate, Snapshot and the sink's finished versions stay the previous version; SaveState
+  // must not be called (StepAggregator does not: a checkpoint waits for the step's end).
+  // FAILED_PRECONDITION before Register or while an update is open.
+  // Returns the version the update makes.
+  absl::StatusOr<int64_t> BeginUpdate();
+  // Updates values [done so far, `to`) with `sum` (the model's size, zeroed there) scaled by
+  // `scales` (whose entries cover at least up to `to`). False once a value has become non-finite
+  // (EndUpdate then fails): the values from there on must not be sent.
+  bool UpdateRange(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t to);
+  // Every value updated: publishes the new version; DATA_LOSS (parameters as before) when the
+  // update made one of them non-finite.
+  absl::StatusOr<ParameterSnapshot> EndUpdate();
+  // Abandons an open update (its step will not complete): the parameters are as before it, but
+  // the optimizer's state has moved for the values updated, so the store is torn: SaveState's
+  // `torn` is set and no checkpoint may be written from it again. No-op without an open update.
+  void AbandonUpdate();
+  bool updating() const;
+
   // A consistent copy of the parameters, their version and the optimizer's state.
   StoreState SaveState() const;
   // Replaces everything with `state` (a restored checkpoint).
@@ -92,11 +118,11 @@ class ParameterStore {
 
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ApplyGradient's pass: the optimizer step on `values_` with the scaled `sum` (left zeroed),
-  // the new values copied to `out` and handed to the sink. Returns the index of the first value
-  // that became non-finite, or the model's size.
-  size_t UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, float* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The update's pass over values [from, to): the optimizer step on `values_` with the scaled
+  // `sum` (left zeroed), the new values copied to the new snapshot and handed to the sink.
+  // Records the first value that became non-finite in `update_->bad`.
+  void UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t from,
+                        size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A snapshot buffer of the model's size that nobody else holds.
   std::shared_ptr<std::vector<float>> FreeBufferLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -111,6 +137,15 @@ class ParameterStore {
   // Snapshot buffers, reused once nobody else holds them (the step before last's, usually).
   static constexpr size_t kSnapshotPool = 3;
   mutable std::vector<std::shared_ptr<std::vector<float>>> pool_ ABSL_GUARDED_BY(mu_);
+  // The open update (BeginUpdate .. EndUpdate).
+  struct Update {
+    ParameterSnapshot before;  // kept to undo an update that would make a value non-finite
+    std::shared_ptr<std::vector<float>> after;
+    size_t done = 0;  // values updated
+    size_t bad = 0;   // the first non-finite value, or the model's size
+  };
+  std::optional<Update> update_ ABSL_GUARDED_BY(mu_);
+  bool torn_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dbs

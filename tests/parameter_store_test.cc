@@ -92,5 +92,102 @@ TEST(ParameterStoreTest, AnUpdateThatOverflowsChangesNothingAndVoidsTheSinksValu
   EXPECT_THAT(sink.ended, ElementsAre(false));
 }
 
+// Three steps of an optimizer with state on a layout with a buffer, each update either whole
+// (ApplyGradient) or in the ranges `cuts` (BeginUpdate, UpdateRange..., EndUpdate).
+std::vector<float> ThreeSteps(std::unique_ptr<Optimizer> optimizer, std::vector<size_t> cuts,
+                              RecordingSink* sink) {
+  const size_t n = 10000;
+  ParameterStore store(std::move(optimizer));
+  ModelLayout layout = {{"w", {4000}}, {"running_mean", {2000}, /*buffer=*/true}, {"b", {4000}}};
+  std::vector<float> initial(n);
+  for (size_t i = 0; i < n; ++i) initial[i] = 0.001f * static_cast<float>(i % 97);
+  EXPECT_THAT(store.Register(layout, initial), IsOk());
+  store.SetUpdateSink(sink);
+  const std::vector<GradientScale> scales = {{5000, 0.25f}, {n, 0.5f}};
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> sum(n);
+    for (size_t i = 0; i < n; ++i) sum[i] = std::sin(0.01f * static_cast<float>(i * (step + 1)));
+    if (cuts.empty()) {
+      EXPECT_THAT(store.ApplyGradient(absl::MakeSpan(sum), scales), IsOk());
+      continue;
+    }
+    const absl::StatusOr<int64_t> version = store.BeginUpdate();
+    EXPECT_THAT(version, IsOk());
+    EXPECT_EQ(version.value_or(0), step + 1);
+    EXPECT_THAT(store.BeginUpdate(), StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+    for (size_t to : cuts) {
+      EXPECT_TRUE(store.UpdateRange(absl::MakeSpan(sum), scales, to));
+      // Until the update ends, the previous version is what is served.
+      EXPECT_EQ(store.Snapshot()->version, step);
+      EXPECT_EQ(sink->next, to);
+    }
+    const absl::StatusOr<ParameterSnapshot> ended = store.EndUpdate();
+    EXPECT_THAT(ended, IsOk());
+    EXPECT_EQ(ended.ok() ? ended->version : -1, step + 1);
+    EXPECT_FALSE(store.updating());
+  }
+  EXPECT_FALSE(store.SaveState().torn);
+  return *store.Snapshot()->values;
+}
+
+TEST(ParameterStoreTest, AnUpdateInRangesIsBitIdenticalToAWholeOne) {
+  for (int adam = 0; adam < 2; ++adam) {
+    auto make = [adam]() -> std::unique_ptr<Optimizer> {
+      if (adam) return std::make_unique<AdamOptimizer>(AdamConfig{0.01, 0.9, 0.999, 1e-8, 0.01});
+      return std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.9, 1e-4, true});
+    };
+    RecordingSink whole_sink, ranged_sink;
+    const std::vector<float> whole = ThreeSteps(make(), {}, &whole_sink);
+    // Cuts inside blocks, inside the buffer, at a scale's boundary, and one that adds nothing.
+    const std::vector<float> ranged =
+        ThreeSteps(make(), {1, 4095, 4500, 5000, 5000, 7777, 10000}, &ranged_sink);
+    EXPECT_EQ(ranged, whole) << (adam ? "adam" : "sgd");
+    EXPECT_EQ(ranged_sink.written, whole_sink.written);
+  }
+}
+
+TEST(ParameterStoreTest, AnAbandonedUpdateRestoresTheValuesAndTearsTheStore) {
+  auto store = std::make_unique<ParameterStore>(
+      std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.9, 0.0, false}));
+  ASSERT_THAT(store->Register({{"w", {4}}}, std::vector<float>{1, 2, 3, 4}), IsOk());
+  RecordingSink sink;
+  store->SetUpdateSink(&sink);
+  std::vector<float> sum = {1, 1, 1, 1};
+  const std::vector<GradientScale> scales = {{4, 1.0f}};
+  ASSERT_THAT(store->BeginUpdate(), IsOk());
+  EXPECT_TRUE(store->UpdateRange(absl::MakeSpan(sum), scales, 2));
+  EXPECT_TRUE(store->updating());
+  store->AbandonUpdate();
+  EXPECT_FALSE(store->updating());
+  EXPECT_THAT(sink.ended, ElementsAre(false));
+  const StoreState s = store->SaveState();
+  EXPECT_THAT(s.values, ElementsAre(1.0f, 2.0f, 3.0f, 4.0f));
+  EXPECT_EQ(s.version, 0);
+  EXPECT_TRUE(s.torn) << "the momentum of values 0 and 1 has moved";
+  // An update that ends before the model's end is void too.
+  ASSERT_THAT(store->BeginUpdate(), IsOk());
+  EXPECT_TRUE(store->UpdateRange(absl::MakeSpan(sum), scales, 3));
+  EXPECT_THAT(store->EndUpdate(), StatusIs(absl::StatusCode::kInternal, HasSubstr("3 of 4")));
+  EXPECT_THAT(store->Snapshot()->values, ::testing::Pointee(ElementsAre(1.0f, 2.0f, 3.0f, 4.0f)));
+  // A restored checkpoint is whole again.
+  StoreState clean = s;
+  clean.torn = false;
+  ASSERT_THAT(store->LoadState(clean), IsOk());
+  EXPECT_FALSE(store->SaveState().torn);
+}
+
+TEST(ParameterStoreTest, ANonFiniteValueStopsWhatARangedUpdateReportsAsFinal) {
+  auto store = SgdStore(1e30);
+  ASSERT_THAT(store->Register({{"w", {3}}}, std::vector<float>{1.0f, 2.0f, 3.0f}), IsOk());
+  std::vector<float> sum = {0.0f, 1e30f, 0.0f};
+  const std::vector<GradientScale> scales = {{3, 1.0f}};
+  ASSERT_THAT(store->BeginUpdate(), IsOk());
+  EXPECT_TRUE(store->UpdateRange(absl::MakeSpan(sum), scales, 1));
+  EXPECT_FALSE(store->UpdateRange(absl::MakeSpan(sum), scales, 2)) << "value 1 overflowed";
+  EXPECT_FALSE(store->UpdateRange(absl::MakeSpan(sum), scales, 3));
+  EXPECT_THAT(store->EndUpdate(), StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(*store->Snapshot()->values, ElementsAre(1.0f, 2.0f, 3.0f));
+}
+
 }  // namespace
 }  // namespace dbs
