@@ -258,6 +258,28 @@ absl::Status ForEachFp32Run(
   return absl::OkStatus();
 }
 
+WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count) {
+  WirePayload view;
+  view.dtype = payload.dtype;
+  view.keepalive = payload.keepalive;
+  const size_t width = BytesPerValue(payload.dtype);
+  size_t skip = first * width;  // bytes to pass over
+  size_t want = count * width;  // bytes still to take
+  for (absl::Span<const uint8_t> seg : payload.segments) {
+    if (want == 0) break;
+    if (skip >= seg.size()) {
+      skip -= seg.size();
+      continue;
+    }
+    const size_t take = std::min(seg.size() - skip, want);
+    view.segments.push_back(seg.subspan(skip, take));
+    view.bytes += take;
+    want -= take;
+    skip = 0;
+  }
+  return view;
+}
+
 absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out) {
   DBS_RETURN_IF_ERROR(payload.CheckCount(out.size()));
   return ForEachBlock(payload, [&](size_t first, absl::Span<const float> values) {

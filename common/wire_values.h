@@ -58,6 +58,10 @@ struct WirePayload {
                                                        WireDtype dtype = WireDtype::kFp32);
 };
 
+// Values [first, first + count) of `payload` (which must hold them), as a view of its segments:
+// no copy, the same keepalive.
+WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count);
+
 // Calls `block(first_index, values)` for consecutive blocks of the payload's decoded values
 // (at most kDecodeBlock each), stopping at the first non-OK status, which it returns. Aligned
 // fp32 values are handed out where they lie in the segments; others are decoded into a small

@@ -52,6 +52,9 @@ struct JobConfig {
   // Sum each step's gradients in worker-id order, whatever order they arrive in, so the same job
   // gives bit-identical parameters run after run (AggregatorOptions::deterministic).
   bool deterministic = true;
+  // Update each step's first values while its last gradients still arrive, and stream them back
+  // at once (AggregatorOptions::pipelined); the result is the same, bit for bit.
+  bool pipelined = true;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;

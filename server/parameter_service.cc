@@ -134,10 +134,17 @@ void ParameterServiceImpl::BeginUpdate(int64_t version, size_t count) {
   {
     absl::MutexLock lock(&values_mu_);
     ReleaseValuesLocked();
+    progress_ = Progress{};
   }
   uint8_t* data = nullptr;
   updating_ = pool_->Acquire(ValuesFieldSize(version, count, wire_dtype_), &data);
-  updating_values_ = data + WriteValuesFieldHead(version, wire_dtype_, count, data);
+  const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
+  updating_values_ = data + start;
+  absl::MutexLock lock(&values_mu_);
+  progress_.version = version;
+  progress_.field = updating_;
+  progress_.start = start;
+  progress_.count = count;
 }
 
 void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
@@ -148,10 +155,14 @@ void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot)
   grpc::Slice done = std::move(updating_);
   updating_ = grpc::Slice();
   updating_values_ = nullptr;
-  if (!ok) return;
   absl::MutexLock lock(&values_mu_);
+  if (!ok) {
+    progress_ = Progress{};  // its streams get the step's error
+    return;
+  }
   values_ = std::move(done);
   values_of_ = snapshot;
+  progress_.ready = progress_.count;
 }
 
 absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* ctx,
@@ -219,14 +230,21 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
 // A streamed push (PushGradientStream). The reactor reads one piece, hands it to the aggregator
 // and reads the next only once the piece is summed (or, in worker order, queued behind lower
 // ids): the server holds at most one piece per stream, and a worker whose turn has not come
-// waits in its transport's flow control. When the client closes its side, the push is complete;
-// the answer goes back as pieces of the shared, serialized-once parameters.
+// waits in its transport's flow control.
 //
-// Callbacks from the aggregator (a piece taken, the step's result) come from other threads. Each
-// holds a reference to the reactor until it has run (the object is freed when gRPC is done with
-// it and the last such callback has run), and every operation starts under `mu_` and only
-// before Finish. gRPC never runs a bidi reaction inline from StartRead, StartWrite or Finish, so
-// holding `mu_` across them cannot deadlock with a reaction.
+// The answer goes back as pieces of the new parameters, each a view of the bytes serialized once
+// for every worker, and ends with a message carrying the step's result (known only once the
+// step completes). With a pipelined update the pieces go out as soon as their values are final,
+// while this and the other workers still push the rest (the reactor watches the service's
+// progress: OnValuesReady); otherwise, and for a retry of a completed step, once the step's
+// result is in. When the client closes its side, the push is complete.
+//
+// Callbacks from the aggregator (a piece taken, the step's result) and from the service (values
+// ready) come from other threads. Each holds a reference to the reactor until it has run (the
+// object is freed when gRPC is done with it and the last such callback has run), and every
+// operation starts under `mu_` and only before Finish. gRPC never runs a bidi reaction inline
+// from StartRead, StartWrite or Finish, so holding `mu_` across them cannot deadlock with a
+// reaction. Lock order: `mu_`, then the service's `values_mu_`.
 class PushStreamReactor final
     : public tsan::Reactor<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
@@ -257,18 +275,15 @@ class PushStreamReactor final
     const auto reacting = Reacting();
     if (!ok) return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    if (++written_ < out_.size()) {
-      StartWrite(&out_[written_]);
-    } else {
-      FinishLocked(grpc::Status::OK);
-    }
+    writing_ = false;
+    PumpLocked();
   }
 
   void OnCancel() override {
     const auto reacting = Reacting();
     // A waiting answer is withdrawn; a piece queued in the aggregator still ends (summed, or
     // dropped with the step) and releases its hold then.
+    cancelled_.store(true);
     const uint64_t ticket = ticket_.exchange(0);
     if (ticket != 0 && service_->aggregator_->CancelWait(ticket)) Unref();
     FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
@@ -279,12 +294,24 @@ class PushStreamReactor final
     Unref();
   }
 
+  // Sends what has become final of the answer (the service's OnValuesReady).
+  void Pump() {
+    absl::MutexLock lock(&mu_);
+    PumpLocked();
+  }
+
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
  private:
   // Checks a piece against the stream's first and gives its values to the aggregator.
   absl::Status Take(const PushRequest& piece) {
     const v1::PushGradientRequest& h = piece.header;
     if (pieces_ == 0) {
       DBS_RETURN_IF_ERROR(service_->CheckPushHeader(ctx_, piece, &push_));
+      Watch();
     } else if (h.worker_id() != push_.worker_id || h.epoch() != push_.epoch ||
                h.step() != push_.step || h.num_samples() != push_.num_samples) {
       return absl::InvalidArgumentError(
@@ -302,29 +329,50 @@ class PushStreamReactor final
       return absl::OkStatus();
     }
     if (h.gradient_offset() < 0) return absl::InvalidArgumentError("gradient_offset is negative");
-    piece_values_ =
-        std::max(piece_values_, piece.gradient->bytes / BytesPerValue(service_->wire_dtype_));
+    {
+      absl::MutexLock lock(&mu_);
+      piece_values_ =
+          std::max(piece_values_, piece.gradient->bytes / BytesPerValue(service_->wire_dtype_));
+    }
+    // Summed (and the update advanced) on the service's reducer thread; the next piece is read
+    // once this one is taken.
     Ref();
-    absl::Status s =
-        service_->aggregator_->PushChunk(push_, static_cast<size_t>(h.gradient_offset()),
-                                         piece.gradient, [this](const absl::Status& taken) {
-                                           if (taken.ok()) {
-                                             Read();
-                                           } else {
-                                             FinishOnce(ToGrpcStatus(taken));
-                                           }
-                                           Unref();
-                                         });
-    if (!s.ok()) Unref();  // refused: `taken` never runs
-    return s;
+    service_->reducer_.Schedule(
+        [this, offset = static_cast<size_t>(h.gradient_offset()), values = piece.gradient] {
+          Ref();
+          absl::Status s = service_->aggregator_->PushChunk(push_, offset, values,
+                                                            [this](const absl::Status& taken) {
+                                                              if (taken.ok()) {
+                                                                Read();
+                                                              } else {
+                                                                FinishOnce(ToGrpcStatus(taken));
+                                                              }
+                                                              Unref();
+                                                            });
+          if (!s.ok()) {  // refused: `taken` never runs
+            FinishOnce(ToGrpcStatus(s));
+            Unref();
+          }
+          Unref();
+        });
+    return absl::OkStatus();
   }
 
-  // The client closed its side: the push is complete.
+  // The client closed its side: the push is complete. Counted on the reducer thread, after the
+  // stream's pieces (the step may complete here, and its update end).
   void EndOfPieces() {
     if (pieces_ == 0) {
       return FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      "a streamed push ended before its first piece"));
     }
+    Ref();
+    service_->reducer_.Schedule([this] {
+      CountPush();
+      Unref();
+    });
+  }
+
+  void CountPush() {
     GradientPush push = push_;
     push.streamed = push.num_samples > 0;
     Ref();
@@ -341,24 +389,95 @@ class PushStreamReactor final
         });
     if (ticket != 0) {
       ticket_.store(ticket);
-      // The client may have gone while the push was being counted.
-      if (ctx_->IsCancelled() && ticket_.exchange(0) != 0 &&
+      // The client may have gone while the push was being counted (OnCancel found no ticket).
+      if (cancelled_.load() && ticket_.exchange(0) != 0 &&
           service_->aggregator_->CancelWait(ticket)) {
         Unref();
       }
     }
   }
 
-  // The answer: the step's head in the first message, the parameters in pieces of the size the
-  // client sent, each a view of the bytes serialized once for every worker.
+  // The step's result: every value is final, and the message that ends the answer is known.
   void Answer(const StepResult& r, int worker) {
-    if (Finished()) return;
     v1::PushGradientReply head;
     ParameterServiceImpl::FillAnswerHead(r, worker, &head);
-    out_ =
-        service_->ChunkedValues(r.parameters, head.SerializeAsString(), "", piece_values_, &sent_);
+    const grpc::Slice field = service_->ValuesOf(r.parameters);  // usually the watched buffer
+    const size_t count = r.parameters.values->size();
     absl::MutexLock lock(&mu_);
-    if (!finished_) StartWrite(&out_[0]);
+    if (finished_) return;
+    if (answer_.field.size() == 0 || answer_.version != r.parameters.version) {
+      if (next_ > 0) {  // cannot happen: the watched update is the step's
+        return FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL,
+                                         "the step's parameters changed while they were sent"));
+      }
+      answer_.version = r.parameters.version;
+      answer_.field = field;
+      answer_.count = count;
+      answer_.start = field.size() - count * BytesPerValue(service_->wire_dtype_);
+    }
+    answer_.ready = answer_.count;
+    result_ = head.SerializeAsString();
+    result_known_ = true;
+    if (writing_) return;  // OnWriteDone goes on
+    Ref();
+    service_->sender_.Schedule([this] {
+      Pump();
+      Unref();
+    });
+  }
+
+  // Writes the next message of the answer that is final, if no write is in flight: a range of
+  // values as large as the client's pieces, and at last the step's result; then finishes.
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return;
+    if (!result_known_) {
+      ParameterServiceImpl::Progress p;
+      if (service_->ProgressOf(push_.epoch, push_.step, &p)) {
+        if (answer_.field.size() == 0) {
+          answer_ = std::move(p);
+        } else if (p.version == answer_.version) {
+          answer_.ready = std::max(answer_.ready, p.ready);
+        }
+      }
+    }
+    if (answer_.field.size() == 0) return;
+    const WireDtype dtype = service_->wire_dtype_;
+    const size_t width = BytesPerValue(dtype);
+    const size_t model = answer_.count;
+    if (next_ < model) {
+      const size_t per = std::max(piece_values_ > 0 ? piece_values_ : model,
+                                  (model + kMaxStreamChunks - 1) / kMaxStreamChunks);
+      const size_t end = std::min(model, next_ + per);
+      if (end > answer_.ready) return;  // not final yet
+      grpc::Slice slices[2] = {
+          grpc::Slice(ValuesPiecePrefix(answer_.version, dtype, next_, end - next_)),
+          answer_.field.sub(answer_.start + next_ * width, answer_.start + end * width)};
+      out_ = grpc::ByteBuffer(slices, 2);
+      next_ = end;
+      return WriteLocked();
+    }
+    if (!result_known_) return;
+    if (!result_sent_) {
+      // The step's result, with an empty range at the model's end.
+      grpc::Slice last(result_ + ValuesPiecePrefix(answer_.version, dtype, model, 0));
+      out_ = grpc::ByteBuffer(&last, 1);
+      result_sent_ = true;
+      return WriteLocked();
+    }
+    FinishLocked(grpc::Status::OK);
+  }
+
+  void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    sent_ += out_.Length();
+    writing_ = true;
+    StartWrite(&out_);
+  }
+
+  void Watch() {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || watching_) return;
+    watching_ = true;
+    service_->Watch(this);
   }
 
   bool Finished() {
@@ -379,6 +498,10 @@ class PushStreamReactor final
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
+    if (watching_) {
+      watching_ = false;
+      service_->Unwatch(this);  // not the last reference: gRPC's lasts until OnDone
+    }
     if (service_->hooks_.observer != nullptr) {
       service_->hooks_.observer->OnCall("PushGradientStream", received_, status.ok() ? sent_ : 0,
                                         static_cast<int>(status.error_code()));
@@ -391,25 +514,72 @@ class PushStreamReactor final
   grpc::ByteBuffer in_;
   GradientPush push_;  // the header, from the first piece
   int64_t pieces_ = 0;
-  size_t piece_values_ = 0;  // the largest piece's values: the answer's pieces are as large
   size_t received_ = 0;
-  size_t sent_ = 0;
-  std::vector<grpc::ByteBuffer> out_;
-  size_t written_ = 0;
   std::atomic<uint64_t> ticket_{0};
+  std::atomic<bool> cancelled_{false};
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // gRPC's reference (until OnDone) and one per aggregator callback still to run.
+  // The answer: the new parameters' serialized field (with how many values are final), the
+  // next value to send, the step's result once known, the message being written.
+  size_t piece_values_ ABSL_GUARDED_BY(mu_) = 0;  // the largest piece's: the answer's are as large
+  bool watching_ ABSL_GUARDED_BY(mu_) = false;
+  ParameterServiceImpl::Progress answer_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string result_ ABSL_GUARDED_BY(mu_);
+  bool result_known_ ABSL_GUARDED_BY(mu_) = false;
+  bool result_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);
+  size_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  // gRPC's reference (until OnDone) and one per callback from elsewhere still to run.
   std::atomic<int> refs_{1};
-  void Ref() { refs_.fetch_add(1); }
-  void Unref() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterServiceImpl::PushGradientStream(grpc::CallbackServerContext* ctx) {
   return new PushStreamReactor(this, ctx);
+}
+
+void ParameterServiceImpl::OnValuesReady(int epoch, int step, int64_t version, size_t ready) {
+  std::vector<PushStreamReactor*> told;
+  {
+    absl::MutexLock lock(&values_mu_);
+    if (progress_.version != version || progress_.field.size() == 0) return;  // a late call
+    progress_.epoch = epoch;
+    progress_.step = step;
+    progress_.ready = std::max(progress_.ready, std::min(ready, progress_.count));
+    told.assign(watchers_.begin(), watchers_.end());
+    for (PushStreamReactor* r : told) r->Ref();  // they stay while they are told
+  }
+  // Started from the sender thread: gRPC may write to the socket on the thread that starts a
+  // write, and the reducer has the next pieces to sum.
+  sender_.Schedule([told = std::move(told)] {
+    for (PushStreamReactor* r : told) {
+      r->Pump();
+      r->Unref();
+    }
+  });
+}
+
+bool ParameterServiceImpl::ProgressOf(int epoch, int step, Progress* out) {
+  absl::MutexLock lock(&values_mu_);
+  if (progress_.epoch != epoch || progress_.step != step || progress_.ready == 0) return false;
+  *out = progress_;
+  return true;
+}
+
+void ParameterServiceImpl::Watch(PushStreamReactor* reactor) {
+  absl::MutexLock lock(&values_mu_);
+  if (watchers_.insert(reactor).second) reactor->Ref();
+}
+
+void ParameterServiceImpl::Unwatch(PushStreamReactor* reactor) {
+  bool erased = false;
+  {
+    absl::MutexLock lock(&values_mu_);
+    erased = watchers_.erase(reactor) > 0;
+  }
+  if (erased) reactor->Unref();
 }
 
 std::vector<grpc::ByteBuffer> ParameterServiceImpl::ChunkedValues(const ParameterSnapshot& snap,

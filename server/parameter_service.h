@@ -4,10 +4,12 @@
 #define DBS_SERVER_PARAMETER_SERVICE_H_
 
 #include <functional>
+#include <set>
 
 #include "common/grpc_step_wire.h"
 #include "common/plan.h"
 #include "common/raw_call.h"
+#include "common/serial_queue.h"
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
@@ -23,6 +25,8 @@ using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_Register
                     v1::ParameterService::WithRawCallbackMethod_RegisterModelStream<
                         v1::ParameterService::WithRawCallbackMethod_Resume<
                             v1::ParameterService::Service>>>>>>>;
+
+class PushStreamReactor;
 
 class ParameterServiceImpl final : public ParameterRawService, private UpdateSink {
  public:
@@ -47,8 +51,14 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
         wire_dtype_(wire_dtype),
         pool_(SlicePool::Create()) {
     store_->SetUpdateSink(this);
+    aggregator_->SetValuesHook([this](int epoch, int step, int64_t version, size_t ready) {
+      OnValuesReady(epoch, step, version, ready);
+    });
   }
-  ~ParameterServiceImpl() override { store_->RemoveUpdateSink(this); }
+  ~ParameterServiceImpl() override {
+    aggregator_->SetValuesHook(nullptr);
+    store_->RemoveUpdateSink(this);
+  }
 
   // A sharded job's follower: every push of (epoch, step) passes `gate` first (it may wait for
   // the leader; see ShardFollower::Gate). Set before serving.
@@ -105,6 +115,26 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   void BeginUpdate(int64_t version, size_t count) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;
   void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
+  // A pipelined update's first `ready` values are final (StepAggregator's values hook): the
+  // streams that watch it send them.
+  void OnValuesReady(int epoch, int step, int64_t version, size_t ready);
+  // The values of the update that (epoch, step) makes, as far as they are final: the serialized
+  // field, where its values start, the model's size, the version and how many are final. False
+  // while none are known.
+  struct Progress {
+    int epoch = -1;
+    int step = -1;
+    int64_t version = 0;
+    grpc::Slice field;
+    size_t start = 0;
+    size_t count = 0;
+    size_t ready = 0;
+  };
+  bool ProgressOf(int epoch, int step, Progress* out);
+  // A streamed push's answer is told of every OnValuesReady until Unwatch (each holds a
+  // reference to it meanwhile).
+  void Watch(PushStreamReactor* reactor);
+  void Unwatch(PushStreamReactor* reactor);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
                         ParametersAnswer* reply, WaitingReactor* reactor);
   void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
@@ -128,6 +158,15 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // touches them (under the store's lock).
   grpc::Slice updating_;
   uint8_t* updating_values_ = nullptr;
+  // The update in progress as the streams see it (epoch and step once the aggregator names them).
+  Progress progress_ ABSL_GUARDED_BY(values_mu_);
+  std::set<PushStreamReactor*> watchers_ ABSL_GUARDED_BY(values_mu_);
+  // Where streamed pieces are summed and the update runs: off gRPC's callback thread, which
+  // polls every connection (see SerialQueue); and where the answers' writes start, off the
+  // reducer (gRPC may write to the socket on the thread that starts a write). Declared last:
+  // destroyed (drained) first, the reducer (which feeds the sender) before the sender.
+  SerialQueue sender_;
+  SerialQueue reducer_;
 };
 
 }  // namespace dbs

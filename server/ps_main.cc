@@ -113,6 +113,10 @@ ABSL_FLAG(bool, deterministic, true,
           "Sum each step's gradients in worker order whatever order they arrive in, so the same "
           "job gives bit-identical parameters run after run (a push that arrives early is held, "
           "not copied, until its turn); false: sum on arrival.");
+ABSL_FLAG(bool, pipelined, true,
+          "Streamed pushes (large models): update a step's first values as soon as every "
+          "worker's gradients for them are in and stream them back while the rest still arrive; "
+          "false: update and answer once the whole step is in. Same result, bit for bit.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -130,6 +134,9 @@ ABSL_FLAG(bool, restore_override, false,
           "rate, optimizer, policy knobs), which are otherwise refused.");
 ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave before shutting down.");
+ABSL_FLAG(double, stop_grace_s, 10.0,
+          "On SIGTERM/SIGINT with --checkpoint_dir: how long the step in flight may take to "
+          "complete before the final checkpoint, when its update has begun (large models).");
 
 namespace {
 
@@ -178,6 +185,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   if (!wire.ok()) return wire.status();
   job.wire_dtype = *wire;
   job.deterministic = absl::GetFlag(FLAGS_deterministic);
+  job.pipelined = absl::GetFlag(FLAGS_pipelined);
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);
@@ -191,6 +199,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
+  c.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_s));
   const std::string shard_flag = absl::GetFlag(FLAGS_shard);
   absl::StatusOr<std::pair<int, int>> shard = dbs::ParseShard(shard_flag, HostName());
   if (!shard.ok()) return shard.status();

@@ -28,6 +28,9 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
   if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
+  if (c.stop_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("stop_grace must be >= 0");
+  }
   if (c.metrics_port < -1 || c.metrics_port > 65535) {
     return absl::InvalidArgumentError("metrics_port must be -1 (off) or in [0, 65535]");
   }
@@ -402,6 +405,11 @@ void PsServer::Shutdown(const absl::Status& result) {
 
 void PsServer::Stop(const absl::Status& why) {
   stopped_.store(true);
+  if (config_.num_shards == 1 && !config_.job.checkpoint_dir.empty() &&
+      !job_->aggregator()->Quiesce(config_.stop_grace)) {
+    LOG(WARNING) << "the step in flight did not complete within "
+                 << absl::FormatDuration(config_.stop_grace) << " of the stop";
+  }
   if (follower_ != nullptr) follower_->Lost(why);
   job_->Abort(why);
 }

@@ -52,6 +52,9 @@ struct ServerConfig {
   std::string metrics_host;                   // '' : the same as `host`
   std::string metrics_port_file;              // where its bound port is written ('' : nowhere)
   absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
+  // On Stop (SIGTERM): how long the step in flight may take to complete before the final
+  // checkpoint, when its pipelined update has begun (StepAggregator::Quiesce).
+  absl::Duration stop_grace = absl::Seconds(10);
   absl::Duration supervise_every = absl::Milliseconds(250);
   // A sharded job (docs/dataplane.md#shards): this process keeps shard `shard` of `num_shards`
   // of the model's values. Shard 0 (the leader) hosts the scheduler; the others follow the

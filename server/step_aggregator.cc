@@ -26,6 +26,7 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       TakePendingLocked(&orphans);
       stats_.workers.clear();
     }
+    AbandonUpdateLocked();  // cannot be open: its step's pushes would still wait
     std::fill(sum_.begin(), sum_.end(), 0.0f);
     DropIncomingLocked(absl::FailedPreconditionError("the epoch ended before this push completed"),
                        &notices);
@@ -205,6 +206,7 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
   const size_t end = offset + values->bytes / BytesPerValue(values->dtype);
   Notices notices;
   absl::Status status;
+  std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
     if (IsRetryLocked(header)) {
@@ -236,11 +238,14 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
           // Refused when its turn has come at once: the refusal is returned and `taken` never
           // runs; later, `taken` gets it.
           ReduceReadyLocked(&notices, serial, &status);
+          AdvanceUpdateLocked();
         }
       }
     }
+    ready = std::exchange(ready_, std::nullopt);
   }
   Notify(&notices);
+  TellReady(ready);
   return status;
 }
 
@@ -277,6 +282,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   bool completed = false;
   Done superseded;
   uint64_t retry_ticket = 0;
+  std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
     // A retry of the step that just completed: answer with its result.
@@ -304,6 +310,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
         AcceptLocked(push, std::move(done));
         ReduceReadyLocked(&notices);
         if (pending_.size() < quotas_[step_].size()) {
+          AdvanceUpdateLocked();
           waiting = last_ticket_;
         } else {
           stats = TakeStepStatsLocked();
@@ -312,8 +319,10 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
         }
       }
     }
+    ready = std::exchange(ready_, std::nullopt);
   }
   Notify(&notices);
+  TellReady(ready);
   if (waiting != 0) return waiting;
   if (retry_ticket != 0) {
     if (superseded) {
@@ -397,46 +406,86 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
+bool StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices,
+                                   uint64_t watch, absl::Status* watched) {
+  bool changed = false;
+  while (in->summed < hi && !in->queued.empty()) {
+    Piece& piece = in->queued.front();
+    const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
+    // Its values [from, to): those before `skip` were summed before (a retry after a refusal).
+    const size_t from = std::max(in->summed, piece.offset + piece.skip) - piece.offset;
+    const size_t to = std::min(hi, end) - piece.offset;
+    size_t summed = 0;
+    const absl::Status added =
+        from >= to ? absl::OkStatus()
+                   : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from),
+                                0, in->samples > 0 ? sum_.data() : nullptr,
+                                static_cast<float>(in->samples), &summed);
+    changed = true;
+    if (!added.ok()) {
+      // The values before the bad one's block stay summed, as the pieces before a refused
+      // piece do; the rest of the push must come again (a retry resumes from there).
+      in->summed = in->received = piece.offset + from + summed;
+      if (piece.serial == watch) {
+        *watched = added;
+      } else {
+        notices->emplace_back(std::move(piece.taken), added);
+      }
+      in->queued.pop_front();
+      for (Piece& later : in->queued) {
+        notices->emplace_back(std::move(later.taken),
+                              absl::InvalidArgumentError(absl::StrCat("an earlier piece of worker ",
+                                                                      id, "'s push was refused")));
+      }
+      in->queued.clear();
+      return true;
+    }
+    in->summed = piece.offset + to;
+    if (in->summed < end) break;  // the rest of it waits for the next window
+    notices->emplace_back(std::move(piece.taken), absl::OkStatus());
+    in->queued.pop_front();  // releases the received message
+  }
+  return changed;
+}
+
 void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::Status* watched) {
   if (step_ >= static_cast<int>(quotas_.size())) return;
   const size_t model = sum_.size();
-  // In worker order, a piece waits until every lower id's values up to its end are summed;
-  // `floor` is how far all the lower ids have come. A worker with no samples adds nothing.
-  size_t floor = model;
-  for (const auto& [id, quota] : quotas_[step_]) {  // ascending ids
+  const std::map<int, int>& quota = quotas_[step_];
+  auto incoming = [this](int id) -> Incoming* {
     auto it = incoming_.find(id);
-    Incoming* in = it == incoming_.end() ? nullptr : &it->second;
-    while (in != nullptr && !in->queued.empty()) {
-      Piece& piece = in->queued.front();
-      const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
-      if (options_.deterministic && end > floor) break;  // its turn has not come
-      size_t summed = 0;
-      const absl::Status added = SumChecked(id, piece.offset, *piece.values, piece.skip,
-                                            in->samples > 0 ? sum_.data() : nullptr,
-                                            static_cast<float>(in->samples), &summed);
-      if (!added.ok()) {
-        // The values before the bad one's block stay summed, as the pieces before a refused
-        // piece do; the rest of the push must come again (a retry resumes from there).
-        in->summed = in->received = piece.offset + summed;
-        if (piece.serial == watch) {
-          *watched = added;
-        } else {
-          notices->emplace_back(std::move(piece.taken), added);
-        }
-        in->queued.pop_front();
-        for (Piece& later : in->queued) {
-          notices->emplace_back(std::move(later.taken),
-                                absl::InvalidArgumentError(absl::StrCat(
-                                    "an earlier piece of worker ", id, "'s push was refused")));
-        }
-        in->queued.clear();
-        break;
+    return it == incoming_.end() ? nullptr : &it->second;
+  };
+  // In worker order, a worker adds its values only up to where every lower id's are summed (its
+  // `floor`); on arrival (not deterministic), as far as they have come. The sum goes window by
+  // window (kReduceWindow values), every worker's values for a window one after another, so
+  // that the window's part of the sum stays in the cache from the first worker's values to the
+  // last's and to the (pipelined) update after them, rather than being read from memory and
+  // written back once per worker.
+  while (true) {
+    // The window starts at the lowest value a worker can add now.
+    size_t start = model, floor = model;
+    for (const auto& [id, q] : quota) {  // ascending ids
+      Incoming* in = incoming(id);
+      if (in != nullptr && !in->queued.empty() &&
+          std::min(in->received, options_.deterministic ? floor : model) > in->summed) {
+        start = std::min(start, in->summed);
       }
-      in->summed = end;
-      notices->emplace_back(std::move(piece.taken), absl::OkStatus());
-      in->queued.pop_front();  // releases the received message
+      floor = std::min(floor, q == 0 ? model : (in == nullptr ? 0 : in->summed));
     }
-    floor = std::min(floor, quota == 0 ? model : (in == nullptr ? 0 : in->summed));
+    if (start == model) return;
+    const size_t window_end = std::min(model, start + kReduceWindow);
+    floor = model;
+    for (const auto& [id, q] : quota) {
+      Incoming* in = incoming(id);
+      if (in != nullptr) {
+        const size_t hi =
+            std::min({window_end, in->received, options_.deterministic ? floor : model});
+        if (hi > in->summed) SumUpToLocked(id, in, hi, notices, watch, watched);
+      }
+      floor = std::min(floor, q == 0 ? model : (in == nullptr ? 0 : in->summed));
+    }
+    AdvanceUpdateLocked();  // while the window's sum is in the cache
   }
 }
 
@@ -449,29 +498,76 @@ void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* not
 }
 
 bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
-  // An evicted worker may have streamed part of its gradient: its values up to where they were
-  // summed count, with its samples, in that range's mean (nothing accepted is lost).
+  // The step's workers' samples (each push's samples are its quota; once the step completes,
+  // they are the samples pushed). An evicted worker may have streamed part of its gradient: its
+  // values up to where they were summed count, with its samples, in that range's mean (nothing
+  // accepted is lost).
+  const std::map<int, int>& quota = quotas_[step_];
+  int64_t samples = 0;
+  for (const auto& [id, q] : quota) samples += q;
   std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
   int64_t extra = 0;                            // the partial pushes' samples
   for (const auto& [id, in] : incoming_) {
-    if (pending_.count(id) == 0 && in.summed > 0) {
+    if (quota.count(id) == 0 && in.summed > 0) {
       partial.emplace_back(in.summed, in.samples);
       extra += in.samples;
     }
   }
-  if (samples_ + extra == 0) return false;
+  if (samples + extra == 0) return false;
   std::sort(partial.begin(), partial.end());
   // Values before `end` were summed over `samples` samples.
   auto scale = [&](size_t end, int64_t samples) {
     const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
     if (scales->empty() || scales->back().end < end) scales->push_back({end, inv});
   };
-  for (const auto& [summed, samples] : partial) {
-    scale(summed, samples_ + extra);
-    extra -= samples;
+  for (const auto& [summed, part] : partial) {
+    scale(summed, samples + extra);
+    extra -= part;
   }
-  scale(sum_.size(), samples_);
+  scale(sum_.size(), samples);
   return true;
+}
+
+void StepAggregator::AdvanceUpdateLocked() {
+  if (!options_.pipelined || !aborted_.ok() || step_ >= static_cast<int>(quotas_.size())) return;
+  if (quiescing_ && !updating_) return;
+  // The values every worker of the step has summed (in worker order or not, each worker's
+  // summed values are a prefix).
+  size_t ready = sum_.size();
+  bool any = false;
+  for (const auto& [id, quota] : quotas_[step_]) {
+    if (quota == 0) continue;
+    any = true;
+    auto it = incoming_.find(id);
+    ready = std::min(ready, it == incoming_.end() ? size_t{0} : it->second.summed);
+  }
+  std::vector<GradientScale> scales;
+  if (!any || ready <= updated_ || !MeanScalesLocked(&scales)) return;
+  if (!updating_) {
+    absl::StatusOr<int64_t> version = store_->BeginUpdate();
+    if (!version.ok()) return;  // the step's end reports what is wrong
+    updating_ = true;
+    updating_version_ = *version;
+  }
+  const bool finite = store_->UpdateRange(absl::MakeSpan(sum_), scales, ready);
+  updated_ = ready;
+  // Values after a non-finite one are not sent: the step will fail.
+  if (finite) ready_ = ValuesReady{epoch_, step_, updating_version_, ready};
+}
+
+void StepAggregator::AbandonUpdateLocked() {
+  if (!updating_) return;
+  store_->AbandonUpdate();
+  updating_ = false;
+  updated_ = 0;
+  ready_.reset();
+  std::fill(sum_.begin(), sum_.end(), 0.0f);
+}
+
+void StepAggregator::TellReady(std::optional<ValuesReady> ready) const {
+  if (ready.has_value() && values_hook_) {
+    values_hook_(ready->epoch, ready->step, ready->version, ready->ready);
+  }
 }
 
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
@@ -490,8 +586,23 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   // The mean and the update in one pass, which leaves the sum cleared for the next step.
   std::vector<GradientScale> scales;
   const bool update = MeanScalesLocked(&scales);
-  absl::StatusOr<ParameterSnapshot> snap =
-      update ? store_->ApplyGradient(absl::MakeSpan(sum_), scales) : store_->Snapshot();
+  absl::StatusOr<ParameterSnapshot> snap;
+  if (!update) {
+    AbandonUpdateLocked();  // cannot be open: its values had samples
+    snap = store_->Snapshot();
+  } else {
+    // The rest of a pipelined update, or all of it.
+    absl::Status begun = updating_ ? absl::OkStatus() : store_->BeginUpdate().status();
+    if (begun.ok()) {
+      store_->UpdateRange(absl::MakeSpan(sum_), scales, sum_.size());
+      snap = store_->EndUpdate();
+    } else {
+      snap = begun;
+    }
+    updating_ = false;
+    updated_ = 0;
+    ready_.reset();
+  }
   if (snap.ok()) {
     r.parameters = *snap;
     *result = r;
@@ -530,6 +641,7 @@ void StepAggregator::CompleteEviction(PlanChange change) {
   absl::StatusOr<StepResult> result;
   Notices notices;
   bool completed = false;
+  std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
     for (int id : evicted_) {
@@ -553,9 +665,13 @@ void StepAggregator::CompleteEviction(PlanChange change) {
     if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
       CompleteStepLocked(&to_run, &result, &notices);
       completed = true;
+    } else {
+      AdvanceUpdateLocked();
     }
+    ready = std::exchange(ready_, std::nullopt);
   }
   Notify(&notices);
+  TellReady(ready);
   if (!completed) return;
   for (Done& d : to_run) d(result);
 }
@@ -586,9 +702,18 @@ void StepAggregator::Abort(const absl::Status& status) {
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
     DropIncomingLocked(status, &notices);
+    AbandonUpdateLocked();
   }
   Notify(&notices);
   for (Done& d : to_run) d(status);
+}
+
+bool StepAggregator::Quiesce(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  quiescing_ = true;
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !updating_ || !aborted_.ok(); };
+  mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+  return !updating_;
 }
 
 StepProgress StepAggregator::Progress() const {
@@ -616,6 +741,7 @@ StepAggregator::State StepAggregator::SaveState() const {
   auto it = accepted_.find(epoch_);
   if (it != accepted_.end()) s.accepted = it->second;
   s.store = store_->SaveState();  // under our lock: no step can complete meanwhile
+  s.updating = updating_;
   return s;
 }
 
@@ -634,6 +760,9 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   samples_ = 0;
   last_.reset();
   evicted_.clear();
+  updating_ = false;
+  updated_ = 0;
+  ready_.reset();
 }
 
 EpochLoss StepAggregator::LossOf(int epoch) const {

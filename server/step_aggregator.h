@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/plan.h"
@@ -122,6 +123,11 @@ struct AggregatorOptions {
   // is held (the received message, not a copy) until its turn; so is a piece of a streamed push
   // until every lower id's values up to its end are summed. Off: summed on arrival.
   bool deterministic = true;
+  // Update the step's first values as soon as every worker's values for them are summed, while
+  // the later ones still arrive (streamed pushes), so that their answers can go out early
+  // (SetValuesHook). The result is bit for bit the same. Off: the whole update runs when the
+  // step completes.
+  bool pipelined = true;
 };
 
 class StepAggregator {
@@ -156,6 +162,12 @@ class StepAggregator {
   // It must not call back into the aggregator. Set before training starts.
   using StepHook = std::function<std::optional<PlanChange>(const StepStats&)>;
   void SetStepHook(StepHook hook) { hook_ = std::move(hook); }
+  // Called (outside the lock, from any thread) when the first `ready` values of the update that
+  // (epoch, step) makes (parameter `version`) are final, before the step completes
+  // (AggregatorOptions::pipelined): the store's sink has had them. Calls may come late and out of
+  // order; `ready` only grows within a step. Set before training starts.
+  using ValuesHook = std::function<void(int epoch, int step, int64_t version, size_t ready)>;
+  void SetValuesHook(ValuesHook hook) { values_hook_ = std::move(hook); }
   // Called (outside the lock) when a complete step cannot be applied; the job cannot go on.
   using FailureHook = std::function<void(const absl::Status&)>;
   void SetFailureHook(FailureHook hook) { failure_hook_ = std::move(hook); }
@@ -195,6 +207,10 @@ class StepAggregator {
 
   // Fails every pending and future push with `status` (job aborted or shutting down).
   void Abort(const absl::Status& status);
+  // Before an Abort that should leave a state to checkpoint: opens no more pipelined updates
+  // and waits (at most `timeout`) for an open one to end with its step. False when one is
+  // still open (Abort then tears the store: see ParameterStore::AbandonUpdate).
+  bool Quiesce(absl::Duration timeout);
 
   // Loss totals of `epoch` so far.
   EpochLoss LossOf(int epoch) const;
@@ -209,6 +225,9 @@ class StepAggregator {
     std::map<int, EpochLoss> losses;
     std::set<std::pair<int, int>> accepted;  // of `epoch`
     StoreState store;
+    // The current step's update is half applied (a pipelined update runs): not a state to
+    // checkpoint.
+    bool updating = false;
   };
   State SaveState() const;
   // Resumes at `state.epoch`, step `state.step`, with `quotas` for that epoch's steps; the
@@ -261,14 +280,36 @@ class StepAggregator {
   // worker's queue; its refusal goes to its `taken`, or to `*watched` when it is piece `watch`.
   void ReduceReadyLocked(Notices* notices, uint64_t watch = 0, absl::Status* watched = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Incoming;
+  // Sums worker `id`'s queued values from where it stands up to `hi` (at most what has
+  // arrived), piece after piece; a piece summed to its end is taken (popped, `taken` noticed).
+  // A refusal ends the worker's queue as ReduceReadyLocked says. True when anything changed.
+  bool SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices, uint64_t watch,
+                     absl::Status* watched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Values summed per window (ReduceReadyLocked): the window's sum and the update's state for it
+  // stay in the L2 cache.
+  static constexpr size_t kReduceWindow = 16384;
   // Forgets the step's pieces; the queued ones end with `status`.
   void DropIncomingLocked(const absl::Status& status, Notices* notices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What turns the step's sum into its sample-weighted mean: one over the samples summed, per
   // range where an evicted worker's streamed values were summed in part; false when the step has
-  // no samples at all.
+  // no samples at all. Valid for every value that all of the step's workers have summed.
   bool MeanScalesLocked(std::vector<GradientScale>* scales) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pipelined: updates the values every worker of the step has summed and not yet updated, and
+  // leaves the news in `ready_`.
+  void AdvanceUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends an open update that will not complete (the store is torn: see AbandonUpdate).
+  void AbandonUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct ValuesReady {
+    int epoch = 0;
+    int step = 0;
+    int64_t version = 0;
+    size_t ready = 0;
+  };
+  // Runs the values hook with what AdvanceUpdateLocked left, once the lock is released.
+  void TellReady(std::optional<ValuesReady> ready) const ABSL_LOCKS_EXCLUDED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
   void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
                           Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -278,6 +319,7 @@ class StepAggregator {
   const AggregatorOptions options_;
   StepHook hook_;
   FailureHook failure_hook_;
+  ValuesHook values_hook_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;
@@ -290,6 +332,12 @@ class StepAggregator {
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
+  // The step's update is open in the store (pipelined), with its first `updated_` values done.
+  bool updating_ ABSL_GUARDED_BY(mu_) = false;
+  bool quiescing_ ABSL_GUARDED_BY(mu_) = false;  // open no more (Quiesce)
+  size_t updated_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t updating_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<ValuesReady> ready_ ABSL_GUARDED_BY(mu_);  // not yet told
   // Of the step being collected, by worker: the gradient's values that have arrived (a prefix)
   // and that are summed (a prefix of those), and the pieces waiting for their turn in the sum.
   struct Piece {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/clock.h"
@@ -121,6 +122,76 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   ASSERT_THAT(version, IsOk());
   EXPECT_EQ(*version, 0);
   EXPECT_EQ(pulled, initial);
+  (*server)->Stop(absl::CancelledError("test over"));
+}
+
+// Two workers push streamed steps at once against a real server: each reads its answer's
+// ranges while its chunks still go out (the server updates and sends each range as soon as both
+// gradients for it are in), and both end every step with the same parameters: plain SGD on the
+// sample-weighted mean of their gradients.
+TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
+  ServerConfig c;
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.job.scheduler.expected_workers = 2;
+  c.job.scheduler.global_batch = 4;
+  c.job.policy = PolicyKind::kFixed;
+  c.job.optimizer.sgd.lr = 1.0;
+  c.job.optimizer.sgd.momentum = 0.0;
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  GrpcClientConfig config;
+  config.address = "127.0.0.1:" + std::to_string((*server)->port());
+  config.stream_chunk_bytes = 256;  // 64 values a chunk: 47 chunks for the 3,000 values
+  const size_t n = 3000;
+  const ModelLayout layout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+  const std::vector<float> initial(n, 1.0f);
+  GrpcPsClient clients[2] = {GrpcPsClient(config), GrpcPsClient(config)};
+  std::vector<float> params[2] = {std::vector<float>(n), std::vector<float>(n)};
+  int ids[2] = {0, 0};
+  WorkerPlan plans[2];
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<RegistrationResult> r =
+        clients[w].RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
+    ASSERT_THAT(r, IsOk());
+    ids[w] = r->worker_id;
+  }
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_THAT(clients[w].RegisterModel(ids[w], layout, initial, absl::MakeSpan(params[w])),
+                IsOk());
+    absl::StatusOr<WorkerPlan> plan = clients[w].GetEpochPlan(ids[w], 0);
+    ASSERT_THAT(plan, IsOk());
+    plans[w] = *plan;
+    ASSERT_EQ(plans[w].batch_size, 2);
+  }
+  // Worker w's gradient at step s: (w + 1) * (s + 1) / 64 on every value (exact in fp32), so
+  // the mean is 1.5 * (s + 1) / 64 and the parameters fall by that at each step.
+  float expected = 1.0f;
+  for (int step = 0; step < 3; ++step) {
+    absl::Status pushed[2];
+    std::thread threads[2];
+    for (int w = 0; w < 2; ++w) {
+      threads[w] = std::thread([&, w] {
+        const std::vector<float> g(n, static_cast<float>((w + 1) * (step + 1)) / 64.0f);
+        absl::StatusOr<StepOutcome> out = clients[w].PushGradient(
+            ids[w], 0, step, plans[w].BatchAt(step), 0.0, 0.0, g, absl::MakeSpan(params[w]));
+        pushed[w] = out.status();
+        if (out.ok()) EXPECT_EQ(out->global_samples, 4);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ASSERT_THAT(pushed[0], IsOk());
+    ASSERT_THAT(pushed[1], IsOk());
+    expected -= 1.5f * static_cast<float>(step + 1) / 64.0f;
+    EXPECT_EQ(params[0], params[1]) << "step " << step;
+    EXPECT_EQ(params[0], std::vector<float>(n, expected)) << "step " << step;
+  }
+  std::vector<float> pulled(n);
+  absl::StatusOr<int64_t> version = clients[0].PullParameters(ids[0], absl::MakeSpan(pulled));
+  ASSERT_THAT(version, IsOk());
+  EXPECT_EQ(*version, 3);
+  EXPECT_EQ(pulled, params[0]);
   (*server)->Stop(absl::CancelledError("test over"));
 }
 

@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/dbs.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
+#include "server/checkpoint.h"
 
 namespace dbs {
 namespace {
@@ -319,6 +320,71 @@ absl::Status Stream(const HandWorker& w, const v1::PushGradientRequest& header,
   return FromGrpcStatus(stream->Finish());
 }
 
+// A stop (SIGTERM) while a streamed step's update is half applied (its first values were final
+// and updated while the rest was still coming): the server lets the step complete and then
+// writes its final checkpoint, of the completed step. A step that does not complete within the
+// grace is abandoned: the parameters stay those before it, the optimizer's state is torn, and
+// the final checkpoint is refused rather than written half applied.
+TEST(PsServerTest, AStopLetsAHalfAppliedStepCompleteBeforeTheFinalCheckpoint) {
+  for (const bool completes : {true, false}) {
+    SCOPED_TRACE(completes ? "the step completes" : "the step never completes");
+    ServerConfig c = SmallConfig();
+    c.job.scheduler.expected_workers = 1;
+    c.job.checkpoint_dir =
+        ::testing::TempDir() + "/ps_server_test_stop_" + (completes ? "completes" : "torn");
+    c.stop_grace = completes ? absl::Seconds(60) : absl::Milliseconds(100);
+    const RealClock clock;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+    ASSERT_THAT(server, IsOk());
+    std::ostringstream out;
+    std::thread runner([&] { (*server)->Run(out).IgnoreError(); });
+    HandWorker w;
+    w.Join((*server)->port(), 4);
+    v1::PushGradientRequest piece;
+    piece.set_num_samples(w.plan.batch_size());
+    const std::vector<float> g = {1, 1, 1, 1};
+    piece.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), 8));
+    grpc::ClientContext ctx;
+    w.Sign(&ctx);
+    auto stream = w.params->PushGradientStream(&ctx);
+    ASSERT_TRUE(stream->Write(piece));
+    // The one worker's first two values are final: the step's update opens.
+    StepAggregator* agg = (*server)->job()->aggregator();
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!agg->SaveState().updating && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_TRUE(agg->SaveState().updating);
+    std::thread stopper([&] { (*server)->Stop(absl::CancelledError("stopped by the test")); });
+    if (completes) {
+      piece.set_gradient_offset(2);
+      ASSERT_TRUE(stream->Write(piece));
+      stream->WritesDone();
+      v1::PushGradientReply reply;
+      int64_t samples = 0;
+      while (stream->Read(&reply)) samples += reply.global_samples();
+      EXPECT_EQ(samples, w.plan.batch_size()) << "the step's result came back";
+    }
+    stopper.join();
+    runner.join();
+    if (!completes) ctx.TryCancel();  // the in-process server leaves a stream it stopped open
+    stream->Finish().IgnoreError();
+    std::vector<std::string> refused;
+    absl::StatusOr<JobState> saved = LoadNewestCheckpoint(c.job.checkpoint_dir, &refused);
+    if (completes) {
+      ASSERT_THAT(saved, IsOk());
+      EXPECT_EQ(saved->aggregator.step, 1);
+      EXPECT_EQ(saved->aggregator.store.version, 1);
+    } else {
+      EXPECT_THAT(saved, StatusIs(absl::StatusCode::kNotFound, ::testing::_))
+          << "no checkpoint of a half-applied step";
+      const StepAggregator::State s = agg->SaveState();
+      EXPECT_TRUE(s.store.torn);
+      EXPECT_EQ(s.store.version, 0);
+    }
+  }
+}
+
 TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   ServerConfig c = SmallConfig();
   c.job.scheduler.expected_workers = 1;
@@ -357,21 +423,36 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   EXPECT_THAT(Stream(w, head, {{0, {1, 1}}}, &answers),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("ended after 2 of the model's 4 values")));
-  EXPECT_TRUE(answers.empty());
+  // The one worker's first two values were summed and are final, so they may have been updated
+  // and sent already (the pipelined update), before the stream's refusal; but no refused stream
+  // carried a step's result.
+  for (const v1::PushGradientReply& a : answers) {
+    EXPECT_EQ(a.global_samples(), 0);
+    EXPECT_EQ(a.values().offset(), 0);
+    EXPECT_EQ(a.values().version(), 1);
+  }
+  answers.clear();
   // The whole push: its first two values arrived already (sent again, not added twice).
   ASSERT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {2, 3}}}, &answers), IsOk());
-  // The answer comes in pieces as large as the push's: the result once, then the values.
-  ASSERT_EQ(answers.size(), 2u);
-  EXPECT_EQ(answers[0].step(), 0);
-  EXPECT_EQ(answers[0].global_samples(), w.plan.batch_size());
+  // The answer comes in pieces as large as the push's, then the step's result with an empty
+  // range at the model's end.
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_EQ(answers[0].global_samples(), 0);
   EXPECT_EQ(answers[1].global_samples(), 0);
+  EXPECT_EQ(answers[2].step(), 0);
+  EXPECT_EQ(answers[2].global_samples(), w.plan.batch_size());
+  EXPECT_EQ(answers[2].values().offset(), 4);
+  EXPECT_EQ(answers[2].values().values(), "");
   std::vector<float> got(4, 0.0f);
-  for (const v1::PushGradientReply& a : answers) {
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::PushGradientReply& a = answers[i];
     EXPECT_EQ(a.values().version(), 1);
+    EXPECT_EQ(a.values().offset(), static_cast<int64_t>(2 * i));
     const std::string& v = a.values().values();
     ASSERT_EQ(v.size(), 8u);
     std::memcpy(got.data() + a.values().offset(), v.data(), v.size());
   }
+  EXPECT_EQ(answers[2].values().version(), 1);
   // lr 1, no momentum: the parameters are minus the gradient.
   EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
   (*server)->Stop(absl::CancelledError("test over"));

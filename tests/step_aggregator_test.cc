@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -372,11 +373,12 @@ struct OneStepJob {
   std::unique_ptr<StepAggregator> agg;
   std::map<int, int> quota;
 
-  OneStepJob(int workers, bool deterministic) {
+  OneStepJob(int workers, bool deterministic, bool pipelined = true) {
     EXPECT_THAT(
         store.Register({{"w", {static_cast<int64_t>(kModel)}}}, std::vector<float>(kModel, 0.0f)),
         IsOk());
-    agg = std::make_unique<StepAggregator>(&store, nullptr, AggregatorOptions{deterministic});
+    agg = std::make_unique<StepAggregator>(&store, nullptr,
+                                           AggregatorOptions{deterministic, pipelined});
     for (int w = 0; w < workers; ++w) quota[w] = 1 + w % 3;
     agg->BeginEpoch(0, {quota});
   }
@@ -441,12 +443,31 @@ TEST(DeterministicAggregationTest, AnEvictedWorkerDoesNotHoldUpTheSumOfTheOthers
 // worker-dependent sizes, interleaved at random as a network would deliver them. Each stream
 // sends its next piece only once the last was taken (as the server's stream reads its next
 // message), then ends its push. Returns the parameters after the step; `max_queued` receives
-// the most pieces that were waiting at once.
-std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queued) {
+// the most pieces that were waiting at once. Pipelined, every report of values ready is checked
+// against what the pushes had delivered then.
+std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queued,
+                                bool pipelined = true, int* early_reports = nullptr) {
   const int workers = 6;
   const size_t model = OneStepJob::kModel;
-  OneStepJob job(workers, deterministic);
+  OneStepJob job(workers, deterministic, pipelined);
   StepAggregator& agg = *job.agg;
+  size_t last_ready = 0;
+  int reports = 0;
+  std::vector<size_t> delivered(workers, 0);  // each worker's values handed to the aggregator
+  agg.SetValuesHook([&](int epoch, int step, int64_t version, size_t ready) {
+    EXPECT_TRUE(pipelined);
+    EXPECT_EQ(epoch, 0);
+    EXPECT_EQ(step, 0);
+    EXPECT_EQ(version, 1);
+    EXPECT_GT(ready, last_ready) << "ready only grows";
+    // Final only where every worker's values have arrived; the parameters served are still the
+    // previous version's, and no checkpoint can be taken meanwhile.
+    EXPECT_LE(ready, *std::min_element(delivered.begin(), delivered.end()));
+    EXPECT_EQ(job.store.Snapshot()->version, 0);
+    EXPECT_TRUE(agg.SaveState().updating);
+    last_ready = ready;
+    ++reports;
+  });
   std::map<int, int>& quota = job.quota;
   struct Stream {
     std::vector<float> g;
@@ -487,6 +508,7 @@ std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queu
     st.ready = false;
     ++queued;
     *max_queued = std::max(*max_queued, queued);
+    delivered[w] = st.sent + n;
     EXPECT_THAT(agg.PushChunk(header, st.sent, WirePayload::FromFloats(piece),
                               [&st, &queued](const absl::Status& s) {
                                 EXPECT_THAT(s, IsOk());
@@ -497,6 +519,9 @@ std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queu
     st.sent += n;
   }
   EXPECT_EQ(answered, workers);
+  EXPECT_FALSE(agg.SaveState().updating);
+  EXPECT_EQ(job.store.Snapshot()->version, 1);
+  if (early_reports != nullptr) *early_reports = reports;
   return *job.store.Snapshot()->values;
 }
 
@@ -507,6 +532,83 @@ TEST(StreamedPushTest, PiecesInAnyInterleavingSumLikeWholePushesInWorkerOrder) {
     ASSERT_EQ(StreamedStep(seed, true, &max_queued), reference) << "seed " << seed;
     // Flow control: a stream has at most one piece waiting.
     EXPECT_LE(max_queued, 6);
+  }
+}
+
+TEST(StreamedPushTest, APipelinedUpdateGivesTheSameParametersAndReportsItsValuesEarly) {
+  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
+  int max_queued = 0, reports = 0, total = 0;
+  for (unsigned seed = 0; seed < 100; ++seed) {
+    ASSERT_EQ(StreamedStep(seed, true, &max_queued, /*pipelined=*/false, &reports), reference);
+    EXPECT_EQ(reports, 0) << "not pipelined: the update runs at the step's end";
+    ASSERT_EQ(StreamedStep(seed, true, &max_queued, /*pipelined=*/true, &reports), reference)
+        << "seed " << seed;
+    total += reports;
+    ASSERT_EQ(StreamedStep(seed, false, &max_queued, /*pipelined=*/true, &reports).size(),
+              reference.size());
+  }
+  // The first values are final long before the last pushes end: most steps report early.
+  EXPECT_GT(total, 100);
+}
+
+// A model of several reduction windows (ReduceReadyLocked sums window by window): 4 workers
+// whose pieces straddle the windows, delivered in a random interleaving, with momentum SGD over
+// two steps, pipelined or not, must give the bits of whole pushes summed in worker order.
+std::vector<float> TwoStepsOfAWideModel(unsigned seed, bool streamed, bool pipelined) {
+  const size_t model = 40000;
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.9, 0.0, false}));
+  EXPECT_THAT(store.Register({{"w", {static_cast<int64_t>(model)}}}, std::vector<float>(model)),
+              IsOk());
+  StepAggregator agg(&store, nullptr, AggregatorOptions{true, pipelined});
+  const std::map<int, int> quota = {{0, 3}, {1, 1}, {2, 2}, {3, 5}};
+  agg.BeginEpoch(0, {quota, quota});
+  const std::vector<size_t> piece = {7000, 16384, 9999, 40000};
+  std::mt19937 rng(seed);
+  int answered = 0;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> g(4);
+    for (int w = 0; w < 4; ++w) g[w] = OrderSensitiveGradient(w + step, model);
+    if (!streamed) {
+      for (int w : {2, 0, 3, 1}) {
+        agg.Push({w, 0, step, quota.at(w), 0.0, g[w]},
+                 [&](const absl::StatusOr<StepResult>& r) { answered += r.ok(); });
+      }
+      continue;
+    }
+    std::vector<size_t> sent(4, 0);
+    std::vector<bool> ended(4, false);
+    while (true) {
+      std::vector<int> can;
+      for (int w = 0; w < 4; ++w) {
+        if (!ended[w]) can.push_back(w);
+      }
+      if (can.empty()) break;
+      const int w = can[rng() % can.size()];
+      GradientPush header{w, 0, step, quota.at(w), 0.0, {}};
+      if (sent[w] == model) {
+        header.streamed = true;
+        ended[w] = true;
+        agg.Push(header, [&](const absl::StatusOr<StepResult>& r) { answered += r.ok(); });
+        continue;
+      }
+      const size_t n = std::min(piece[w], model - sent[w]);
+      std::vector<float> values(g[w].begin() + sent[w], g[w].begin() + sent[w] + n);
+      EXPECT_THAT(agg.PushChunk(header, sent[w], WirePayload::FromFloats(values),
+                                [](const absl::Status& s) { EXPECT_THAT(s, IsOk()); }),
+                  IsOk());
+      sent[w] += n;
+    }
+  }
+  EXPECT_EQ(answered, 8);
+  EXPECT_EQ(store.Snapshot()->version, 2);
+  return *store.Snapshot()->values;
+}
+
+TEST(StreamedPushTest, PiecesAcrossSeveralWindowsSumLikeWholePushes) {
+  const std::vector<float> reference = TwoStepsOfAWideModel(0, false, false);
+  for (unsigned seed = 0; seed < 20; ++seed) {
+    ASSERT_EQ(TwoStepsOfAWideModel(seed, true, true), reference) << "pipelined, seed " << seed;
+    ASSERT_EQ(TwoStepsOfAWideModel(seed, true, false), reference) << "seed " << seed;
   }
 }
 
@@ -600,6 +702,75 @@ TEST_F(StreamedPushRulesTest, AnEvictedWorkersSummedPiecesCountForTheirValuesOnl
   EXPECT_EQ((*b.result)->global_samples, 3);
   // Value 0: (1 * 4 + 3 * 2) / 4 = 2.5; value 1: 3 * 2 / 3 = 2.
   EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
+}
+
+TEST_F(StreamedPushRulesTest, AWorkerEvictedAfterItsFirstValuesWereUpdatedCountsForThemOnly) {
+  int taken = 0;
+  std::vector<size_t> ready;
+  agg_->SetValuesHook([&](int, int, int64_t, size_t r) { ready.push_back(r); });
+  // Both stream their first value: it is final, and updated at once.
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
+  EXPECT_THAT(ready, ElementsAre(1u));
+  EXPECT_TRUE(agg_->SaveState().updating);
+  EXPECT_THAT(Params(), ElementsAre(0.0f, 0.0f)) << "served: the version before the step";
+  // Worker 1 ends its push; worker 0 dies before its second value.
+  ASSERT_THAT(agg_->PushChunk(Header(1), 1, Values({2.0f}), Count(&taken)), IsOk());
+  Outcome b;
+  agg_->Push(Header(1, true), b.callback());
+  EXPECT_FALSE(b.result.has_value());
+  ASSERT_TRUE(agg_->Evict(0, 0, {0}));
+  agg_->CompleteEviction({{{{1, 3}}}, {}});
+  ASSERT_TRUE(b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  // As without the pipeline: value 0 (1 * 4 + 3 * 2) / 4 = 2.5; value 1 3 * 2 / 3 = 2.
+  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
+  EXPECT_EQ(store_->Snapshot()->version, 1);
+  EXPECT_FALSE(agg_->SaveState().updating);
+}
+
+TEST_F(StreamedPushRulesTest, AnAbortInTheMiddleOfAnUpdateTearsTheStore) {
+  int taken = 0;
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
+  ASSERT_TRUE(agg_->SaveState().updating);
+  EXPECT_FALSE(agg_->Quiesce(absl::ZeroDuration())) << "the update is still open";
+  agg_->Abort(absl::UnavailableError("stopped"));
+  const StepAggregator::State s = agg_->SaveState();
+  EXPECT_FALSE(s.updating);
+  // The parameters are the last version's, but the optimizer's state would mix two steps: no
+  // checkpoint may be written from this.
+  EXPECT_TRUE(s.store.torn);
+  EXPECT_EQ(s.store.version, 0);
+  EXPECT_THAT(s.store.values, ElementsAre(0.0f, 0.0f));
+}
+
+TEST_F(StreamedPushRulesTest, QuiescingLetsTheOpenUpdateEndAndOpensNoOther) {
+  int taken = 0;
+  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
+  ASSERT_TRUE(agg_->SaveState().updating);
+  std::optional<bool> quiesced;
+  std::thread stopper([&] { quiesced = agg_->Quiesce(absl::Seconds(60)); });
+  // The step goes on and completes; then the stop may checkpoint.
+  ASSERT_THAT(agg_->PushChunk(Header(0), 1, Values({4.0f}), Count(&taken)), IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(1), 1, Values({2.0f}), Count(&taken)), IsOk());
+  Outcome a, b;
+  agg_->Push(Header(0, true), a.callback());
+  agg_->Push(Header(1, true), b.callback());
+  stopper.join();
+  ASSERT_TRUE(quiesced.has_value());
+  EXPECT_TRUE(*quiesced);
+  ASSERT_TRUE(b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.5f));
+  EXPECT_FALSE(agg_->SaveState().store.torn);
+  // Step 1 (worker 0 alone): its values are final at once, but no update opens any more.
+  GradientPush h{0, 0, 1, 1, 0.0, {}};
+  ASSERT_THAT(agg_->PushChunk(h, 0, Values({1.0f}), Count(&taken)), IsOk());
+  EXPECT_FALSE(agg_->SaveState().updating);
+  ASSERT_THAT(agg_->PushChunk(h, 1, Values({1.0f}), Count(&taken)), IsOk());
+  EXPECT_FALSE(agg_->SaveState().updating);
 }
 
 // A model larger than one checking block: values are checked as they are summed, block by block.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -76,7 +77,9 @@ absl::Status GrpcPsClient::ReadValueChunks(const std::function<bool(grpc::ByteBu
   size_t covered = 0;
   grpc::ByteBuffer message;
   std::vector<grpc::Slice> slices;
-  // The answer: the head first, then consecutive ranges of the parameters, all of one version.
+  // The answer: consecutive ranges of the parameters, all of one version, and the head in one
+  // of the messages (a push's answer: the last, an empty range at the model's end; a pull's:
+  // every one).
   while (parsed.ok() && read(&message)) {
     int64_t v = 0;
     size_t offset = 0, count = 0;
@@ -89,10 +92,8 @@ absl::Status GrpcPsClient::ReadValueChunks(const std::function<bool(grpc::ByteBu
     } else if (parsed.ok() && covered > 0 && v != *version) {
       parsed = absl::InvalidArgumentError("the answer's chunks are of different versions");
     }
-    if (parsed.ok() && covered == 0) {
-      head->CheckTypeAndMergeFrom(*piece);
-      *version = v;
-    }
+    if (parsed.ok()) head->CheckTypeAndMergeFrom(*piece);
+    if (parsed.ok() && covered == 0) *version = v;
     covered += count;
     message.Clear();
   }
@@ -479,15 +480,24 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
     std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
         grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
             channel_.get(), *stream_method_, ctx));
-    // A refused chunk ends the call: Write fails, and Finish says why.
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      grpc::WriteOptions options;
-      if (i + 1 == chunks.size()) options.set_last_message();
-      if (!stream->Write(chunks[i], options)) break;
-    }
+    // The answer's first ranges come back while the last chunks still go out (the server
+    // updates and sends each range once every worker's values for it are in), so the chunks
+    // are written from a second thread while this one reads. A refused chunk ends the call:
+    // Write fails, and Finish says why.
+    std::thread writer([&] {
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        grpc::WriteOptions options;
+        if (i + 1 == chunks.size()) options.set_last_message();
+        if (!stream->Write(chunks[i], options)) break;
+      }
+    });
     grpc::Status status;
     parsed = ReadValueChunks([&](grpc::ByteBuffer* m) { return stream->Read(m); }, ctx, reply,
-                             params, version, &status, [&] { return stream->Finish(); });
+                             params, version, &status,
+                             [&] {
+                               writer.join();
+                               return stream->Finish();
+                             });
     return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
   };
   grpc::Status status = WithRetry(call, /*waits=*/true);
