@@ -85,6 +85,7 @@ def run_dbs(args, n, variant):
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
         ps_argv.append(f"--wire_dtype={wire_dtype}")
         ps_argv.append(f"--deterministic={'false' if mode == 'arrival' else 'true'}")
+        ps_argv.append(f"--pipelined={'false' if mode == 'unpipelined' else 'true'}")
         procs = []
         try:
             leader, port = start_ps(
@@ -159,8 +160,10 @@ def table(rows, clients, rounds):
              "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
              "Sum: in worker order (deterministic, the default) unless marked /arrival. Pushes "
              "and answers: streams of 4 MiB chunks when larger (the default) unless marked "
-             "/whole (one message each). /2shards: the model split across 2 dbs_ps processes "
-             "(--shard=i/2); their CPU, faults and peak RSS are summed.", "",
+             "/whole (one message each). Streamed steps are pipelined (each range updated and "
+             "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
+             "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
+             "summed.", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -204,11 +207,13 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
     p.add_argument("--variants",
-                   default="fp32,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards",
+                   default="fp32,fp32/unpipelined,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards",
                    help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
                         "order (deterministic, the default) and streamed in chunks (the "
                         "default), or with /arrival summed on arrival, or with /whole pushed "
-                        "as one message, or with /Kshards split across K dbs_ps processes")
+                        "as one message, or with /unpipelined updated and answered only once "
+                        "the whole step is in, or with /Kshards split across K dbs_ps "
+                        "processes")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
                    help="the workers' --stream_chunk_kb")
     p.add_argument("--clients", type=int, default=4)
