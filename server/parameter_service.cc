@@ -337,7 +337,7 @@ class PushStreamReactor final
     // Summed (and the update advanced) on the service's reducer thread; the next piece is read
     // once this one is taken.
     Ref();
-    service_->reducer_.Schedule(
+    service_->reducer_->Schedule(
         [this, offset = static_cast<size_t>(h.gradient_offset()), values = piece.gradient] {
           Ref();
           absl::Status s = service_->aggregator_->PushChunk(push_, offset, values,
@@ -366,7 +366,7 @@ class PushStreamReactor final
                                      "a streamed push ended before its first piece"));
     }
     Ref();
-    service_->reducer_.Schedule([this] {
+    service_->reducer_->Schedule([this] {
       CountPush();
       Unref();
     });
@@ -420,7 +420,7 @@ class PushStreamReactor final
     result_known_ = true;
     if (writing_) return;  // OnWriteDone goes on
     Ref();
-    service_->sender_.Schedule([this] {
+    service_->sender_->Schedule([this] {
       Pump();
       Unref();
     });
@@ -553,7 +553,7 @@ void ParameterServiceImpl::OnValuesReady(int epoch, int step, int64_t version, s
   }
   // Started from the sender thread: gRPC may write to the socket on the thread that starts a
   // write, and the reducer has the next pieces to sum.
-  sender_.Schedule([told = std::move(told)] {
+  sender_->Schedule([told = std::move(told)] {
     for (PushStreamReactor* r : told) {
       r->Pump();
       r->Unref();

@@ -4,6 +4,7 @@
 #define DBS_SERVER_PARAMETER_SERVICE_H_
 
 #include <functional>
+#include <memory>
 #include <set>
 
 #include "common/grpc_step_wire.h"
@@ -56,6 +57,10 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
     });
   }
   ~ParameterServiceImpl() override {
+    // The queues first: their last tasks (a stream gone since) still call the aggregator and
+    // the hooks.
+    reducer_.reset();
+    sender_.reset();
     aggregator_->SetValuesHook(nullptr);
     store_->RemoveUpdateSink(this);
   }
@@ -163,10 +168,10 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   std::set<PushStreamReactor*> watchers_ ABSL_GUARDED_BY(values_mu_);
   // Where streamed pieces are summed and the update runs: off gRPC's callback thread, which
   // polls every connection (see SerialQueue); and where the answers' writes start, off the
-  // reducer (gRPC may write to the socket on the thread that starts a write). Declared last:
-  // destroyed (drained) first, the reducer (which feeds the sender) before the sender.
-  SerialQueue sender_;
-  SerialQueue reducer_;
+  // reducer (gRPC may write to the socket on the thread that starts a write). Drained by the
+  // destructor, the reducer (which feeds the sender) first.
+  std::unique_ptr<SerialQueue> sender_ = std::make_unique<SerialQueue>();
+  std::unique_ptr<SerialQueue> reducer_ = std::make_unique<SerialQueue>();
 };
 
 }  // namespace dbs
