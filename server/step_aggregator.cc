@@ -43,6 +43,7 @@ void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
   step_ = 0;
   quotas_ = std::move(quotas);
   samples_ = 0;
+  streamed_step_ = false;
   epoch_loss_[epoch];
 }
 
@@ -231,6 +232,7 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
           // A retry may resend values summed before a refusal inside its piece: they are
           // skipped.
           const uint64_t serial = ++last_piece_;
+          streamed_step_ = true;
           in.samples = header.num_samples;
           in.queued.push_back(
               Piece{offset, std::move(values), std::move(taken), in.received - offset, serial});
@@ -529,7 +531,11 @@ bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
 }
 
 void StepAggregator::AdvanceUpdateLocked() {
-  if (!options_.pipelined || !aborted_.ok() || step_ >= static_cast<int>(quotas_.size())) return;
+  // Whole pushes gain nothing: their answers go out with the step's result in any case.
+  if (!options_.pipelined || !streamed_step_ || !aborted_.ok() ||
+      step_ >= static_cast<int>(quotas_.size())) {
+    return;
+  }
   if (quiescing_ && !updating_) return;
   // The values every worker of the step has summed (in worker order or not, each worker's
   // summed values are a prefix).
@@ -603,6 +609,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     updated_ = 0;
     ready_.reset();
   }
+  streamed_step_ = false;
   if (snap.ok()) {
     r.parameters = *snap;
     *result = r;
@@ -763,6 +770,7 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   updating_ = false;
   updated_ = 0;
   ready_.reset();
+  streamed_step_ = false;
 }
 
 EpochLoss StepAggregator::LossOf(int epoch) const {

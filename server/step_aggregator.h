@@ -334,7 +334,8 @@ class StepAggregator {
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
   // The step's update is open in the store (pipelined), with its first `updated_` values done.
   bool updating_ ABSL_GUARDED_BY(mu_) = false;
-  bool quiescing_ ABSL_GUARDED_BY(mu_) = false;  // open no more (Quiesce)
+  bool quiescing_ ABSL_GUARDED_BY(mu_) = false;      // open no more (Quiesce)
+  bool streamed_step_ ABSL_GUARDED_BY(mu_) = false;  // a piece of the current step was streamed
   size_t updated_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t updating_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<ValuesReady> ready_ ABSL_GUARDED_BY(mu_);  // not yet told
