@@ -259,7 +259,9 @@ ABSL_NAMESPACE_END
 //   grpc::internal code itself (race_top: the top frame, not merely a caller, is gRPC's), and
 //   any access inside the gRPC functions that only fill, clear or destroy those objects and
 //   call no code of ours (race: the batch of operations, the callback tag's Set and Clear, the
-//   interceptor batch, a unary call's destructor).
+//   interceptor batch, a unary call's destructor, and the reference count of a callback call,
+//   set when its handler creates it on one of gRPC's threads and counted down when its Finish
+//   completes on another: ServerCallbackCall::Unref, which calls no code of ours).
 // Our code's accesses, including those it makes on gRPC's threads and from its callbacks, are
 // still checked.
 extern "C" const char* __tsan_default_options() { return "ignore_noninstrumented_modules=1"; }
@@ -271,7 +273,8 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:grpc::internal::CallbackWithSuccessTag::Set\n"
          "race:grpc::internal::CallbackWithSuccessTag::Clear\n"
          "race:grpc::internal::InterceptorBatchMethodsImpl\n"
-         "race:ServerCallbackUnaryImpl::~ServerCallbackUnaryImpl\n";
+         "race:ServerCallbackUnaryImpl::~ServerCallbackUnaryImpl\n"
+         "race:grpc::internal::ServerCallbackCall::Unref\n";
 }
 
 #endif  // defined(__SANITIZE_THREAD__)
