@@ -88,6 +88,16 @@ TEST_F(GrpcPsClientDeadlineTest, AWaitingCallIsAskedAgainUntilTheMaximumWait) {
   EXPECT_GE(hole_.calls.load(), 4) << "each 100 ms attempt ends and the wait is asked again";
 }
 
+// A client of `server` that streams anything above 64 values: 47 chunks for kStreamedLayout's
+// 3,000 values.
+GrpcClientConfig StreamingClientOf(const PsServer& server) {
+  GrpcClientConfig config;
+  config.address = "127.0.0.1:" + std::to_string(server.port());
+  config.stream_chunk_bytes = 256;
+  return config;
+}
+const ModelLayout kStreamedLayout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+
 // A model larger than a chunk registers, pulls and pushes as streams against a real server:
 // the first worker's initial values go up in chunks, the second worker's come down in chunks,
 // and both hold the same parameters.
@@ -99,10 +109,8 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
-  GrpcClientConfig config;
-  config.address = "127.0.0.1:" + std::to_string((*server)->port());
-  config.stream_chunk_bytes = 256;  // 64 values a chunk: 47 chunks for the 3,000 values
-  const ModelLayout layout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+  const GrpcClientConfig config = StreamingClientOf(**server);
+  const ModelLayout layout = kStreamedLayout;
   std::vector<float> initial(3000);
   for (size_t i = 0; i < initial.size(); ++i) initial[i] = 0.001f * static_cast<float>(i) - 1;
   GrpcPsClient first(config), second(config);
@@ -141,11 +149,9 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
-  GrpcClientConfig config;
-  config.address = "127.0.0.1:" + std::to_string((*server)->port());
-  config.stream_chunk_bytes = 256;  // 64 values a chunk: 47 chunks for the 3,000 values
+  const GrpcClientConfig config = StreamingClientOf(**server);
   const size_t n = 3000;
-  const ModelLayout layout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+  const ModelLayout layout = kStreamedLayout;
   const std::vector<float> initial(n, 1.0f);
   GrpcPsClient clients[2] = {GrpcPsClient(config), GrpcPsClient(config)};
   std::vector<float> params[2] = {std::vector<float>(n), std::vector<float>(n)};
