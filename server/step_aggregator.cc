@@ -408,9 +408,8 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-bool StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices,
+void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices,
                                    uint64_t watch, absl::Status* watched) {
-  bool changed = false;
   while (in->summed < hi && !in->queued.empty()) {
     Piece& piece = in->queued.front();
     const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
@@ -423,7 +422,6 @@ bool StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
                    : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from),
                                 0, in->samples > 0 ? sum_.data() : nullptr,
                                 static_cast<float>(in->samples), &summed);
-    changed = true;
     if (!added.ok()) {
       // The values before the bad one's block stay summed, as the pieces before a refused
       // piece do; the rest of the push must come again (a retry resumes from there).
@@ -440,14 +438,13 @@ bool StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
                                                                       id, "'s push was refused")));
       }
       in->queued.clear();
-      return true;
+      return;
     }
     in->summed = piece.offset + to;
     if (in->summed < end) break;  // the rest of it waits for the next window
     notices->emplace_back(std::move(piece.taken), absl::OkStatus());
     in->queued.pop_front();  // releases the received message
   }
-  return changed;
 }
 
 void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::Status* watched) {

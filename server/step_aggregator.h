@@ -283,8 +283,8 @@ class StepAggregator {
   struct Incoming;
   // Sums worker `id`'s queued values from where it stands up to `hi` (at most what has
   // arrived), piece after piece; a piece summed to its end is taken (popped, `taken` noticed).
-  // A refusal ends the worker's queue as ReduceReadyLocked says. True when anything changed.
-  bool SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices, uint64_t watch,
+  // A refusal ends the worker's queue as ReduceReadyLocked says.
+  void SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices, uint64_t watch,
                      absl::Status* watched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Values summed per window (ReduceReadyLocked): the window's sum and the update's state for it
   // stay in the L2 cache.
