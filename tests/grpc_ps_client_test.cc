@@ -183,7 +183,9 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
         absl::StatusOr<StepOutcome> out = clients[w].PushGradient(
             ids[w], 0, step, plans[w].BatchAt(step), 0.0, 0.0, g, absl::MakeSpan(params[w]));
         pushed[w] = out.status();
-        if (out.ok()) EXPECT_EQ(out->global_samples, 4);
+        if (out.ok()) {
+          EXPECT_EQ(out->global_samples, 4);
+        }
       });
     }
     for (std::thread& t : threads) t.join();

@@ -39,11 +39,13 @@ namespace {
 #define DBS_TSAN_STR(x) DBS_TSAN_STR2(x)
 
 // Abseil's own definition of `absl::<inline namespace>::<cls>::<fn>`, mangled as
-// _ZN4absl<len><ns><len><cls><fn>; fn already carries its length and parameter types.
-void* RealSymbol(const char* cls, const char* fn) {
+// _ZN4absl<len><ns><len><cls><fn> (_ZNK4absl... for a const member function); fn already
+// carries its length and parameter types.
+void* RealSymbol(const char* cls, const char* fn, bool is_const = false) {
   const std::string ns = DBS_TSAN_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name =
-      "_ZN4absl" + std::to_string(ns.size()) + ns + std::to_string(std::strlen(cls)) + cls + fn;
+  const std::string name = std::string(is_const ? "_ZNK4absl" : "_ZN4absl") +
+                           std::to_string(ns.size()) + ns + std::to_string(std::strlen(cls)) + cls +
+                           fn;
   void* real = dlsym(RTLD_NEXT, name.c_str());
   if (real == nullptr) {
     std::fprintf(stderr, "tests/tsan: no %s in the loaded Abseil: %s\n", name.c_str(), dlerror());
@@ -53,8 +55,8 @@ void* RealSymbol(const char* cls, const char* fn) {
 }
 
 template <typename Fn>
-Fn RealFn(const char* cls, const char* fn) {
-  return reinterpret_cast<Fn>(RealSymbol(cls, fn));
+Fn RealFn(const char* cls, const char* fn, bool is_const = false) {
+  return reinterpret_cast<Fn>(RealSymbol(cls, fn, is_const));
 }
 
 constexpr unsigned kExclusive = 0;
@@ -126,16 +128,26 @@ using CvWaitFn = void (*)(absl::CondVar*, absl::Mutex*);
 using CvTimeoutFn = bool (*)(absl::CondVar*, absl::Mutex*, absl::Duration);
 using CvDeadlineFn = bool (*)(absl::CondVar*, absl::Mutex*, absl::Time);
 using NotifyFn = void (*)(absl::Notification*);
+using WaitFn = void (*)(const absl::Notification*);
+using WaitTimeoutFn = bool (*)(const absl::Notification*, absl::Duration);
+using WaitDeadlineFn = bool (*)(const absl::Notification*, absl::Time);
 
 // absl::Notification is {Mutex mutex_; std::atomic<bool> notified_yet_;}. HasBeenNotified() is
 // inline, an instrumented acquire load of notified_yet_; Notify() stores it in uninstrumented
-// code, so Notify releases on that address here for the load to acquire.
+// code, so Notify releases on that address here for the load to acquire. The WaitForNotification
+// family loads it in uninstrumented code too (and returns at once, taking no lock, when Notify
+// already ran), so each acquires on that address here once it has seen the notification.
 struct NotificationLayout {
   absl::Mutex mutex;
   std::atomic<bool> notified_yet;
 };
 static_assert(sizeof(NotificationLayout) == sizeof(absl::Notification),
               "absl::Notification's layout changed: update tests/tsan");
+
+void AcquireNotified(const absl::Notification* n) {
+  __tsan_acquire(const_cast<std::atomic<bool>*>(
+      &reinterpret_cast<const NotificationLayout*>(n)->notified_yet));
+}
 
 }  // namespace
 
@@ -244,6 +256,28 @@ void Notification::Notify() {
   static const auto real = RealFn<NotifyFn>("Notification", "6NotifyEv");
   __tsan_release(&reinterpret_cast<NotificationLayout*>(this)->notified_yet);
   real(this);
+}
+
+void Notification::WaitForNotification() const {
+  static const auto real = RealFn<WaitFn>("Notification", "19WaitForNotificationEv", true);
+  real(this);
+  AcquireNotified(this);
+}
+
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  static const auto real = RealFn<WaitTimeoutFn>(
+      "Notification", "30WaitForNotificationWithTimeoutENS0_8DurationE", true);
+  const bool notified = real(this, timeout);
+  if (notified) AcquireNotified(this);
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  static const auto real =
+      RealFn<WaitDeadlineFn>("Notification", "31WaitForNotificationWithDeadlineENS0_4TimeE", true);
+  const bool notified = real(this, deadline);
+  if (notified) AcquireNotified(this);
+  return notified;
 }
 
 ABSL_NAMESPACE_END

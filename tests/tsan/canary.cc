@@ -5,8 +5,10 @@
 //                       annotations of tests/tsan must not make every absl lock a global one).
 //   mutex               the same writes under one absl::Mutex (Lock, Await, LockWhen, a
 //                       CondVar wait with a timeout, an absl::Notification read on its fast
-//                       path): nothing to report. Without tests/tsan each of these would be a
-//                       false race, as Debian's Abseil is not instrumented.
+//                       path, WaitForNotification and WaitForNotificationWithTimeout called
+//                       after Notify already ran): nothing to report. Without tests/tsan each of
+//                       these would be a false race, as Debian's Abseil is not instrumented.
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -40,6 +42,32 @@ void OtherMutex() {
   });
   a.join();
   b.join();
+}
+
+// Notify runs before the waiter calls: WaitForNotification returns without taking a lock, so
+// only the notification itself orders the write before it. The relaxed flag tells the waiter
+// when to call, and gives TSan no ordering.
+int WaitAfterNotify() {
+  int sum = 0;
+  for (const bool with_timeout : {false, true}) {
+    absl::Notification done;
+    std::atomic<bool> notified{false};
+    int published = 0;
+    std::thread producer([&] {
+      published = with_timeout ? 2 : 1;
+      done.Notify();
+      notified.store(true, std::memory_order_relaxed);
+    });
+    while (!notified.load(std::memory_order_relaxed)) absl::SleepFor(absl::Milliseconds(1));
+    if (with_timeout) {
+      if (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) return -1;
+    } else {
+      done.WaitForNotification();
+    }
+    sum += published;
+    producer.join();
+  }
+  return sum;
 }
 
 void Mutex() {
@@ -79,6 +107,7 @@ void Mutex() {
   producer.join();
   consumer.join();
   std::printf("published %d, shared %d\n", seen, shared_value);
+  std::printf("waited for %d\n", WaitAfterNotify());
 }
 
 }  // namespace
