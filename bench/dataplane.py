@@ -78,8 +78,12 @@ def run_dbs(args, n, variant):
     """One dbs_ps (or, for a variant like 'fp32/2shards', that many shards) and the client."""
     wire_dtype, _, mode = variant.partition("/")
     shards = int(mode[:-len("shards")]) if mode.endswith("shards") else 1
+    ps_bin, client_bin = args.ps_bin, args.client_bin
+    if mode == "glibc":
+        ps_bin = os.path.join(args.system_malloc_dir, "dbs_ps")
+        client_bin = os.path.join(args.system_malloc_dir, "dataplane_client")
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
-        ps_argv = [args.ps_bin, "--host=127.0.0.1", "--port=0",
+        ps_argv = [ps_bin, "--host=127.0.0.1", "--port=0",
                    f"--workers={args.clients}", f"--global_batch={args.clients}", "--epochs=1",
                    "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
@@ -100,7 +104,7 @@ def run_dbs(args, n, variant):
                 procs.append(p)
                 servers.append(f"127.0.0.1:{shard_port}")
             client = subprocess.run(
-                [args.client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
+                [client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
                  f"--server_pid={','.join(str(p.pid) for p in procs)}",
                  f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}"],
@@ -160,7 +164,8 @@ def table(rows, clients, rounds):
              "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
              "Sum: in worker order (deterministic, the default) unless marked /arrival. Pushes "
              "and answers: streams of 4 MiB chunks when larger (the default) unless marked "
-             "/whole (one message each). Streamed steps are pipelined (each range updated and "
+             "/whole (one message each). /glibc: dbs_ps and the client built with glibc's malloc "
+             "(--define=dbs_malloc=system) instead of tcmalloc. Streamed steps are pipelined (each range updated and "
              "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
              "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
              "summed.", "",
@@ -213,7 +218,8 @@ def main():
                         "default), or with /arrival summed on arrival, or with /whole pushed "
                         "as one message, or with /unpipelined updated and answered only once "
                         "the whole step is in, or with /Kshards split across K dbs_ps "
-                        "processes")
+                        "processes, or with /glibc run by the binaries in "
+                        "--system_malloc_dir (added to the default list when it is given)")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
                    help="the workers' --stream_chunk_kb")
     p.add_argument("--clients", type=int, default=4)
@@ -225,9 +231,21 @@ def main():
     p.add_argument("--ps_bin", default=os.path.join(ROOT, "bazel-bin", "server", "dbs_ps"))
     p.add_argument("--client_bin",
                    default=os.path.join(ROOT, "bazel-bin", "bench", "dataplane_client"))
+    p.add_argument("--system_malloc_dir",
+                   help="a folder with dbs_ps and dataplane_client built with glibc's malloc "
+                        "(bazel build --define=dbs_malloc=system ...; copy them out), for the "
+                        "/glibc variant: tcmalloc against glibc side by side")
     p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch (gloo)")
+    variants_given = any(a.startswith("--variants") for a in sys.argv[1:])
     args = p.parse_args()
-    for b in (args.ps_bin, args.client_bin):
+    if args.system_malloc_dir and not variants_given:
+        args.variants += ",fp32/glibc"
+    if "/glibc" in args.variants and not args.system_malloc_dir:
+        sys.exit("the /glibc variant needs --system_malloc_dir")
+    bins = [args.ps_bin, args.client_bin]
+    if args.system_malloc_dir:
+        bins += [os.path.join(args.system_malloc_dir, b) for b in ("dbs_ps", "dataplane_client")]
+    for b in bins:
         if not os.path.exists(b):
             sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
     sizes = [int(s) for s in args.sizes.split(",")]

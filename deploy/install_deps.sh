@@ -7,6 +7,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev
+  libgoogle-perftools-dev
   libtorch-dev dataset-fashion-mnist python3
   python3-torch python3-numpy python3-matplotlib clang-format openssl
   clang libclang-rt-14-dev

@@ -83,6 +83,25 @@ class ProcessContractTest(ProcessTestCase):
             self.assertIn(flag, out)
             self.assertIn("[DBS_", out)
 
+    def test_the_processes_run_on_the_allocator_their_build_links(self):
+        # //common:malloc: tcmalloc, except in sanitizer builds and with --define=dbs_malloc=system.
+        expected = os.environ["EXPECTED_MALLOC"]
+        ps, port = self.start_ps(["--workers=1", "--global_batch=8", "--epochs=1"])
+        worker = self.spawn(self.worker_argv(port, "--train_limit=100", "--test_limit=100"))
+        for proc in (ps, worker):
+            deadline = time.time() + 30
+            while True:  # the dynamic loader maps every library before main runs
+                with open(f"/proc/{proc.pid}/maps") as f:
+                    maps = f.read()
+                if "libc.so" in maps or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            self.assertIn("libc.so", maps)
+            if expected == "tcmalloc":
+                self.assertIn("libtcmalloc_minimal.so", maps, proc.args[0])
+            else:
+                self.assertNotIn("libtcmalloc", maps, proc.args[0])
+
     def test_an_unreachable_server_exits_with_a_restartable_code(self):
         rc, _, err = self.run_cmd(
             [WORKER, f"--server=127.0.0.1:{free_port()}", f"--data_dir={DATA_DIR}",

@@ -11,4 +11,11 @@ def process_test(name, data = []):
         main = name + ".py",
         python_version = "PY3",
         tags = ["exclusive"],
+        # The allocator the binaries were linked with (//common:malloc), for the test that
+        # checks what the running processes really use.
+        env = select({
+            "//common:sanitizer_build": {"EXPECTED_MALLOC": "system"},
+            "//common:system_malloc": {"EXPECTED_MALLOC": "system"},
+            "//conditions:default": {"EXPECTED_MALLOC": "tcmalloc"},
+        }),
     )

@@ -21,6 +21,9 @@ def _system_libs_impl(ctx):
     if not absl:
         fail("Abseil is missing: run deploy/install_deps.sh (apt-get install libabsl-dev)")
 
+    if not ctx.path(_LIBDIR + "/libtcmalloc_minimal.so").exists:
+        fail("tcmalloc is missing: run deploy/install_deps.sh (apt-get install libgoogle-perftools-dev)")
+
     torch_dir = ctx.os.environ.get("LIBTORCH_DIR", "")
     torch_libs = ["torch", "torch_cpu", "c10"]
     torch_linkopts = []
@@ -66,6 +69,14 @@ cc_library(
 cc_library(
     name = "openssl",
     linkopts = ["-lcrypto"],
+)
+
+# gperftools' tcmalloc as the processes' malloc (see //common:malloc). --no-as-needed keeps it
+# among the executable's own libraries although nothing calls it by name: placed before libc
+# there, its malloc and free are the ones every library gets.
+cc_library(
+    name = "tcmalloc",
+    linkopts = ["-Wl,--push-state,--no-as-needed", "-ltcmalloc_minimal", "-Wl,--pop-state"],
 )
 
 cc_library(
