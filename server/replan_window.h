@@ -2,7 +2,8 @@
 // every push.
 //
 // It keeps each worker's last `steps` steps of the running epoch and fires when, over that window,
-// the slowest worker's compute time is `threshold` times the fastest's or more, and the gap is
+// the slowest worker's compute time is `threshold` times the fastest's or more (the fastest
+// judged with one more sample per step, as the controller's hold does), and the gap is
 // larger than two standard errors of the two totals (estimated from the spread of their per-step
 // times), so noise alone does not re-plan: the split no longer fits the workers' speeds (a
 // worker slowed down or sped up mid-epoch, or the plan has not converged yet). It then hands the
@@ -23,7 +24,9 @@
 namespace dbs {
 
 struct ReplanTrigger {
-  double imbalance = 0.0;             // slowest / fastest compute over the window
+  // Slowest / fastest compute over the window, the fastest counted with one more sample per
+  // step (whole samples: what a plan could still give it); workers without samples excluded.
+  double imbalance = 0.0;
   std::map<int, Measurement> window;  // by worker id
 };
 

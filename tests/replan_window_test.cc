@@ -17,7 +17,8 @@ TEST(ReplanWindowTest, FiresWhenTheWindowIsFullAndOffBalance) {
   EXPECT_FALSE(w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}}).has_value()) << "not full yet";
   std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}});
   ASSERT_TRUE(t.has_value());
-  EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
+  // The fastest counts with one more sample per step: 0.030 x 11/10.
+  EXPECT_NEAR(t->imbalance, 0.060 / 0.033, 1e-12);
   const Measurement& slow = t->window.at(1);
   EXPECT_EQ(slow.samples, 30);
   EXPECT_EQ(slow.steps, 3);
@@ -39,26 +40,47 @@ TEST(ReplanWindowTest, BalancedStepsAndNewEpochsDoNotFire) {
 }
 
 TEST(ReplanWindowTest, NoiseAloneDoesNotFire) {
-  // Worker 1 is 1.3x slower on average over the window, but its steps scatter so widely that the
-  // gap is within two standard errors.
+  // Worker 1 is 1.4x slower on average over the window (1.27x against worker 0 with one more
+  // sample), but its steps scatter so widely that the gap is within two standard errors.
   ReplanWindow w(4, 1.2);
-  const double noisy[] = {0.002, 0.030, 0.002, 0.018};
+  const double noisy[] = {0.002, 0.032, 0.004, 0.018};
   std::optional<ReplanTrigger> t;
   for (double s : noisy) t = w.Add(0, {{0, {10, 0.010}}, {1, {10, s}}});
   EXPECT_FALSE(t.has_value());
   // The same mean gap, steadily: fires.
   ReplanWindow steady(4, 1.2);
-  for (int k = 0; k < 4; ++k) t = steady.Add(0, {{0, {10, 0.010}}, {1, {10, 0.013}}});
+  for (int k = 0; k < 4; ++k) t = steady.Add(0, {{0, {10, 0.010}}, {1, {10, 0.014}}});
   EXPECT_TRUE(t.has_value());
 }
 
 TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
-  // Worker 2 has batch 0 (no compute): the imbalance is 0.02 / 0.01, not against zero.
-  ReplanWindow w(1, 1.5);
-  std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, 0.0}}});
+  // Worker 2 has batch 0: the imbalance is 0.02 / (0.01 x 11/10), not against zero, nor
+  // against worker 2's own communication time (what the server times with
+  // --count_communication).
+  for (double idle : {0.0, 0.001}) {
+    ReplanWindow w(1, 1.5);
+    std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, idle}}});
+    ASSERT_TRUE(t.has_value()) << idle;
+    EXPECT_NEAR(t->imbalance, 0.020 / 0.011, 1e-12) << idle;
+    EXPECT_TRUE(t->window.at(2).by_batch.empty());
+  }
+  // Only workers without samples besides the slowest: nothing to re-plan toward.
+  ReplanWindow alone(1, 1.5);
+  EXPECT_FALSE(alone.Add(0, {{0, {10, 0.010}}, {1, {0, 0.001}}}).has_value());
+}
+
+TEST(ReplanWindowTest, AWorkerThatOneMoreSampleWouldMakeTheSlowestIsLoaded) {
+  // Worker 0 runs 2 samples in 6 ms, worker 1 in 8 ms: 1.33x apart, but a third sample would
+  // take worker 0 to 9 ms. Whole samples cannot do better: no re-plan.
+  ReplanWindow w(2, 1.15);
+  std::optional<ReplanTrigger> t;
+  for (int k = 0; k < 2; ++k) t = w.Add(0, {{0, {2, 0.006}}, {1, {20, 0.008}}});
+  EXPECT_FALSE(t.has_value());
+  // The same times at 20 samples each are a real imbalance (0.008 / 0.0063).
+  ReplanWindow big(2, 1.15);
+  for (int k = 0; k < 2; ++k) t = big.Add(0, {{0, {20, 0.006}}, {1, {20, 0.008}}});
   ASSERT_TRUE(t.has_value());
-  EXPECT_NEAR(t->imbalance, 2.0, 1e-12);
-  EXPECT_TRUE(t->window.at(2).by_batch.empty());
+  EXPECT_NEAR(t->imbalance, 0.016 / (0.012 * 21 / 20), 1e-12);
 }
 
 TEST(ReplanWindowTest, WithANoiseMarginANoisyWorkerCountsAsMoreLoaded) {
@@ -76,7 +98,7 @@ TEST(ReplanWindowTest, WithANoiseMarginANoisyWorkerCountsAsMoreLoaded) {
   EXPECT_FALSE(run(0.0).has_value());
   std::optional<ReplanTrigger> t = run(1.0);
   ASSERT_TRUE(t.has_value());
-  EXPECT_NEAR(t->imbalance, (9.6 + 8 * std::sqrt(1.28 / 7)) / 8.0, 1e-9);
+  EXPECT_NEAR(t->imbalance, (9.6 + 8 * std::sqrt(1.28 / 7)) / 8.8, 1e-9);
   EXPECT_GT(t->window.at(1).by_batch.at(10).square_seconds, 0.0);
 }
 

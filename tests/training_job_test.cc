@@ -163,6 +163,9 @@ int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
   FakeClock clock;
   JobConfig config = ReplanConfig();
   config.count_communication = count_communication;
+  // 2 s against 1 s at 2 samples each: worker 0 with a third sample would take 1.5 s, so the
+  // window sees 2 / 1.5 = 1.33x, which must be enough to re-plan here.
+  config.replan_threshold = 1.2;
   auto job = TwoWorkerJob(config, &clock);
   std::vector<float> g = {1.0f};
   std::map<int, int> batch = {{0, 2}, {1, 2}};
