@@ -37,7 +37,8 @@ SETTLE_EPOCH = 2  # the split must have settled from this epoch on
 SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_spread",
                 "dbs_settled_compute_spread", "dbs_wall_over_sgd", "proportional_over_sgd",
                 "proportional_over_ideal", "proportional_over_best", "proportional_settled_spread",
-                "proportional_settled_compute_spread", "noise_floor")
+                "proportional_settled_compute_spread", "noise_floor", "dbs_compute_over_ideal",
+                "dbs_sync_share")
 
 
 def log(msg):
@@ -279,6 +280,14 @@ def cell_figures(cell, out):
         f[f"{policy}_settled_spread"] = max(late)
         late = f[f"{policy}_compute_spread"][SETTLE_EPOCH:] or f[f"{policy}_compute_spread"][-1:]
         f[f"{policy}_settled_compute_spread"] = max(late)
+        # Where the epoch goes beyond the ideal: the slowest worker's compute (against the
+        # ideal, which counts the same compute at standalone speed), and the rest of the epoch
+        # (communication, the server's step, the barrier's wait). epoch/ideal is
+        # compute_over_ideal / (1 - sync_share).
+        slowest = statistics.mean(max(w["compute_seconds"] for w in e["workers"]
+                                      if w.get("samples", 0) > 0) for e in steady)
+        f[f"{policy}_compute_over_ideal"] = slowest / f["ideal_epoch_seconds"]
+        f[f"{policy}_sync_share"] = 1.0 - slowest / f[f"{policy}_epoch_seconds"]
         f[f"{policy}_batches"] = [[w["batch_size"] for w in ws] for ws in by_launch_index(s)]
         f[f"{policy}_revisions"] = [e.get("revisions", 0) for e in s["epochs"]]
         f[f"{policy}_audit_ok"] = all(e["audit"]["every_sample_once"] for e in s["epochs"])
@@ -379,12 +388,13 @@ def build(out):
                 if results["config"].get("grid_dbs_flags") else ""), "",
              "| cell | ideal s | best split s | S-SGD s | paper s | DBS s | DBS/S-SGD | DBS/ideal "
              "| DBS/best split | paper/S-SGD | paper/ideal | DBS balance from epoch 2 | paper balance from epoch 2 "
-             "| DBS compute spread from epoch 2 | DBS/S-SGD wall | noise floor |",
+             "| DBS compute spread from epoch 2 | DBS/S-SGD wall | noise floor "
+             "| DBS slowest compute/ideal | DBS epoch beyond the slowest compute |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- |"]
+             "| --- | --- | --- | --- |"]
     for c in cells:
         if "skipped" in c:
-            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||")
+            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||||")
             continue
         lines.append(
             f"| {c['name']} | {c['ideal_epoch_seconds']:.2f} | "
@@ -396,7 +406,8 @@ def build(out):
             f"{c['proportional_over_sgd']:.3f} | {c['proportional_over_ideal']:.3f} | "
             f"{c['dbs_settled_spread']:.2f} | {c['proportional_settled_spread']:.2f} | "
             f"{c['dbs_settled_compute_spread']:.2f} | {c['dbs_wall_over_sgd']:.3f} | "
-            f"{c['noise_floor']:.2f} |")
+            f"{c['noise_floor']:.2f} | {c['dbs_compute_over_ideal']:.3f} | "
+            f"{100 * c['dbs_sync_share']:.0f}% |")
     if summary.get("cells_run"):
         lines += ["", "## Worst and median cell", "",
                   "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
@@ -418,7 +429,13 @@ def build(out):
                   f"epoch {SETTLE_EPOCH} on, each worker's step time divided by its own mean: "
                   "what measurement noise alone does to a perfectly static split. Cells that "
                   "miss the balance target where the noise floor is above it too: "
-                  f"{', '.join(summary['balance_missed_within_noise']) or 'none'}."]
+                  f"{', '.join(summary['balance_missed_within_noise']) or 'none'}.", "",
+                  "Where DBS's epoch goes beyond the ideal: DBS/ideal = (slowest compute/ideal) / "
+                  "(1 - epoch beyond the slowest compute). The first is the slowest worker's "
+                  "compute in the cluster against the ideal's standalone compute (contention "
+                  "for the cores, and a split that is not perfectly balanced); the second is "
+                  "the share of the epoch that is not that compute: communication, the "
+                  "server's step and the barrier's wait, which no split of the batch removes."]
         lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
                   ""]
         for c in cells:
