@@ -129,6 +129,10 @@ class DockerfileTest(unittest.TestCase):
             linked |= linked_packages(binary)
         # A sanitizer build (deploy/run_sanitizers.sh) also links the sanitizers' runtimes.
         linked = {p for p in linked if not re.match(r"lib(asan|ubsan|tsan)\d", p)}
+        # The image builds the default way (deploy/build_binaries.sh), which links tcmalloc
+        # (//common:malloc); a sanitizer build keeps the sanitizer's allocator instead.
+        if os.environ["EXPECTED_MALLOC"] != "tcmalloc":
+            linked.add("libtcmalloc-minimal4")
         print(f"linked packages: {sorted(linked)}", flush=True)
         self.assertEqual(listed - {"dataset-fashion-mnist"}, linked - BASE_PACKAGES)
         self.assertIn("dataset-fashion-mnist", listed)
