@@ -242,10 +242,14 @@ def main():
         args.variants += ",fp32/glibc"
     if "/glibc" in args.variants and not args.system_malloc_dir:
         sys.exit("the /glibc variant needs --system_malloc_dir")
-    bins = [args.ps_bin, args.client_bin]
     if args.system_malloc_dir:
-        bins += [os.path.join(args.system_malloc_dir, b) for b in ("dbs_ps", "dataplane_client")]
-    for b in bins:
+        for b in ("dbs_ps", "dataplane_client"):
+            if not os.path.exists(os.path.join(args.system_malloc_dir, b)):
+                sys.exit(f"{args.system_malloc_dir}/{b} is missing: bazel build "
+                         "--define=dbs_malloc=system //server:dbs_ps //bench:dataplane_client, "
+                         f"copy both binaries into {args.system_malloc_dir}, then rebuild "
+                         "without the --define")
+    for b in (args.ps_bin, args.client_bin):
         if not os.path.exists(b):
             sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
     sizes = [int(s) for s in args.sizes.split(",")]
