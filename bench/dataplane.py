@@ -26,6 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_SIZES = "46730,1000000,10000000,25000000"
+DEFAULT_VARIANTS = "fp32,fp32/unpipelined,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards"
 
 GLOO_WORKER = r"""
 import os, sys, time, json, statistics
@@ -211,15 +212,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
-    p.add_argument("--variants",
-                   default="fp32,fp32/unpipelined,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards",
+    p.add_argument("--variants", default=None,
                    help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
                         "order (deterministic, the default) and streamed in chunks (the "
                         "default), or with /arrival summed on arrival, or with /whole pushed "
                         "as one message, or with /unpipelined updated and answered only once "
                         "the whole step is in, or with /Kshards split across K dbs_ps "
                         "processes, or with /glibc run by the binaries in "
-                        "--system_malloc_dir (added to the default list when it is given)")
+                        "--system_malloc_dir; default: " + DEFAULT_VARIANTS
+                        + " (and fp32/glibc with --system_malloc_dir)")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
                    help="the workers' --stream_chunk_kb")
     p.add_argument("--clients", type=int, default=4)
@@ -236,10 +237,9 @@ def main():
                         "(bazel build --define=dbs_malloc=system ...; copy them out), for the "
                         "/glibc variant: tcmalloc against glibc side by side")
     p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch (gloo)")
-    variants_given = any(a.startswith("--variants") for a in sys.argv[1:])
     args = p.parse_args()
-    if args.system_malloc_dir and not variants_given:
-        args.variants += ",fp32/glibc"
+    if args.variants is None:
+        args.variants = DEFAULT_VARIANTS + (",fp32/glibc" if args.system_malloc_dir else "")
     if "/glibc" in args.variants and not args.system_malloc_dir:
         sys.exit("the /glibc variant needs --system_malloc_dir")
     if args.system_malloc_dir:

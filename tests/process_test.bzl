@@ -14,7 +14,6 @@ def process_test(name, data = []):
         # The allocator the binaries were linked with (//common:malloc), for the test that
         # checks what the running processes really use.
         env = select({
-            "//common:sanitizer_build": {"EXPECTED_MALLOC": "system"},
             "//common:system_malloc": {"EXPECTED_MALLOC": "system"},
             "//conditions:default": {"EXPECTED_MALLOC": "tcmalloc"},
         }),
