@@ -252,6 +252,33 @@ TEST_F(TrainingLoopTest, SlowdownOfWallScalesTheWholeComputation) {
   EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.030, 1e-9);  // (4 + 6) * 3 ms
 }
 
+// Under a CPU limit of f cores a step that needs c CPU-seconds costs at least c / f, however fast
+// it ran while the quota lasted: that is what each push says, while the epoch's report keeps the
+// computation's own time (the paper's rule reads that).
+TEST_F(TrainingLoopTest, UnderACpuLimitAStepCostsItsWholeCpuTimeOverTheLimit) {
+  loop_config_.cpu_limit_cores = 0.25;
+  FakePsClient client(job_, &clock_);  // every push takes 5 ms of the worker's CPU
+  ASSERT_THAT(Run(&client), IsOk());
+  ASSERT_EQ(client.pushes().size(), 12u);
+  // The first step has no step before it: its computation (4 ms) plus no known communication.
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.004 / 0.25, 1e-9);
+  // Then each step's CPU since the previous push: that push (5 ms) and this computation.
+  EXPECT_NEAR(client.pushes()[1].compute_seconds, (0.005 + 0.004) / 0.25, 1e-9);
+  EXPECT_NEAR(client.pushes()[5].compute_seconds, (0.005 + 0.002) / 0.25, 1e-9);  // 2 samples
+  // A new epoch's first step: its computation plus the communication the last whole step had.
+  EXPECT_NEAR(client.pushes()[6].compute_seconds, (0.004 + 0.005) / 0.25, 1e-9);
+  EXPECT_NEAR(client.reports()[0].compute_seconds, kTrain * kSecondsPerSample, 1e-9);
+  EXPECT_THAT(Log(), HasSubstr("CPU limit of 0.25 cores"));
+}
+
+TEST_F(TrainingLoopTest, UnderACpuLimitAStepThatTookLongerCostsItsTime) {
+  loop_config_.cpu_limit_cores = 0.25;
+  learner_.waiting_for_a_core = absl::Milliseconds(40);  // throttled: wall time, no CPU
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_NEAR(client.pushes()[1].compute_seconds, 0.044, 1e-9);  // 44 ms > 9 ms / 0.25
+}
+
 TEST_F(TrainingLoopTest, ServerRestartMidEpochResumesFromItsCheckpoint) {
   FakePsClient reference(job_, &clock_);
   ASSERT_THAT(Run(&reference), IsOk());

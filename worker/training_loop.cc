@@ -98,6 +98,12 @@ absl::Status TrainingLoop::Join() {
       "(%d parameters), policy %s, %d epochs, global batch %d",
       id_, learner_->device(), learner_->train_size(), learner_->test_size(), config_.model,
       model_size, joined.policy, joined.epochs, joined.global_batch));
+  if (config_.cpu_limit_cores > 0) {
+    Say(
+        absl::StrFormat("running under a CPU limit of %.3g cores: a step costs at least its CPU "
+                        "time / %.3g",
+                        config_.cpu_limit_cores, config_.cpu_limit_cores));
+  }
   DBS_RETURN_IF_ERROR(client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_)));
   learner_->SetParameters(params_);
   epoch_ = joined.start_epoch;
@@ -184,6 +190,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   DBS_RETURN_IF_ERROR(IndicesOf(schedule_[step]));
   const int b = static_cast<int>(step_index_.size());
   const absl::Time t0 = clock_->Now();
+  const absl::Duration cpu_start = clock_->ProcessCpuTime();
   double loss_sum = 0.0;
   if (b > 0) {
     const absl::Duration cpu0 = clock_->ProcessCpuTime();
@@ -202,9 +209,10 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   }
   ++global_step_;
   const double compute = Since(t0);
+  const double cost = StepCost(step, compute, cpu_start);
   const absl::Time t1 = clock_->Now();
   absl::StatusOr<StepOutcome> pushed = client_->PushGradient(
-      id_, epoch_, step, b, loss_sum, compute,
+      id_, epoch_, step, b, loss_sum, cost,
       b > 0 ? absl::Span<const float>(grad_) : absl::Span<const float>(), absl::MakeSpan(params_));
   if (!pushed.ok()) {
     // A restarted server may be behind this worker: ask where to continue.
@@ -223,6 +231,19 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   if (pushed->revised) DBS_RETURN_IF_ERROR(ApplyRevision(pushed->revision, step));
   LogProgress(step, b, pushed->global_loss, *timing);
   return Next::kGoOn;
+}
+
+double TrainingLoop::StepCost(int step, double compute, absl::Duration cpu_start) {
+  const absl::Duration now = clock_->ProcessCpuTime();
+  const double compute_cpu = absl::ToDoubleSeconds(now - cpu_start);
+  const bool whole = mark_epoch_ == epoch_ && mark_step_ == step - 1;
+  const double cycle_cpu = whole ? absl::ToDoubleSeconds(now - cpu_mark_) : compute_cpu + comm_cpu_;
+  if (whole) comm_cpu_ = std::max(0.0, cycle_cpu - compute_cpu);
+  cpu_mark_ = now;
+  mark_epoch_ = epoch_;
+  mark_step_ = step;
+  if (!(config_.cpu_limit_cores > 0)) return compute;
+  return std::max(compute, cycle_cpu / config_.cpu_limit_cores);
 }
 
 absl::Status TrainingLoop::ApplyRevision(const PlanRevision& rev, int step) {

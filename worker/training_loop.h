@@ -49,6 +49,8 @@ struct LoopConfig {
   // `export_every_epochs` epochs when > 0 ('' : never).
   std::string export_path;
   int export_every_epochs = 0;
+  // The CPU limit this worker runs under, in cores (common/cpu_limit.h; 0: none).
+  double cpu_limit_cores = 0.0;
 };
 
 // One reported epoch of this worker.
@@ -84,6 +86,9 @@ class TrainingLoop {
   absl::StatusOr<Next> RunEpoch();
   absl::StatusOr<Next> TrainStep(int step, EpochTiming* timing);
   absl::Status ApplyRevision(const PlanRevision& rev, int step);
+  // The seconds a step costs this worker: its computation's wall time, or under a CPU limit at
+  // least the whole step's CPU time (since the previous push) divided by the limit.
+  double StepCost(int step, double compute, absl::Duration cpu_start);
   absl::StatusOr<Next> EvaluateAndReport(EpochTiming timing);
   // Continues where the server says the job stands; false when the server cannot tell.
   bool Resync(const absl::Status& why);
@@ -121,6 +126,10 @@ class TrainingLoop {
 
   std::vector<int64_t> perm_, step_index_;
   int64_t global_step_ = 0;
+  // CPU time when the previous step's push began (for a step's whole CPU cost under a limit).
+  absl::Duration cpu_mark_;
+  int mark_epoch_ = -1, mark_step_ = -1;
+  double comm_cpu_ = 0.0;  // the newest whole step's CPU seconds outside its computation
   absl::Time job_start_, epoch_start_, next_log_;
   std::vector<EpochLog> epochs_;
   std::atomic<bool> stop_{false};

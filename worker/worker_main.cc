@@ -1,4 +1,5 @@
 // dbs_worker: one training worker of a dbs job. Flags are parsed here only.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cli.h"
 #include "common/clock.h"
+#include "common/cpu_limit.h"
 #include "common/files.h"
 #include "common/signal_watcher.h"
 #include "common/status_macros.h"
@@ -61,6 +63,11 @@ ABSL_FLAG(std::string, slowdown_of, "cpu",
           "sharing cores), or 'wall', its elapsed time (a worker held to a CPU quota, whose "
           "waiting is its own throttling).");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
+ABSL_FLAG(std::string, cpu_limit, "auto",
+          "The CPU limit this worker runs under, in cores: 'auto' reads its cgroup's CFS quota "
+          "(Kubernetes CPU limits, docker --cpus), 'none' ignores any, or a number. Under a limit "
+          "a step costs at least its CPU time divided by the limit, which is what the worker "
+          "reports (docs/controller.md#cpu-limits).");
 ABSL_FLAG(int, max_batch, 0,
           "The largest batch this worker can hold (its memory cap), honoured by the server's "
           "'dbs' policy; 0: no limit.");
@@ -116,6 +123,28 @@ absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
   }
   loop->slowdown_of_wall = of == "wall";
   return absl::OkStatus();
+}
+
+// --cpu_limit in cores (0: none in effect).
+absl::StatusOr<double> CpuLimitFromFlags() {
+  const std::string flag = absl::GetFlag(FLAGS_cpu_limit);
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (flag == "none") return 0.0;
+  if (flag == "auto") {
+    absl::StatusOr<double> limit = dbs::CgroupCpuLimitCores();
+    if (!limit.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(limit.status().message(), "; pass --cpu_limit=CORES or --cpu_limit=none"));
+    }
+    return dbs::EffectiveCpuLimit(*limit, cpus);
+  }
+  double cores = 0.0;
+  if (!absl::SimpleAtod(flag, &cores) || !(cores > 0) || cores > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_limit must be 'auto', 'none' or a number of cores > 0, not '", flag, "'"));
+  }
+  return dbs::EffectiveCpuLimit(cores, cpus);
 }
 
 // Every flag's check lives here: main only composes what these return.
@@ -199,6 +228,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   }
   c.loop.model = c.learner.model;
   DBS_RETURN_IF_ERROR(SlowdownFromFlags(&c.loop));
+  absl::StatusOr<double> cpu_limit = CpuLimitFromFlags();
+  if (!cpu_limit.ok()) return cpu_limit.status();
+  c.loop.cpu_limit_cores = *cpu_limit;
   c.loop.max_batch = absl::GetFlag(FLAGS_max_batch);
   if (c.loop.max_batch < 0) return absl::InvalidArgumentError("--max_batch must be >= 0");
   const double log_every_s = absl::GetFlag(FLAGS_log_every_s);
