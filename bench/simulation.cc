@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,25 +18,35 @@
 
 namespace dbs {
 
-double SpeedModel::StepSeconds(int batch, int epoch) const {
+double SpeedModel::WorkSeconds(int batch, int epoch) const {
   if (batch <= 0) return 0.0;
   const double b = batch;
   double t = 0.0;
   switch (kind) {
     case Kind::kLinear:
+    case Kind::kQuota:
+    case Kind::kCfs:
       t = overhead_seconds + b / speed;
       break;
     case Kind::kGpu:
       t = overhead_seconds + std::pow(b, exponent) / speed;
       break;
-    case Kind::kQuota: {
-      const double work = overhead_seconds + b / speed;  // seconds of one full core
-      const double budget = quota * period_seconds;
-      t = work <= budget ? work : budget + (work - budget) / quota;
-      break;
-    }
   }
   return t * std::pow(1.0 + drift_per_epoch, epoch);
+}
+
+double SpeedModel::StepSeconds(int batch, int epoch) const {
+  const double work = WorkSeconds(batch, epoch);
+  switch (kind) {
+    case Kind::kQuota: {
+      const double budget = quota * period_seconds * std::pow(1.0 + drift_per_epoch, epoch);
+      return work <= budget ? work : budget + (work - budget) / quota;
+    }
+    case Kind::kCfs:
+      return work / quota;
+    default:
+      return work;
+  }
 }
 
 std::string SpeedModel::Describe() const {
@@ -48,6 +59,9 @@ std::string SpeedModel::Describe() const {
     case Kind::kQuota:
       return absl::StrFormat("quota(v=%.0f, %.3g core, period %.3gms)", speed, quota,
                              1e3 * period_seconds);
+    case Kind::kCfs:
+      return absl::StrFormat("cfs(v=%.0f, a=%.2gms, %.3g core, period %.3gms)", speed,
+                             1e3 * overhead_seconds, quota, 1e3 * period_seconds);
   }
   return "?";
 }
@@ -62,12 +76,20 @@ SimulationConfig SimulationConfig::Linear(const std::vector<double>& speeds) {
   return c;
 }
 
-double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch) {
-  double t = config.workers[i].StepSeconds(batch, epoch);
+namespace {
+
+double DisturbanceFactor(const SimulationConfig& config, int i, int epoch) {
+  double f = 1.0;
   for (const Disturbance& d : config.disturbances) {
-    if (d.worker == i && epoch >= d.first_epoch && epoch < d.end_epoch) t *= d.factor;
+    if (d.worker == i && epoch >= d.first_epoch && epoch < d.end_epoch) f *= d.factor;
   }
-  return t;
+  return f;
+}
+
+}  // namespace
+
+double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch) {
+  return config.workers[i].StepSeconds(batch, epoch) * DisturbanceFactor(config, i, epoch);
 }
 
 std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
@@ -208,6 +230,45 @@ SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* des
   return c;
 }
 
+SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
+                                  std::string* description) {
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  const int n = rng() % 2 == 0 ? 4 + static_cast<int>(rng() % 13)   // 4-16
+                               : 4 + static_cast<int>(rng() % 61);  // 4-64
+  const double noise = rng() % 2 == 0 ? uniform(0.01, 0.05) : 0.0;
+  const double core_speed = uniform(1000.0, 6000.0);  // samples per second of one full core
+  const double top = uniform(0.3, 1.0);               // the largest limit, in cores
+  const bool kernel_default = kernel_default_periods;
+  std::vector<SpeedModel> workers(n);
+  for (SpeedModel& m : workers) {
+    m.kind = SpeedModel::Kind::kCfs;
+    m.speed = core_speed;
+    m.quota = top / std::exp(uniform(0.0, std::log(10.0)));
+    m.period_seconds = kernel_default ? 0.1 : std::max(0.001, 0.001 / m.quota);
+    m.phase_seconds = uniform(0.0, m.period_seconds);
+    m.noise = noise;
+    m.overhead_seconds = uniform(0.0, 0.3) * 32.0 / core_speed;  // CPU of a step's own work
+  }
+  SimulationConfig c;
+  c.workers = workers;
+  for (int b = 32, k = 0; k < 5; ++k, b *= 2) {
+    c.global_batch = b * n;
+    const std::vector<int> best = BestSplit(c, 0);
+    if (*std::min_element(best.begin(), best.end()) >= 16) break;
+  }
+  c.train_samples = static_cast<int64_t>(c.global_batch) * 40;
+  c.epochs = 12;
+  c.seed = seed;
+  if (description != nullptr) {
+    *description = absl::StrCat(n, " workers under CPU limits, B=", c.global_batch, ", periods ",
+                                kernel_default ? "100 ms" : "1 ms / limit", ", noise ", noise);
+  }
+  return c;
+}
+
 double EpochResult::Spread() const {
   double lo = 0.0, hi = 0.0;
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -252,7 +313,8 @@ absl::Status ValidateSimulation(const SimulationConfig& config) {
   if (n == 0) return absl::InvalidArgumentError("no workers");
   for (const SpeedModel& m : config.workers) {
     if (!(m.speed > 0) || !(m.quota > 0 && m.quota <= 1) || !(m.exponent > 0) ||
-        !(m.period_seconds > 0) || m.noise < 0 || m.overhead_seconds < 0) {
+        !(m.period_seconds > 0) || m.noise < 0 || m.overhead_seconds < 0 ||
+        !std::isfinite(m.phase_seconds)) {
       return absl::InvalidArgumentError(absl::StrCat("bad speed model ", m.Describe()));
     }
   }
@@ -296,17 +358,53 @@ std::vector<int> ModeBatches(const std::vector<std::map<int, int>>& batch_count)
   return out;
 }
 
+// Where a cfs worker stands in its CFS period: which period, and how much of its quota the
+// steps so far have used in it.
+struct CfsState {
+  int64_t period = std::numeric_limits<int64_t>::min();
+  double used = 0.0;
+};
+
+// Runs `work` seconds of CPU under the worker's CFS quota from time `start`: each period allows
+// quota * period seconds of running, then the worker waits for the next period. Returns the
+// elapsed time.
+double RunUnderQuota(const SpeedModel& m, CfsState* s, double start, double work) {
+  if (!(work > 0)) return 0.0;
+  const double period = m.period_seconds, budget = m.quota * m.period_seconds;
+  int64_t k = static_cast<int64_t>(std::floor((start - m.phase_seconds) / period));
+  double pos = std::clamp(start - m.phase_seconds - static_cast<double>(k) * period, 0.0, period);
+  double left = work;
+  for (;;) {
+    if (k != s->period) {
+      s->period = k;
+      s->used = 0.0;
+    }
+    const double run = std::max(0.0, std::min({left, budget - s->used, period - pos}));
+    left -= run;
+    s->used += run;
+    pos += run;
+    if (left <= 1e-12) break;
+    ++k;  // the quota or the period ran out: the next period
+    pos = 0.0;
+  }
+  return std::max(0.0, m.phase_seconds + static_cast<double>(k) * period + pos - start);
+}
+
 // One simulated epoch: its steps (with mid-epoch re-planning), then every worker's report.
 class EpochSimulation {
  public:
   // `rng` and `normal` carry on from epoch to epoch.
+  // `cfs` (one per worker) carries on too; the epoch starts at `start` seconds.
   EpochSimulation(const SimulationConfig& config, Scheduler& scheduler, std::mt19937_64& rng,
-                  std::normal_distribution<double>& normal, double comm_seconds)
+                  std::normal_distribution<double>& normal, double comm_seconds,
+                  std::vector<CfsState>* cfs, double start)
       : config_(config),
         scheduler_(scheduler),
         rng_(rng),
         normal_(normal),
         comm_seconds_(comm_seconds),
+        cfs_(*cfs),
+        start_(start),
         n_(static_cast<int>(config.workers.size())),
         compute_(n_, 0.0),
         samples_(n_, 0),
@@ -358,14 +456,23 @@ class EpochSimulation {
     std::map<int, std::pair<int64_t, double>> times;
     for (int i = 0; i < n_; ++i) {
       const int b = batches[i];
-      double t = TrueStepSeconds(config_, i, b, epoch);
-      const double sigma = config_.workers[i].noise;
+      const SpeedModel& m = config_.workers[i];
+      const bool cfs = m.kind == SpeedModel::Kind::kCfs;
+      double t = cfs ? m.WorkSeconds(b, epoch) * DisturbanceFactor(config_, i, epoch)
+                     : TrueStepSeconds(config_, i, b, epoch);
+      const double sigma = m.noise;
       if (sigma > 0 && t > 0) t *= std::exp(sigma * normal_(rng_) - 0.5 * sigma * sigma);
+      double reported = t;
+      if (cfs) {
+        const double work = t;
+        t = RunUnderQuota(m, &cfs_[i], start_ + result_.seconds, work);
+        reported = config_.cpu_limit_aware ? std::max(t, work / m.quota) : t;
+      }
       compute_[i] += t;
       samples_[i] += b;
       ++batch_count_[i][b];
       slowest = std::max(slowest, t);
-      times[i] = {b, t};
+      times[i] = {b, reported};
     }
     result_.seconds += slowest + comm_seconds_;
     return times;
@@ -376,6 +483,8 @@ class EpochSimulation {
   std::mt19937_64& rng_;
   std::normal_distribution<double>& normal_;
   const double comm_seconds_;
+  std::vector<CfsState>& cfs_;
+  const double start_;
   const int n_;
   std::vector<double> compute_;
   std::vector<int64_t> samples_;
@@ -406,13 +515,16 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
   std::normal_distribution<double> normal(0.0, 1.0);
   SimulationResult result;
   result.step_comm_seconds = config.comm_base_seconds + config.comm_per_worker_seconds * n;
+  std::vector<CfsState> cfs(n);
+  double now = 0.0;
   for (int epoch = 0; epoch < config.epochs; ++epoch) {
     DBS_ASSIGN_OR_RETURN(std::vector<std::vector<int>> quota, PlannedBatches(scheduler, n, epoch));
     result.steps = static_cast<int>(quota.size());
-    EpochSimulation sim(config, scheduler, rng, normal, result.step_comm_seconds);
+    EpochSimulation sim(config, scheduler, rng, normal, result.step_comm_seconds, &cfs, now);
     DBS_ASSIGN_OR_RETURN(EpochResult er, sim.Run(epoch, std::move(quota)));
     if (epoch == 0) result.ideal_epoch_seconds = result.steps * er.best_step_seconds;
     clock.Advance(absl::Seconds(er.seconds));
+    now += er.seconds;
     result.epochs.push_back(er);
     DBS_RETURN_IF_ERROR(sim.Report(epoch));
   }

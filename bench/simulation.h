@@ -6,9 +6,17 @@
 //   quota   a process under a CPU quota: full speed while a step's work fits the quota of one
 //           scheduling period, throttled to the quota's fraction of a core beyond it (the curve
 //           that makes the paper's rule oscillate);
-//   gpu     a per-step overhead plus time growing sublinearly with the batch, a + c * b^e, e < 1.
+//   gpu     a per-step overhead plus time growing sublinearly with the batch, a + c * b^e, e < 1;
+//   cfs     the kernel's CFS bandwidth control itself, as `cpu.cfs_quota_us` / `cpu.max` apply
+//           it: every period the worker may run quota * period seconds, then waits for the next
+//           period, whatever its steps need. A step's time depends on where in its period it
+//           starts and on what the steps before it used, so a small step often runs at full
+//           speed and looks many times faster than the worker can sustain (quota of a core).
+//           Its true step time (for the best split) is the sustainable one: work / quota.
 // On top: per-step noise (lognormal, relative standard deviation `noise`), a slow drift of speed
 // per epoch, and disturbances (a worker slowed f-fold for a range of epochs).
+// A cfs worker reports what dbs_worker reports under a CPU limit (SimulationConfig::
+// cpu_limit_aware): the larger of its step's time and its CPU time over the quota.
 // Every step also costs a communication time c = c0 + c1 * n that every worker pays. A step takes
 // max_i t_i + c; an epoch is the sum of its steps. Workers send each step's compute time (as
 // dbs_worker does with its pushes) and report their epoch, and the scheduler's next plan is used;
@@ -28,19 +36,23 @@
 namespace dbs {
 
 struct SpeedModel {
-  enum class Kind { kLinear, kQuota, kGpu };
+  enum class Kind { kLinear, kQuota, kGpu, kCfs };
   Kind kind = Kind::kLinear;
   // linear and quota: samples per second at full speed; gpu: 1 / c in a + c * b^e.
   double speed = 1000.0;
   double overhead_seconds = 0.0;  // fixed per-step time a (any kind; counted as work under a quota)
   double exponent = 1.0;          // gpu: e
-  double quota = 1.0;             // quota: fraction of a core
-  double period_seconds = 0.1;    // quota: scheduling period; one period's quota = quota * period
+  double quota = 1.0;             // quota, cfs: fraction of a core
+  double period_seconds = 0.1;    // quota, cfs: scheduling period; its quota = quota * period
+  double phase_seconds = 0.0;     // cfs: where the worker's periods start
   double noise = 0.0;             // relative standard deviation of each step's time
   double drift_per_epoch = 0.0;   // the worker gets (1 + drift) times slower every epoch
 
   // Compute seconds of one step at `batch` in `epoch` (drift included, no noise); 0 for batch 0.
+  // For cfs, the sustainable time: the step's work over the quota.
   double StepSeconds(int batch, int epoch) const;
+  // The seconds of one full core that a step at `batch` needs (cfs, quota: before throttling).
+  double WorkSeconds(int batch, int epoch) const;
   std::string Describe() const;
 };
 
@@ -64,7 +76,10 @@ struct SimulationConfig {
   int replan_window_steps = -1;  // mid-epoch re-planning: -1 the policy's default, 0 off
   double replan_threshold = kDefaultReplanThreshold;
   double noise_margin = kDefaultNoiseMargin;  // dbs: see BalancingOptions
-  uint64_t seed = 1;                          // of the noise
+  // cfs workers report a step's cost as dbs_worker does under a CPU limit (--cpu_limit=auto):
+  // at least its CPU time over the quota. False: its elapsed time alone (--cpu_limit=none).
+  bool cpu_limit_aware = true;
+  uint64_t seed = 1;  // of the noise
 
   // Convenience: linear workers of these speeds (samples per second), no noise.
   static SimulationConfig Linear(const std::vector<double>& speeds);
@@ -107,6 +122,14 @@ double BestStepSeconds(const SimulationConfig& config, int epoch);
 // more. Without `allow_drift` the same cluster is drawn, only without drift. `description` gets
 // one line about it.
 SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* description);
+
+// A random cluster of cfs workers (as `RandomCluster`, for CPU limits): 4-64 processes on the
+// same CPU (a core's speed drawn once per cluster) under CPU limits 1:10 apart, each with a
+// per-step overhead and a random phase. Their periods are the kernel's 100 ms default
+// (`kernel_default_periods`, as Kubernetes and docker leave them) or the shortest the 1 ms
+// minimum quota allows (1 ms / limit, as deploy/hetero.py sets them for the benchmarks).
+SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
+                                  std::string* description);
 
 // The true step time of worker `i` at `batch` in `epoch`, disturbances included.
 double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch);

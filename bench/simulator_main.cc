@@ -27,6 +27,10 @@ ABSL_FLAG(int, trace_cluster, 0,
           "Instead of the table: print every epoch of the random property-test cluster with this "
           "seed (tests/simulation_test.cc) under the dbs, proportional and fixed policies.");
 ABSL_FLAG(bool, trace_drift, true, "With --trace_cluster: the cluster's drift, if it has one.");
+ABSL_FLAG(std::string, trace_cfs, "",
+          "With --trace_cluster: the random cluster of workers under CPU limits (RandomCfsCluster) "
+          "with this seed and 'short' (1 ms / limit) or 'kernel' (100 ms) periods; dbs also "
+          "without the limit-aware step cost ('dbs/wall').");
 ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
           "dbs: standard deviations of each worker's per-step time added to its predicted step.");
 
@@ -34,16 +38,33 @@ namespace {
 
 int TraceCluster(uint64_t seed) {
   std::string what;
-  dbs::SimulationConfig c = dbs::RandomCluster(seed, absl::GetFlag(FLAGS_trace_drift), &what);
+  const std::string periods = absl::GetFlag(FLAGS_trace_cfs);
+  if (!periods.empty() && periods != "short" && periods != "kernel") {
+    std::cerr << "dbs_simulator: --trace_cfs must be 'short' or 'kernel'" << std::endl;
+    return 2;
+  }
+  const bool cfs = !periods.empty();
+  dbs::SimulationConfig c = cfs ? dbs::RandomCfsCluster(seed, periods == "kernel", &what)
+                                : dbs::RandomCluster(seed, absl::GetFlag(FLAGS_trace_drift), &what);
   c.noise_margin = absl::GetFlag(FLAGS_noise_margin);
   const std::vector<int> best = dbs::BestSplit(c, 0);
   std::printf("cluster %llu: %s\n", static_cast<unsigned long long>(seed), what.c_str());
   for (size_t i = 0; i < c.workers.size(); ++i) {
     std::printf("  worker %2zu %-46s best batch %d\n", i, c.workers[i].Describe().c_str(), best[i]);
   }
-  for (dbs::PolicyKind p :
-       {dbs::PolicyKind::kDbs, dbs::PolicyKind::kProportional, dbs::PolicyKind::kFixed}) {
+  struct Run {
+    dbs::PolicyKind policy;
+    bool aware;
+  };
+  std::vector<Run> runs = {{dbs::PolicyKind::kDbs, true},
+                           {dbs::PolicyKind::kProportional, true},
+                           {dbs::PolicyKind::kFixed, true}};
+  if (cfs) runs.insert(runs.begin() + 1, {dbs::PolicyKind::kDbs, false});
+  for (const Run& run : runs) {
+    const dbs::PolicyKind p = run.policy;
     c.policy = p;
+    c.cpu_limit_aware = run.aware;
+    const std::string name = dbs::PolicyName(p) + (run.aware ? "" : "/wall");
     absl::StatusOr<dbs::SimulationResult> r = dbs::Simulate(c);
     if (!r.ok()) {
       std::cerr << "dbs_simulator: " << r.status() << std::endl;
@@ -51,8 +72,8 @@ int TraceCluster(uint64_t seed) {
     }
     for (size_t e = 0; e < r->epochs.size(); ++e) {
       const dbs::EpochResult& er = r->epochs[e];
-      std::printf("%-12s epoch %2zu  spread %.3f  %.3fx best  %s  re-plans %d  batches",
-                  dbs::PolicyName(p).c_str(), e, er.Spread(), er.OverBest(),
+      std::printf("%-12s epoch %2zu  %.3f s  spread %.3f  %.3fx best  %s  re-plans %d  batches",
+                  name.c_str(), e, er.seconds, er.Spread(), er.OverBest(),
                   er.Balanced(c, static_cast<int>(e), 0.10) ? "balanced" : "        ", er.replans);
       for (int b : er.batches) std::printf(" %d", b);
       std::printf("\n%-12s           ms", "");
