@@ -151,6 +151,23 @@ double BestStepSeconds(const SimulationConfig& config, int epoch) {
   return slowest;
 }
 
+namespace {
+
+// Whether every worker's batch in the best split of epoch 0 is `min` or more.
+bool BestBatchesAtLeast(const SimulationConfig& c, int min) {
+  const std::vector<int> best = BestSplit(c, 0);
+  return *std::min_element(best.begin(), best.end()) >= min;
+}
+
+// The run every random cluster gets: 40 steps per epoch, 12 epochs, noise seeded by `seed`.
+void SetRandomClusterRun(uint64_t seed, SimulationConfig* c) {
+  c->train_samples = static_cast<int64_t>(c->global_batch) * 40;
+  c->epochs = 12;
+  c->seed = seed;
+}
+
+}  // namespace
+
 SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* description) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](double lo, double hi) {
@@ -217,12 +234,9 @@ SimulationConfig RandomCluster(uint64_t seed, bool allow_drift, std::string* des
       c.workers.push_back(m);
     }
     c.global_batch = b * n;
-    const std::vector<int> best = BestSplit(c, 0);
-    if (*std::min_element(best.begin(), best.end()) >= 16) break;
+    if (BestBatchesAtLeast(c, 16)) break;
   }
-  c.train_samples = static_cast<int64_t>(c.global_batch) * 40;
-  c.epochs = 12;
-  c.seed = seed;
+  SetRandomClusterRun(seed, &c);
   if (description != nullptr) {
     *description = absl::StrCat(n, " workers, B=", c.global_batch, ", noise ", noise,
                                 drift ? ", drifting" : "");
@@ -256,12 +270,9 @@ SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
   c.workers = workers;
   for (int b = 32, k = 0; k < 5; ++k, b *= 2) {
     c.global_batch = b * n;
-    const std::vector<int> best = BestSplit(c, 0);
-    if (*std::min_element(best.begin(), best.end()) >= 16) break;
+    if (BestBatchesAtLeast(c, 16)) break;
   }
-  c.train_samples = static_cast<int64_t>(c.global_batch) * 40;
-  c.epochs = 12;
-  c.seed = seed;
+  SetRandomClusterRun(seed, &c);
   if (description != nullptr) {
     *description = absl::StrCat(n, " workers under CPU limits, B=", c.global_batch, ", periods ",
                                 kernel_default ? "100 ms" : "1 ms / limit", ", noise ", noise);
