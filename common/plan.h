@@ -168,6 +168,7 @@ struct WorkerRegistration {
   // Chosen at random by the worker process: a retried registration of the same process carries
   // the same one, another process with the same name a different one.
   std::string incarnation;
+  double cpu_limit_cores = 0.0;  // the CPU limit it runs under (0: none), for reports
 };
 
 // What the scheduler answers.

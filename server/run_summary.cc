@@ -88,6 +88,7 @@ json WorkerInfo(const std::vector<WorkerRegistration>& workers) {
     out.push_back({{"id", id},
                    {"name", w.name},
                    {"device", w.device},
+                   {"cpu_limit_cores", w.cpu_limit_cores},
                    {"train_samples", w.train_samples},
                    {"test_samples", w.test_samples}});
   }

@@ -46,6 +46,11 @@ absl::Status Scheduler::ValidateRegistration(const WorkerRegistration& reg) cons
   }
   if (reg.test_samples < 0) return absl::InvalidArgumentError("negative test set size");
   if (reg.max_batch < 0) return absl::InvalidArgumentError("negative max batch");
+  if (!std::isfinite(reg.cpu_limit_cores) || reg.cpu_limit_cores < 0 ||
+      reg.cpu_limit_cores > kMaxCpuLimitCores) {
+    return absl::InvalidArgumentError(absl::StrCat("a CPU limit must be in [0, ", kMaxCpuLimitCores,
+                                                   "] cores, not ", reg.cpu_limit_cores));
+  }
   return absl::OkStatus();
 }
 

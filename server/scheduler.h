@@ -65,6 +65,7 @@ struct EpochRecord {
 inline constexpr size_t kMaxNameLength = 256;
 inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
 inline constexpr size_t kMaxWorkers = 1024;
+inline constexpr double kMaxCpuLimitCores = 1e6;
 // Plan requests waiting at once, per worker. A worker waits with one call; calls whose clients
 // went away (a dropped connection) stay until the plan is answered, hence the margin.
 inline constexpr int kMaxWaitersPerWorker = 16;

@@ -128,7 +128,10 @@ function render(s) {
     const d = done[w.id] || {};
     const tr = el("tr", {class: "worker"});
     tr.appendChild(el("td", {}, info.name || ("worker " + w.id)));
-    tr.appendChild(el("td", {}, info.device || ""));
+    tr.appendChild(el("td", {}, (info.device || "") +
+                                    (info.cpu_limit_cores > 0
+                                         ? " (CPU limit " + fmt(info.cpu_limit_cores, 2) + ")"
+                                         : "")));
     // The plan's batch as first laid out; mid-epoch re-plans move the share, so show both.
     tr.appendChild(el("td", {}, Math.round(w.share * s.global_batch) + " (planned " +
                                     w.batch_size + ")"));

@@ -824,6 +824,12 @@ class CpuQuotaTest(ProcessTestCase):
             "--test_limit=100", "--global_batch=32")
         self.assertEqual(rc, 0, out + err)
         self.assertIn("CPU quota 0.5,0.25 cores", out)
+        # Each worker found its quota in its cgroup and told the server (--cpu_limit=auto).
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            limits = {w["name"]: w["cpu_limit_cores"] for w in json.load(f)["worker_info"]}
+        self.assertEqual(limits, {"worker-0": 0.5, "worker-1": 0.25})
+        with open(os.path.join(out_dir, "worker-1.log")) as f:
+            self.assertIn("running under a CPU limit of 0.25 cores", f.read())
         # The launcher names its cgroups dbs_<its pid>_w<i> and removes them when done.
         launcher_pid = self.procs[-1].pid
         left = [d for d in os.listdir(hetero.CGROUP_CPU) if d.startswith(f"dbs_{launcher_pid}_")]

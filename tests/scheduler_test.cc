@@ -1,5 +1,7 @@
 #include "server/scheduler.h"
 
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -82,12 +84,28 @@ TEST_F(SchedulerTest, PlansWaitForAllWorkersThenSplitEqually) {
   EXPECT_EQ(listener_.planned, std::vector<int>{0});
 }
 
+TEST_F(SchedulerTest, KeepsEachWorkersCpuLimitForReports) {
+  auto s = Make("dbs");
+  WorkerRegistration limited = Reg("limited");
+  limited.cpu_limit_cores = 0.25;
+  ASSERT_THAT(s->Register(limited), IsOk());
+  ASSERT_THAT(s->Register(Reg("free")), IsOk());
+  EXPECT_EQ(s->Workers()[0].cpu_limit_cores, 0.25);
+  EXPECT_EQ(s->Workers()[1].cpu_limit_cores, 0.0);
+}
+
 TEST_F(SchedulerTest, RegistrationIsIdempotentByNameAndChecksTheDataSet) {
   auto s = Make("dbs");
   EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
   EXPECT_EQ(s->Register(Reg("a"))->worker_id, 0);
   EXPECT_THAT(s->Register(Reg("b", 999)), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(s->Register(Reg("")), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  // A CPU limit a peer declares is a number of cores, or 0 for none.
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {
+    WorkerRegistration r = Reg("limited");
+    r.cpu_limit_cores = bad;
+    EXPECT_THAT(s->Register(r), StatusCodeIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
   EXPECT_EQ(s->Register(Reg("b"))->worker_id, 1);
   EXPECT_EQ(s->Register(Reg("c"))->worker_id, 2);
   // A fourth worker joins the running job from the next epoch.

@@ -89,9 +89,7 @@ absl::Status TrainingLoop::Join() {
   params_.assign(model_size, 0.0f);
   grad_.assign(model_size, 0.0f);
   learner_->GetParameters(absl::MakeSpan(params_));
-  const WorkerRegistration reg{config_.name, learner_->train_size(), learner_->test_size(),
-                               learner_->device(), config_.max_batch};
-  DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client_->RegisterWorker(reg));
+  DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client_->RegisterWorker(Registration()));
   id_ = joined.worker_id;
   Say(absl::StrFormat(
       "joined as worker %d on %s: %d train / %d test samples, model %s "
@@ -113,6 +111,17 @@ absl::Status TrainingLoop::Join() {
                      " on, from the current parameters"));
   }
   return absl::OkStatus();
+}
+
+WorkerRegistration TrainingLoop::Registration() const {
+  WorkerRegistration reg;
+  reg.name = config_.name;
+  reg.train_samples = learner_->train_size();
+  reg.test_samples = learner_->test_size();
+  reg.device = learner_->device();
+  reg.max_batch = config_.max_batch;
+  reg.cpu_limit_cores = config_.cpu_limit_cores;
+  return reg;
 }
 
 absl::StatusOr<TrainingLoop::Next> TrainingLoop::FetchPlan() {
@@ -318,9 +327,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
 
 bool TrainingLoop::Rejoin(const absl::Status& why) {
   if (rejoins_ >= kMaxRejoins) return false;
-  const WorkerRegistration reg{config_.name, learner_->train_size(), learner_->test_size(),
-                               learner_->device(), config_.max_batch};
-  absl::StatusOr<RegistrationResult> joined = client_->RegisterWorker(reg);
+  absl::StatusOr<RegistrationResult> joined = client_->RegisterWorker(Registration());
   if (!joined.ok()) return false;
   ++rejoins_;
   id_ = joined->worker_id;

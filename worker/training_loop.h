@@ -82,6 +82,8 @@ class TrainingLoop {
   absl::Status StopIfAsked() const;
 
   absl::Status Join();
+  // What this worker tells the scheduler when it (re)joins.
+  WorkerRegistration Registration() const;
   absl::StatusOr<Next> FetchPlan();
   absl::StatusOr<Next> RunEpoch();
   absl::StatusOr<Next> TrainStep(int step, EpochTiming* timing);
