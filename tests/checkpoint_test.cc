@@ -29,7 +29,9 @@ JobConfig Config() {
 std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
   auto job = *TrainingJob::Create(Config(), clock);
   EXPECT_THAT(job->scheduler()->Register({"a", 16, 4, "cpu"}), IsOk());
-  EXPECT_THAT(job->scheduler()->Register({"b", 16, 4, "cpu"}), IsOk());
+  WorkerRegistration b{"b", 16, 4, "cpu"};
+  b.cpu_limit_cores = 0.5;
+  EXPECT_THAT(job->scheduler()->Register(b), IsOk());
   EXPECT_THAT(job->store()->Register({{"w", {2}}}, std::vector<float>{1.0f, -1.0f}), IsOk());
   std::vector<float> g = {0.5f, 0.25f};
   for (int step = 0; step < 2; ++step) {
@@ -72,6 +74,7 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   EXPECT_EQ(back->scheduler.records[0].step_times, st.scheduler.records[0].step_times);
   ASSERT_EQ(back->scheduler.workers.size(), 2u);
   EXPECT_EQ(back->scheduler.workers[1].name, "b");
+  EXPECT_EQ(back->scheduler.workers[1].cpu_limit_cores, 0.5);
   EXPECT_EQ(back->scheduler.records[0].plans.at(1).train_ranges,
             st.scheduler.records[0].plans.at(1).train_ranges);
   EXPECT_EQ(back->scheduler.records[0].plans.at(1).share,
