@@ -148,6 +148,10 @@ def build_parser():
     ap.add_argument("--cpu_quota", default="",
                     help="per-worker CPU quota in cores (cgroup v1, root), e.g. "
                          "0.125,0.125,0.25,0.5; without root it falls back to slowdown factors")
+    ap.add_argument("--cpu_period_ms", type=float, default=0.0,
+                    help="with --cpu_quota: the CFS period of every worker's cgroup (100 is the "
+                         "kernel's default, which Kubernetes keeps); 0: the shortest the 1 ms "
+                         "minimum quota allows, which slows a worker evenly")
     ap.add_argument("--disturb", default="",
                     help="slow worker k by f from epoch e1 to e2: k:e1:e2:f[,k:e1:e2:f...]")
     ap.add_argument("--random_disturb", type=float, default=0.0,
@@ -229,7 +233,15 @@ def resolve_emulation(args):
         why = hetero.quota_unavailable_reason()
         if why is None:
             tag = f"dbs_{os.getpid()}"
-            cgroups = [hetero.CpuQuota(f"{tag}_w{i}", q) for i, q in enumerate(quotas)]
+            period_us = 1000 * args.cpu_period_ms if args.cpu_period_ms > 0 else None
+            cgroups = []
+            try:
+                for i, q in enumerate(quotas):
+                    cgroups.append(hetero.CpuQuota(f"{tag}_w{i}", q, period_us))
+            except ValueError:
+                for cg in cgroups:  # the ones made before the bad one
+                    cg.remove()
+                raise
         else:
             emulated = hetero.quotas_as_slowdowns(quotas)
             slowdowns = [a * b for a, b in zip(slowdowns, emulated)]
@@ -272,7 +284,9 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
 def describe_emulation(slowdowns, windows, quotas, cgroups):
     described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
     if any(cgroups):
-        described += f", CPU quota {','.join(f'{q:g}' for q in quotas)} cores"
+        periods = sorted({cg.period_us / 1000 for cg in cgroups})
+        described += (f", CPU quota {','.join(f'{q:g}' for q in quotas)} cores over periods of "
+                      f"{','.join(f'{p:g}' for p in periods)} ms")
     if any(windows):
         described += f", slow windows {windows}"
     return described

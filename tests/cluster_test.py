@@ -813,17 +813,21 @@ class OtherModelTest(ProcessTestCase):
 
 
 class CpuQuotaTest(ProcessTestCase):
-    def test_cpu_quotas_run_and_their_cgroups_are_removed(self):
+    def setUp(self):
+        super().setUp()
         sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
         import hetero
+        self.hetero = hetero
         why = hetero.quota_unavailable_reason()
         if why is not None:
             self.skipTest(f"CPU quotas unavailable here: {why}")
+
+    def check_quota_run(self, name, periods, *flags):
         rc, out, err, out_dir = self.launch(
-            "quota", "--workers=2", "--cpu_quota=0.5,0.25", "--epochs=1", "--train_limit=640",
-            "--test_limit=100", "--global_batch=32")
+            name, "--workers=2", "--cpu_quota=0.5,0.25", "--epochs=1", "--train_limit=640",
+            "--test_limit=100", "--global_batch=32", *flags)
         self.assertEqual(rc, 0, out + err)
-        self.assertIn("CPU quota 0.5,0.25 cores", out)
+        self.assertIn(f"CPU quota 0.5,0.25 cores over periods of {periods} ms", out)
         # Each worker found its quota in its cgroup and told the server (--cpu_limit=auto).
         with open(os.path.join(out_dir, "summary.json")) as f:
             limits = {w["name"]: w["cpu_limit_cores"] for w in json.load(f)["worker_info"]}
@@ -832,8 +836,26 @@ class CpuQuotaTest(ProcessTestCase):
             self.assertIn("running under a CPU limit of 0.25 cores", f.read())
         # The launcher names its cgroups dbs_<its pid>_w<i> and removes them when done.
         launcher_pid = self.procs[-1].pid
-        left = [d for d in os.listdir(hetero.CGROUP_CPU) if d.startswith(f"dbs_{launcher_pid}_")]
+        left = [d for d in os.listdir(self.hetero.CGROUP_CPU)
+                if d.startswith(f"dbs_{launcher_pid}_")]
         self.assertEqual(left, [])
+
+    def test_cpu_quotas_run_and_their_cgroups_are_removed(self):
+        # The shortest periods a 1 ms quota allows: 2 ms for half a core, 4 ms for a quarter.
+        self.check_quota_run("quota", "2,4")
+
+    def test_the_kernels_default_period_as_kubernetes_keeps_it(self):
+        self.check_quota_run("quota_k8s", "100", "--cpu_period_ms=100")
+
+    def test_a_period_too_short_for_the_quota_is_refused_and_leaves_no_cgroup(self):
+        rc, out, err, _ = self.launch("quota_bad", "--workers=2", "--cpu_quota=0.5,0.25",
+                                      "--cpu_period_ms=2", "--epochs=1")
+        self.assertEqual(rc, 2, out + err)
+        self.assertIn("cannot hold a quota of 0.25 cores", err)
+        launcher_pid = self.procs[-1].pid
+        left = [d for d in os.listdir(self.hetero.CGROUP_CPU)
+                if d.startswith(f"dbs_{launcher_pid}_")]
+        self.assertEqual(left, [], "the first worker's cgroup was made before the refusal")
 
 
 class PolicyTest(ProcessTestCase):
