@@ -21,6 +21,9 @@
 
 namespace dbs {
 
+// The largest CPU limit a worker may declare (a sanity bound on what a peer sends).
+inline constexpr double kMaxCpuLimitCores = 1e6;
+
 // The CPU limit, in cores, as the files under `root` ("/" on a real machine; a test's own tree
 // otherwise) say; 0 when there is none (or no cgroup file system is mounted). An error only when
 // a file that names a limit cannot be parsed.

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/cpu_limit.h"
 #include "common/plan.h"
 #include "server/batch_allocator.h"
 #include "server/share_policy.h"
@@ -65,7 +66,6 @@ struct EpochRecord {
 inline constexpr size_t kMaxNameLength = 256;
 inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
 inline constexpr size_t kMaxWorkers = 1024;
-inline constexpr double kMaxCpuLimitCores = 1e6;
 // Plan requests waiting at once, per worker. A worker waits with one call; calls whose clients
 // went away (a dropped connection) stay until the plan is answered, hence the margin.
 inline constexpr int kMaxWaitersPerWorker = 16;

@@ -74,6 +74,16 @@ class ProcessContractTest(ProcessTestCase):
         _, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 2)
         self.assertIn("at least one worker", err.decode())
+        # The worker checks its flags before it loads any data; the environment maps too.
+        for value in ("lots", "-1", "0"):
+            p = self.spawn([WORKER, "--dry_run"], env=env_with(DBS_CPU_LIMIT=value))
+            _, err = p.communicate(timeout=30)
+            self.assertEqual(p.returncode, 2, value)
+            self.assertIn("--cpu_limit must be 'auto', 'none' or a number of cores > 0", err.decode())
+        for value in ("auto", "none", "0.5"):
+            p = self.spawn([WORKER, "--dry_run", f"--cpu_limit={value}"], env=env_with())
+            out, err = p.communicate(timeout=30)
+            self.assertEqual(p.returncode, 0, value + err.decode())
 
     def test_help_exits_0(self):
         for binary, flag in ((PS, "--global_batch"), (WORKER, "--call_timeout_s"),

@@ -202,7 +202,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   const absl::Duration cpu_start = clock_->ProcessCpuTime();
   double loss_sum = 0.0;
   if (b > 0) {
-    const absl::Duration cpu0 = clock_->ProcessCpuTime();
+    const absl::Duration cpu0 = cpu_start;
     absl::StatusOr<double> loss = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
     if (!loss.ok()) {
       // This worker cannot go on; leaving lets the job re-split its samples at once.

@@ -140,7 +140,7 @@ absl::StatusOr<double> CpuLimitFromFlags() {
     return dbs::EffectiveCpuLimit(*limit, cpus);
   }
   double cores = 0.0;
-  if (!absl::SimpleAtod(flag, &cores) || !(cores > 0) || cores > 1e6) {
+  if (!absl::SimpleAtod(flag, &cores) || !(cores > 0) || cores > dbs::kMaxCpuLimitCores) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cpu_limit must be 'auto', 'none' or a number of cores > 0, not '", flag, "'"));
   }
