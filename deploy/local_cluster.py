@@ -152,6 +152,9 @@ def build_parser():
                     help="with --cpu_quota: the CFS period of every worker's cgroup (100 is the "
                          "kernel's default, which Kubernetes keeps); 0: the shortest the 1 ms "
                          "minimum quota allows, which slows a worker evenly")
+    ap.add_argument("--cpu_limit", default="auto",
+                    help="dbs_worker --cpu_limit: 'auto' (each worker reads its cgroup's quota and "
+                         "reports a step's cost with it), 'none' (elapsed times only) or cores")
     ap.add_argument("--disturb", default="",
                     help="slow worker k by f from epoch e1 to e2: k:e1:e2:f[,k:e1:e2:f...]")
     ap.add_argument("--random_disturb", type=float, default=0.0,
@@ -277,8 +280,8 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
         f"--log_every_s={args.log_every_s}",
         f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
         f"--slow_windows={window}", f"--init_params={args.init_params}",
-        f"--loss={args.loss}"] + ([f"--export_path={args.export_path}"]
-                                  if args.export_path and i == 0 else [])
+        f"--loss={args.loss}", f"--cpu_limit={args.cpu_limit}"] + (
+            [f"--export_path={args.export_path}"] if args.export_path and i == 0 else [])
 
 
 def describe_emulation(slowdowns, windows, quotas, cgroups):

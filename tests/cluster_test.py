@@ -847,6 +847,15 @@ class CpuQuotaTest(ProcessTestCase):
     def test_the_kernels_default_period_as_kubernetes_keeps_it(self):
         self.check_quota_run("quota_k8s", "100", "--cpu_period_ms=100")
 
+    def test_workers_told_to_ignore_their_quota_report_none(self):
+        rc, out, err, out_dir = self.launch(
+            "quota_ignored", "--workers=2", "--cpu_quota=0.5,0.25", "--cpu_limit=none",
+            "--epochs=1", "--train_limit=640", "--test_limit=100", "--global_batch=32")
+        self.assertEqual(rc, 0, out + err)
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            limits = [w["cpu_limit_cores"] for w in json.load(f)["worker_info"]]
+        self.assertEqual(limits, [0, 0])
+
     def test_a_period_too_short_for_the_quota_is_refused_and_leaves_no_cgroup(self):
         rc, out, err, _ = self.launch("quota_bad", "--workers=2", "--cpu_quota=0.5,0.25",
                                       "--cpu_period_ms=2", "--epochs=1")
