@@ -163,8 +163,9 @@ class ProcessTestCase(unittest.TestCase):
         `resumed`, and the job's 3 epochs trained every sample once."""
         results = [p.communicate(timeout=60) for p in procs]
         outs = [out.decode() for out, _ in results]
-        for p, (_, werr) in zip(procs, results):
-            self.assertEqual(p.returncode, 0, werr.decode()[-2000:])
+        for p, (wout, werr) in zip(procs, results):
+            # Its progress and resume lines are on stdout, its last error on stderr.
+            self.assertEqual(p.returncode, 0, wout.decode()[-2000:] + werr.decode()[-2000:])
         self.assertTrue(any(resumed in o for o in outs), outs[0][-2000:])
         with open(summary) as f:
             s = json.load(f)

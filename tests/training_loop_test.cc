@@ -312,6 +312,15 @@ TEST_F(TrainingLoopTest, ServerRestartBeforeTheReportRetrainsTheLostSteps) {
   EXPECT_NEAR(client.reports()[0].compute_seconds, kTrain * kSecondsPerSample, 1e-9);
 }
 
+TEST_F(TrainingLoopTest, AResumeThatFailsEndsTheLoopSayingWhy) {
+  FakePsClient client(job_, &clock_);
+  client.RestartAt(1, 4, 2);
+  client.FailResumeWith(absl::UnavailableError("the leader is still restoring"));
+  EXPECT_THAT(Run(&client), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step")));
+  EXPECT_THAT(Log(), HasSubstr("cannot resume after"));
+  EXPECT_THAT(Log(), HasSubstr("the leader is still restoring"));
+}
+
 TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
   FakePsClient client(job_, &clock_);
   // After step 1 of epoch 0 (8 samples done), the rest is re-planned into 2 steps of 7, and the

@@ -221,6 +221,7 @@ absl::Status FakePsClient::Leave(int worker_id) {
 }
 
 absl::StatusOr<ResumePoint> FakePsClient::Resume(int worker_id, absl::Span<float> params) {
+  if (!resume_failure_.ok()) return resume_failure_;
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
   if (params.size() != params_.size()) {
     return absl::InvalidArgumentError("the parameter buffer does not match the model");

@@ -55,6 +55,8 @@ class FakePsClient : public PsClient {
   void MoveParametersAfterRegistration(std::vector<float> values) {
     moved_after_registration_ = std::move(values);
   }
+  // Every Resume fails with `status` (a server that cannot say where the job stands).
+  void FailResumeWith(absl::Status status) { resume_failure_ = std::move(status); }
 
   const std::vector<Push>& pushes() const { return pushes_; }
   const std::vector<EpochTiming>& reports() const { return reports_; }
@@ -95,6 +97,7 @@ class FakePsClient : public PsClient {
   int restarts_ = 0;
   std::vector<float> params_;
   std::vector<float> moved_after_registration_;
+  absl::Status resume_failure_;
   int64_t version_ = 0;
   // The job's position and the current epoch's steps (revisions applied).
   int epoch_ = 0;

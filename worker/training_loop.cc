@@ -347,12 +347,21 @@ bool TrainingLoop::Rejoin(const absl::Status& why) {
 }
 
 bool TrainingLoop::Resync(const absl::Status& why) {
+  // On failure the caller reports the original error; the line says why no resume followed.
   absl::StatusOr<ResumePoint> r = client_->Resume(id_, absl::MakeSpan(params_));
-  if (!r.ok()) return false;
-  if (r->has_plan &&
-      (!ValidatePlan(r->plan, learner_->train_size(), learner_->test_size()).ok() ||
-       !ValidateRevision(r->schedule, learner_->train_size(), learner_->test_size()).ok())) {
-    return false;  // the caller reports the original error
+  if (!r.ok()) {
+    Say(absl::StrCat("cannot resume after '", why.message(), "': ", r.status().ToString()));
+    return false;
+  }
+  if (r->has_plan) {
+    absl::Status valid = ValidatePlan(r->plan, learner_->train_size(), learner_->test_size());
+    if (valid.ok()) {
+      valid = ValidateRevision(r->schedule, learner_->train_size(), learner_->test_size());
+    }
+    if (!valid.ok()) {
+      Say(absl::StrCat("cannot resume after '", why.message(), "': ", valid.ToString()));
+      return false;
+    }
   }
   client_->TakeReconnected();  // this resume accounts for the outage
   learner_->SetParameters(params_);
