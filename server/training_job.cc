@@ -249,6 +249,10 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
     for (const auto& [id, sc] : stats.workers) compute[id] = sc.second;
     observer_->OnStep(wall, compute);
   }
+  std::optional<PlanChange> change = Replan(stats);
+  // After the re-plan: the workers receive it with this step's answers, so a checkpoint of this
+  // step must hold it. One written before it would restore the old plan of the next step while
+  // the workers follow the new one, and refuse their pushes as not matching it.
   if (!config_.checkpoint_dir.empty()) {
     bool due = false;
     {
@@ -262,6 +266,10 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
       *checkpointed = saved.ok();
     }
   }
+  return change;
+}
+
+std::optional<PlanChange> TrainingJob::Replan(const StepStats& stats) {
   // What the controller balances: compute, plus each worker's own communication when counted.
   std::map<int, std::pair<int64_t, double>> step_times = stats.workers;
   if (config_.count_communication) {

@@ -102,9 +102,11 @@ class TrainingJob : public SchedulerListener {
   mutable absl::Mutex mu_;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
-  // After every step: record its times, checkpoint when due, re-plan the rest of the epoch when
-  // the window says so.
+  // After every step: record its times, re-plan the rest of the epoch when the window says so,
+  // then checkpoint when due (so that the checkpoint holds the re-plan).
   std::optional<PlanChange> OnStep(const StepStats& stats, bool* checkpointed);
+  // Records the step's times and re-plans the rest of the epoch when the window says so.
+  std::optional<PlanChange> Replan(const StepStats& stats);
   // The checks of Restore that do not depend on the job's role.
   absl::Status CheckRestorable(const JobState& state, bool allow_other_settings) const;
   LivenessMonitor liveness_;  // thread-safe itself

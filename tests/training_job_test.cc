@@ -1,10 +1,15 @@
 #include "server/training_job.h"
 
+#include <sys/stat.h>
+
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint.h"
 
 namespace dbs {
 namespace {
@@ -152,6 +157,41 @@ TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
                           [&](const absl::StatusOr<StepResult>& r) { b = r; });
   ASSERT_TRUE(b.has_value() && b->ok()) << b->status();
   EXPECT_EQ((*b)->global_samples, 4);
+  job->Abort(absl::CancelledError("done"));
+}
+
+// A checkpoint due at the step a re-plan is decided at holds the re-plan: the workers follow it
+// from the next step on, and a server restored from that checkpoint must expect what they push.
+// (CI saw the other order: a restored shard expected the old batch of the next step, and a
+// worker's push was refused as not matching it.)
+TEST(MidEpochReplanTest, ACheckpointOfTheReplanningStepHoldsTheNewPlan) {
+  FakeClock clock;
+  JobConfig config = ReplanConfig();
+  config.noise_margin = 0.0;
+  config.checkpoint_dir = ::testing::TempDir() + "/replan_checkpoint";
+  config.checkpoint_every_steps = 5;  // after step 4: the step the window re-plans at
+  mkdir(config.checkpoint_dir.c_str(), 0755);
+  auto job = TwoWorkerJob(config, &clock);
+  std::vector<float> g = {1.0f};
+  std::optional<PlanRevision> revision;
+  for (int step = 0; step < 5; ++step) {
+    std::optional<absl::StatusOr<StepResult>> r1;
+    const double slow = step >= 2 ? 3.0 : 1.0;  // as in the test above: re-planned after step 4
+    job->aggregator()->Push({0, 0, step, 2, 0.0, g, 2.0}, [](const absl::StatusOr<StepResult>&) {});
+    job->aggregator()->Push({1, 0, step, 2, 0.0, g, slow * 2},
+                            [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+    ASSERT_TRUE(r1.has_value() && r1->ok()) << "step " << step;
+    if ((*r1)->revisions != nullptr) revision = (*r1)->revisions->at(1);
+  }
+  ASSERT_TRUE(revision.has_value()) << "re-planned after step 4";
+  ASSERT_EQ(revision->from_step, 5);
+  std::vector<std::string> refused;
+  absl::StatusOr<JobState> saved = LoadNewestCheckpoint(config.checkpoint_dir, &refused);
+  ASSERT_THAT(saved, IsOk()) << saved.status();
+  EXPECT_EQ(saved->aggregator.step, 5);
+  const EpochRecord& rec = saved->scheduler.records.at(0);
+  EXPECT_EQ(rec.revision, revision->revision);
+  EXPECT_EQ(rec.layout.at(1)[5], revision->steps[0]) << "worker 1's next step, as it was told";
   job->Abort(absl::CancelledError("done"));
 }
 
