@@ -346,6 +346,29 @@ TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
                                "batch 7"));
 }
 
+// A server restarted from a checkpoint written just before a revision it had sent expects the
+// old plan at the very step the worker is at: the push is refused as not matching the plan, and
+// the worker, knowing the server came back, resumes from the server's plan instead of ending.
+TEST_F(TrainingLoopTest, AfterARestartAPushThatDoesNotMatchThePlanResumes) {
+  FakePsClient client(job_, &clock_);
+  PlanRevision rev;
+  rev.epoch = 0;
+  rev.from_step = 2;
+  rev.num_steps = 4;
+  rev.steps = {{{8, 15}}, {{15, 22}}};
+  rev.test_range = {2, 7};
+  client.ReviseAfter(0, 1, rev);
+  client.ForgetRevisionAt(0, 2);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.restarts(), 1);
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3, 4, 5)) << "the server's plan";
+  EXPECT_EQ(learner_.seen()[2].size(), 7u) << "the refused step, as revised";
+  EXPECT_EQ(learner_.seen()[3].size(), 4u) << "step 2 again, as the restored server has it";
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[0].samples, kTrain);
+  EXPECT_THAT(Log(), HasSubstr("resuming at epoch 1 step 3"));
+}
+
 TEST_F(TrainingLoopTest, RefusesAnInconsistentRevision) {
   FakePsClient client(job_, &clock_);
   PlanRevision rev;

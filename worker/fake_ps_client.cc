@@ -147,6 +147,13 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
   if (epoch == evict_at_.first && step == evict_at_.second) evicted_ = true;
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
   MaybeRestart(epoch, step);
+  if (std::make_pair(epoch, step) == forget_revision_at_ && epoch == epoch_) {
+    forget_revision_at_ = {-1, -1};
+    reconnected_ = true;
+    ++restarts_;
+    schedule_ = before_revision_;
+    test_range_ = test_before_revision_;
+  }
   const int num_steps = static_cast<int>(schedule_.size());
   if (epoch != epoch_ || step != step_ || step_ >= num_steps) {
     return absl::FailedPreconditionError(absl::StrCat("push for epoch ", epoch, " step ", step,
@@ -183,6 +190,8 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
     if (rev->second.from_step == step + 1 &&
         rev->second.num_steps ==
             rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
+      before_revision_ = schedule_;
+      test_before_revision_ = test_range_;
       schedule_.resize(rev->second.num_steps);
       std::copy(rev->second.steps.begin(), rev->second.steps.end(),
                 schedule_.begin() + rev->second.from_step);

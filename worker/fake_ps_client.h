@@ -55,6 +55,10 @@ class FakePsClient : public PsClient {
   void MoveParametersAfterRegistration(std::vector<float> values) {
     moved_after_registration_ = std::move(values);
   }
+  // The push of (epoch, step) finds a server restarted from a checkpoint of that same step that
+  // was written before the newest revision: it expects the epoch's plan without it (and refuses
+  // the push as not matching), until the worker resumes.
+  void ForgetRevisionAt(int epoch, int step) { forget_revision_at_ = {epoch, step}; }
   // Every Resume fails with `status` (a server that cannot say where the job stands).
   void FailResumeWith(absl::Status status) { resume_failure_ = std::move(status); }
 
@@ -97,6 +101,9 @@ class FakePsClient : public PsClient {
   int restarts_ = 0;
   std::vector<float> params_;
   std::vector<float> moved_after_registration_;
+  std::pair<int, int> forget_revision_at_ = {-1, -1};
+  StepRanges before_revision_;  // the schedule the newest revision replaced
+  SampleRange test_before_revision_;
   absl::Status resume_failure_;
   int64_t version_ = 0;
   // The job's position and the current epoch's steps (revisions applied).

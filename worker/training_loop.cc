@@ -224,8 +224,12 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
       id_, epoch_, step, b, loss_sum, cost,
       b > 0 ? absl::Span<const float>(grad_) : absl::Span<const float>(), absl::MakeSpan(params_));
   if (!pushed.ok()) {
-    // A restarted server may be behind this worker: ask where to continue.
-    if (absl::IsFailedPrecondition(pushed.status()) && Resync(pushed.status())) {
+    // A restarted server may be behind this worker, or hold an older plan of this step (its
+    // checkpoint predates a revision it sent): ask where to continue.
+    const bool restarted_elsewhere =
+        absl::IsInvalidArgument(pushed.status()) && client_->TakeReconnected();
+    if ((absl::IsFailedPrecondition(pushed.status()) || restarted_elsewhere) &&
+        Resync(pushed.status())) {
       return Next::kResynced;
     }
     // Removed from the job (declared dead while it was slow or cut off): join again.
