@@ -255,13 +255,12 @@ SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
   const double noise = rng() % 2 == 0 ? uniform(0.01, 0.05) : 0.0;
   const double core_speed = uniform(1000.0, 6000.0);  // samples per second of one full core
   const double top = uniform(0.3, 1.0);               // the largest limit, in cores
-  const bool kernel_default = kernel_default_periods;
   std::vector<SpeedModel> workers(n);
   for (SpeedModel& m : workers) {
     m.kind = SpeedModel::Kind::kCfs;
     m.speed = core_speed;
     m.quota = top / std::exp(uniform(0.0, std::log(10.0)));
-    m.period_seconds = kernel_default ? 0.1 : std::max(0.001, 0.001 / m.quota);
+    m.period_seconds = kernel_default_periods ? 0.1 : std::max(0.001, 0.001 / m.quota);
     m.phase_seconds = uniform(0.0, m.period_seconds);
     m.noise = noise;
     m.overhead_seconds = uniform(0.0, 0.3) * 32.0 / core_speed;  // CPU of a step's own work
@@ -274,8 +273,9 @@ SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
   }
   SetRandomClusterRun(seed, &c);
   if (description != nullptr) {
-    *description = absl::StrCat(n, " workers under CPU limits, B=", c.global_batch, ", periods ",
-                                kernel_default ? "100 ms" : "1 ms / limit", ", noise ", noise);
+    *description =
+        absl::StrCat(n, " workers under CPU limits, B=", c.global_batch, ", periods ",
+                     kernel_default_periods ? "100 ms" : "1 ms / limit", ", noise ", noise);
   }
   return c;
 }
