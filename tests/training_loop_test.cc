@@ -271,6 +271,20 @@ TEST_F(TrainingLoopTest, UnderACpuLimitAStepCostsItsWholeCpuTimeOverTheLimit) {
   EXPECT_THAT(Log(), HasSubstr("CPU limit of 0.25 cores"));
 }
 
+// What communication costs the worker's CPU, with or without a limit: each whole step's CPU
+// outside its computation (here the fake push's 5 ms), in the epoch log and its line.
+TEST_F(TrainingLoopTest, EachEpochRecordsTheCpuItsStepsSpentOutsideTheComputation) {
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  ASSERT_EQ(epochs_.size(), 2u);
+  for (const EpochLog& e : epochs_) {
+    // 6 steps an epoch; the first has no push before it in the epoch.
+    EXPECT_EQ(e.outside_cpu_steps, 5);
+    EXPECT_NEAR(e.outside_cpu_seconds, 5 * 0.005, 1e-9);
+  }
+  EXPECT_THAT(Log(), HasSubstr("CPU outside compute 5.000 ms/step"));
+}
+
 TEST_F(TrainingLoopTest, UnderACpuLimitAStepThatTookLongerCostsItsTime) {
   loop_config_.cpu_limit_cores = 0.25;
   learner_.waiting_for_a_core = absl::Milliseconds(40);  // throttled: wall time, no CPU

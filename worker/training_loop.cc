@@ -161,6 +161,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
   }
   epoch_start_ = clock_->Now();
   next_log_ = epoch_start_ + config_.log_every;
+  outside_cpu_sum_ = 0.0;
+  outside_cpu_steps_ = 0;
   for (int step = first_step_; step < num_steps_; ++step) {
     DBS_RETURN_IF_ERROR(StopIfAsked());
     DBS_ASSIGN_OR_RETURN(Next next, TrainStep(step, &timing));
@@ -251,7 +253,11 @@ double TrainingLoop::StepCost(int step, double compute, absl::Duration cpu_start
   const double compute_cpu = absl::ToDoubleSeconds(now - cpu_start);
   const bool whole = mark_epoch_ == epoch_ && mark_step_ == step - 1;
   const double cycle_cpu = whole ? absl::ToDoubleSeconds(now - cpu_mark_) : compute_cpu + comm_cpu_;
-  if (whole) comm_cpu_ = std::max(0.0, cycle_cpu - compute_cpu);
+  if (whole) {
+    comm_cpu_ = std::max(0.0, cycle_cpu - compute_cpu);
+    outside_cpu_sum_ += comm_cpu_;
+    ++outside_cpu_steps_;
+  }
   cpu_mark_ = now;
   mark_epoch_ = epoch_;
   mark_step_ = step;
@@ -314,12 +320,19 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
       : eval.classified
           ? absl::StrFormat("accuracy on its test slice %.2f%%", 100.0 * eval.correct / n)
           : absl::StrFormat("loss on its test slice %.6g", eval.loss_sum / n);
+  const std::string outside =
+      outside_cpu_steps_ == 0
+          ? ""
+          : absl::StrFormat(", CPU outside compute %.3f ms/step",
+                            1e3 * outside_cpu_sum_ / outside_cpu_steps_);
   Say(
       absl::StrFormat("epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
-                      "wait %.2f s, eval %.2f s, %s",
+                      "wait %.2f s, eval %.2f s%s, %s",
                       epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
-                      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, result));
-  epochs_.push_back({plan_.batch_size, plan_.share, timing});
+                      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, outside,
+                      result));
+  epochs_.push_back(
+      {plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_});
   if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
       (epoch_ + 1) % config_.export_every_epochs == 0) {
     // A periodic copy: a failure is reported and training goes on.
@@ -406,6 +419,8 @@ absl::Status TrainingLoop::Finish() {
                       {"compute_seconds", e.timing.compute_seconds},
                       {"wait_seconds", e.timing.wait_seconds},
                       {"eval_seconds", e.timing.eval_seconds},
+                      {"outside_compute_cpu_seconds", e.outside_cpu_seconds},
+                      {"outside_compute_cpu_steps", e.outside_cpu_steps},
                       {"test_samples", e.timing.test_samples},
                       {"test_correct", e.timing.test_correct}});
   }

@@ -58,6 +58,11 @@ struct EpochLog {
   int batch_size = 0;
   double share = 0.0;
   EpochTiming timing;
+  // The process's CPU seconds outside the computation over `outside_cpu_steps` whole steps
+  // (push, answer, loading the parameters, the loop's own work, gRPC's threads): what
+  // communication costs this worker's CPU.
+  double outside_cpu_seconds = 0.0;
+  int outside_cpu_steps = 0;
 };
 
 class TrainingLoop {
@@ -132,6 +137,8 @@ class TrainingLoop {
   absl::Duration cpu_mark_;
   int mark_epoch_ = -1, mark_step_ = -1;
   double comm_cpu_ = 0.0;  // the newest whole step's CPU seconds outside its computation
+  double outside_cpu_sum_ = 0.0;  // this epoch's comm_cpu_ of every whole step
+  int outside_cpu_steps_ = 0;
   absl::Time job_start_, epoch_start_, next_log_;
   std::vector<EpochLog> epochs_;
   std::atomic<bool> stop_{false};
