@@ -38,7 +38,7 @@ SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_
                 "dbs_settled_compute_spread", "dbs_wall_over_sgd", "proportional_over_sgd",
                 "proportional_over_ideal", "proportional_over_best", "proportional_settled_spread",
                 "proportional_settled_compute_spread", "noise_floor", "dbs_compute_over_ideal",
-                "dbs_sync_share")
+                "dbs_sync_share", "dbs_over_ideal_with_comm")
 
 
 def log(msg):
@@ -155,6 +155,7 @@ class Grid:
                 continue
             train_limit = self.args.grid_steps * cell["global_batch"]
             cell["train_samples"] = train_limit
+            cell["shares"] = emu["quotas"] or [1.0 / x for x in emu["slowdowns"]]
             cell["standalone_speeds"], cell["standalone_curves"] = self.standalone(
                 cell, emu, train_limit)
             cell["runs"] = {}
@@ -257,6 +258,38 @@ def noise_floor(s):
     return worst
 
 
+def outside_compute_cpu(out, cell, policy):
+    """Each worker's CPU seconds per step outside its computation (communication, mostly), from
+    the workers' own records of epochs 1+, in launch order; None for records without it."""
+    per_worker = []
+    for i in range(len(cell["standalone_speeds"])):
+        path = os.path.join(out, cell["name"], policy, f"worker-{i}.json")
+        try:
+            with open(path) as fh:
+                epochs = json.load(fh)["epochs"][1:]
+        except (OSError, KeyError, ValueError):
+            return None
+        steps = sum(e.get("outside_compute_cpu_steps", 0) for e in epochs)
+        if steps == 0:
+            return None
+        per_worker.append(sum(e["outside_compute_cpu_seconds"] for e in epochs) / steps)
+    return per_worker
+
+
+def ideal_with_communication_step(speeds, comm_seconds, global_batch):
+    """The shortest step T in which the workers, each computing at its standalone speed s_i
+    after t_i seconds of its step went to communication, train global_batch samples:
+    sum_i s_i * max(0, T - t_i) = B (bisection)."""
+    lo, hi = 0.0, max(comm_seconds) + global_batch / min(speeds)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(s * max(0.0, mid - t) for s, t in zip(speeds, comm_seconds)) >= global_batch:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def cell_figures(cell, out):
     f = {}
     runs = {}
@@ -292,6 +325,19 @@ def cell_figures(cell, out):
         f[f"{policy}_revisions"] = [e.get("revisions", 0) for e in s["epochs"]]
         f[f"{policy}_audit_ok"] = all(e["audit"]["every_sample_once"] for e in s["epochs"])
     f["noise_floor"] = noise_floor(runs["fixed"])
+    # The linear ideal with what communication costs each worker: its CPU outside the
+    # computation per step (as DBS's run measured it), over its share of a core in a quota cell
+    # (that CPU runs at the quota too), as it is in a slowdown cell (the slowdown multiplies the
+    # computation only). A diagnosis of the gap to the ideal, not a target.
+    comm = outside_compute_cpu(out, cell, "dbs")
+    if comm is not None and cell.get("shares"):
+        f["dbs_comm_cpu_ms_per_step"] = [1e3 * c for c in comm]
+        t = [c / q if cell["emulation"] == "quota" else c for c, q in zip(comm, cell["shares"])]
+        f["dbs_comm_seconds_per_step"] = t
+        f["ideal_with_comm_epoch_seconds"] = (d // cell["global_batch"]) * \
+            ideal_with_communication_step(cell["standalone_speeds"], t, cell["global_batch"])
+        f["dbs_over_ideal_with_comm"] = (f["dbs_epoch_seconds"] /
+                                         f["ideal_with_comm_epoch_seconds"])
     sgd = f["fixed_epoch_seconds"]
     for policy in ("dbs", "proportional"):
         f[f"{policy}_over_sgd"] = f[f"{policy}_epoch_seconds"] / sgd
@@ -361,7 +407,8 @@ def build(out):
                "dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
                "proportional_over_ideal", "dbs_settled_spread", "proportional_settled_spread",
                "dbs_settled_compute_spread", "proportional_settled_compute_spread",
-               "dbs_wall_epoch_seconds", "fixed_wall_epoch_seconds", "dbs_wall_over_sgd"]
+               "dbs_wall_epoch_seconds", "fixed_wall_epoch_seconds", "dbs_wall_over_sgd",
+               "ideal_with_comm_epoch_seconds", "dbs_over_ideal_with_comm"]
     with open(os.path.join(out, "grid.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)
@@ -389,12 +436,13 @@ def build(out):
              "| cell | ideal s | best split s | S-SGD s | paper s | DBS s | DBS/S-SGD | DBS/ideal "
              "| DBS/best split | paper/S-SGD | paper/ideal | DBS balance from epoch 2 | paper balance from epoch 2 "
              "| DBS compute spread from epoch 2 | DBS/S-SGD wall | noise floor "
-             "| DBS slowest compute/ideal | DBS epoch beyond the slowest compute |",
+             "| DBS slowest compute/ideal | DBS epoch beyond the slowest compute "
+             "| workers' CPU outside compute, ms/step | DBS/ideal with that CPU |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         if "skipped" in c:
-            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||||")
+            lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||||||")
             continue
         lines.append(
             f"| {c['name']} | {c['ideal_epoch_seconds']:.2f} | "
@@ -407,7 +455,10 @@ def build(out):
             f"{c['dbs_settled_spread']:.2f} | {c['proportional_settled_spread']:.2f} | "
             f"{c['dbs_settled_compute_spread']:.2f} | {c['dbs_wall_over_sgd']:.3f} | "
             f"{c['noise_floor']:.2f} | {c['dbs_compute_over_ideal']:.3f} | "
-            f"{100 * c['dbs_sync_share']:.0f}% |")
+            f"{100 * c['dbs_sync_share']:.0f}% | "
+            + (" ".join(f"{x:.2f}" for x in c["dbs_comm_cpu_ms_per_step"])
+               + f" | {c['dbs_over_ideal_with_comm']:.3f} |"
+               if "dbs_over_ideal_with_comm" in c else "n/a | n/a |"))
     if summary.get("cells_run"):
         lines += ["", "## Worst and median cell", "",
                   "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
@@ -435,7 +486,14 @@ def build(out):
                   "compute in the cluster against the ideal's standalone compute (contention "
                   "for the cores, and a split that is not perfectly balanced); the second is "
                   "the share of the epoch that is not that compute: communication, the "
-                  "server's step and the barrier's wait, which no split of the batch removes."]
+                  "server's step and the barrier's wait, which no split of the batch removes.",
+                  "",
+                  "DBS/ideal with that CPU: the linear ideal if each worker also spends, every "
+                  "step, the CPU its DBS run measured outside its computation (its own record: "
+                  "push, answer, loading the parameters), at its quota in a quota cell (1 ms "
+                  "of CPU at 1/11 core is 11 ms), as it is in a slowdown cell. It says how much "
+                  "of the gap to the ideal is the data plane's cost per step on the slowest "
+                  "workers rather than the split; it is a diagnosis, not the target."]
         lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
                   ""]
         for c in cells:

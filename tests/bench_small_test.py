@@ -95,6 +95,14 @@ class GridSmallTest(unittest.TestCase):
                         "proportional_batches", "best_split_epoch_seconds"):
                 self.assertIn(key, c)
             self.assertEqual(c["fixed_batches"], [[16, 16, 16, 16]] * 3)
+            # What communication costs each worker, from the workers' own records: some CPU
+            # every step, well under a step's compute; the ideal with it is longer.
+            self.assertEqual(len(c["dbs_comm_cpu_ms_per_step"]), 4)
+            for ms in c["dbs_comm_cpu_ms_per_step"]:
+                self.assertGreater(ms, 0.0)
+                self.assertLess(ms, 50.0)
+            self.assertGreater(c["ideal_with_comm_epoch_seconds"], c["ideal_epoch_seconds"])
+            self.assertLess(c["dbs_over_ideal_with_comm"], c["dbs_over_ideal"])
             # The slowest worker (launch index 0) gets less than its equal share from epoch 1.
             self.assertLess(c["dbs_batches"][1][0], 16)
             self.assertLess(c["proportional_batches"][1][0], 16)
@@ -140,6 +148,7 @@ class BestSplitTest(unittest.TestCase):
         sys.path.insert(0, os.path.join(RUNFILES, "bench"))
         sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
         import grid as grid_module
+        self.grid = grid_module
         self.best = grid_module.best_split_step
 
     def test_linear_workers_split_in_proportion(self):
@@ -157,6 +166,16 @@ class BestSplitTest(unittest.TestCase):
         knee = [[1, 0.1], [4, 0.4], [8, 4.0]]
         self.assertAlmostEqual(self.best([knee, [[4, 1.0], [8, 2.0]]], 10), 1.3)
 
+
+    def test_the_ideal_with_communication_pays_each_worker_its_step_cost(self):
+        step = self.grid.ideal_with_communication_step
+        # 1 and 3 samples/s, no communication: 8 samples in 2 s, as the linear ideal.
+        self.assertAlmostEqual(step([1, 3], [0, 0], 8), 2.0, places=6)
+        # 1 s of communication each: 1 * (T - 1) + 3 * (T - 1) = 8, T = 3.
+        self.assertAlmostEqual(step([1, 3], [1, 1], 8), 3.0, places=6)
+        # A worker whose communication alone is longer than the step contributes nothing:
+        # 4 * (T - 0) = 8 with T = 2 < 5.
+        self.assertAlmostEqual(step([1, 4], [5, 0], 8), 2.0, places=6)
 
 
 class DataplaneSmallTest(unittest.TestCase):
