@@ -320,19 +320,16 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
       : eval.classified
           ? absl::StrFormat("accuracy on its test slice %.2f%%", 100.0 * eval.correct / n)
           : absl::StrFormat("loss on its test slice %.6g", eval.loss_sum / n);
-  const std::string outside =
-      outside_cpu_steps_ == 0
-          ? ""
-          : absl::StrFormat(", CPU outside compute %.3f ms/step",
-                            1e3 * outside_cpu_sum_ / outside_cpu_steps_);
-  Say(
-      absl::StrFormat("epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
-                      "wait %.2f s, eval %.2f s%s, %s",
-                      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
-                      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, outside,
-                      result));
-  epochs_.push_back(
-      {plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_});
+  const std::string outside = outside_cpu_steps_ == 0
+                                  ? ""
+                                  : absl::StrFormat(", CPU outside compute %.3f ms/step",
+                                                    1e3 * outside_cpu_sum_ / outside_cpu_steps_);
+  Say(absl::StrFormat(
+      "epoch %d/%d done: %d samples, batch %d (share %.3f), compute %.2f s, "
+      "wait %.2f s, eval %.2f s%s, %s",
+      epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
+      timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, outside, result));
+  epochs_.push_back({plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_});
   if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
       (epoch_ + 1) % config_.export_every_epochs == 0) {
     // A periodic copy: a failure is reported and training goes on.

@@ -136,7 +136,7 @@ class TrainingLoop {
   // CPU time when the previous step's push began (for a step's whole CPU cost under a limit).
   absl::Duration cpu_mark_;
   int mark_epoch_ = -1, mark_step_ = -1;
-  double comm_cpu_ = 0.0;  // the newest whole step's CPU seconds outside its computation
+  double comm_cpu_ = 0.0;         // the newest whole step's CPU seconds outside its computation
   double outside_cpu_sum_ = 0.0;  // this epoch's comm_cpu_ of every whole step
   int outside_cpu_steps_ = 0;
   absl::Time job_start_, epoch_start_, next_log_;
