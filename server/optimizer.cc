@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/multiversion.h"
 
 namespace dbs {
 
@@ -12,24 +13,22 @@ void SgdOptimizer::Begin(size_t model_size) {
   if (first_) momentum_.assign(model_size, 0.0f);
 }
 
-void SgdOptimizer::StepRange(float* p, const float* g, size_t offset, size_t n) {
-  const float lr = static_cast<float>(config_.lr);
-  const float mu = static_cast<float>(config_.momentum);
-  const float wd = static_cast<float>(config_.weight_decay);
-  // One branch-free loop per case, over raw pointers, so that the compiler vectorizes it.
-  if (mu == 0.0f) {
+namespace {
+
+// The loops over every parameter, free functions so that each is compiled for AVX2 too
+// (multiversion.h); one branch-free loop per case, over raw pointers, so that the compiler
+// vectorizes it.
+DBS_WIDE_VECTORS void SgdKernel(float* p, const float* g, float* m, size_t n, float lr, float mu,
+                                float wd, bool first, bool nesterov) {
+  if (m == nullptr) {
     for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-    return;
-  }
-  float* const m = momentum_.data() + offset;
-  const bool nesterov = config_.nesterov;
-  if (first_ && nesterov) {
+  } else if (first && nesterov) {
     for (size_t i = 0; i < n; ++i) {
       const float d = g[i] + wd * p[i];
       m[i] = d;
       p[i] -= lr * (d + mu * d);
     }
-  } else if (first_) {
+  } else if (first) {
     for (size_t i = 0; i < n; ++i) {
       m[i] = g[i] + wd * p[i];
       p[i] -= lr * m[i];
@@ -46,6 +45,26 @@ void SgdOptimizer::StepRange(float* p, const float* g, size_t offset, size_t n) 
       p[i] -= lr * m[i];
     }
   }
+}
+
+DBS_WIDE_VECTORS void AdamKernel(float* p, const float* gr, float* m, float* v, size_t n,
+                                 float step, float sqrt_bc2, float eps, float wd, float fb1,
+                                 float fb2) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gr[i] + wd * p[i];
+    m[i] = fb1 * m[i] + (1.0f - fb1) * g;
+    v[i] = fb2 * v[i] + (1.0f - fb2) * g * g;
+    p[i] -= step * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace
+
+void SgdOptimizer::StepRange(float* p, const float* g, size_t offset, size_t n) {
+  const float mu = static_cast<float>(config_.momentum);
+  SgdKernel(p, g, mu == 0.0f ? nullptr : momentum_.data() + offset, n,
+            static_cast<float>(config_.lr), mu, static_cast<float>(config_.weight_decay), first_,
+            config_.nesterov);
 }
 
 void SgdOptimizer::End() {
@@ -72,18 +91,9 @@ void AdamOptimizer::Begin(size_t model_size) {
 }
 
 void AdamOptimizer::StepRange(float* p, const float* gr, size_t offset, size_t n) {
-  const float eps = static_cast<float>(config_.eps);
-  const float wd = static_cast<float>(config_.weight_decay);
-  const float fb1 = static_cast<float>(config_.beta1), fb2 = static_cast<float>(config_.beta2);
-  const float step = step_, sqrt_bc2 = sqrt_bc2_;
-  float* const m = m_.data() + offset;
-  float* const v = v_.data() + offset;
-  for (size_t i = 0; i < n; ++i) {
-    const float g = gr[i] + wd * p[i];
-    m[i] = fb1 * m[i] + (1.0f - fb1) * g;
-    v[i] = fb2 * v[i] + (1.0f - fb2) * g * g;
-    p[i] -= step * m[i] / (std::sqrt(v[i]) / sqrt_bc2 + eps);
-  }
+  AdamKernel(p, gr, m_.data() + offset, v_.data() + offset, n, step_, sqrt_bc2_,
+             static_cast<float>(config_.eps), static_cast<float>(config_.weight_decay),
+             static_cast<float>(config_.beta1), static_cast<float>(config_.beta2));
 }
 
 std::string AdamOptimizer::Describe() const {

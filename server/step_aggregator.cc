@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/multiversion.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -111,49 +112,63 @@ absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const Wire
   return SumChecked(worker_id, offset, *values, 0, nullptr, 0.0f, nullptr);
 }
 
+namespace {
+
+// The check and the sum over every pushed value, free functions over raw little-endian bytes
+// (unaligned loads), so that each is compiled for AVX2 too (multiversion.h).
+// Whether every one of the n values is finite and at most `limit` in magnitude; branch-free,
+// so that the compiler vectorizes it.
+DBS_WIDE_VECTORS bool AllWithin(const uint8_t* values, size_t n, float limit) {
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= !(std::fabs(LoadFp32(values, i)) <= limit);
+  return bad == 0;
+}
+
+// sum[i] += weight * values[i].
+DBS_WIDE_VECTORS void AddScaled(float* sum, const uint8_t* values, size_t n, float weight) {
+  for (size_t i = 0; i < n; ++i) sum[i] += weight * LoadFp32(values, i);
+}
+
+}  // namespace
+
 absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
                                         size_t skip, float* sum, float weight, size_t* summed) {
-  // Block by block: each block is checked branch-free (so that the compiler vectorizes it) while
-  // it is in the L1 cache, the culprit named only when there is one, and then added. A bad
-  // value stops the sum at the start of its block.
-  auto block = [&](size_t first, size_t count, auto at) {
-    int bad = 0;
-    for (size_t i = 0; i < count; ++i) bad |= !(std::fabs(at(i)) <= kMaxAbsGradient);
-    if (bad != 0) {
+  // Block by block: each block is checked while it is in the L1 cache, the culprit named only
+  // when there is one, and then added. A bad value stops the sum at the start of its block.
+  // `data` holds the block's values as little-endian fp32 bytes.
+  auto block = [&](size_t first, size_t count, const uint8_t* data) {
+    if (!AllWithin(data, count, kMaxAbsGradient)) {
       if (summed != nullptr) *summed = first;
       for (size_t i = 0;; ++i) {
-        if (!(std::fabs(at(i)) <= kMaxAbsGradient)) {  // NaN fails too
+        const float v = LoadFp32(data, i);
+        if (!(std::fabs(v) <= kMaxAbsGradient)) {  // NaN fails too
           return absl::InvalidArgumentError(absl::StrCat(
-              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ",
-              at(i), " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ", v,
+              " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
         }
       }
     }
-    if (sum != nullptr) {
-      float* s = sum + offset + first;
-      for (size_t i = 0; i < count; ++i) s[i] += weight * at(i);
-    }
+    if (sum != nullptr) AddScaled(sum + offset + first, data, count, weight);
     return absl::OkStatus();
   };
   // Values [from, from + count) of the piece; those before `skip` were summed already.
-  auto range = [&](size_t from, size_t count, auto at) -> absl::Status {
+  auto range = [&](size_t from, size_t count, const uint8_t* data) -> absl::Status {
     for (size_t b = 0; b < count; b += kDecodeBlock) {
       size_t lo = b, hi = std::min(count, b + kDecodeBlock);
       if (from + hi <= skip) continue;
       if (from + lo < skip) lo = skip - from;
-      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, [&at, lo](size_t i) { return at(lo + i); }));
+      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, data + 4 * lo));
     }
     return absl::OkStatus();
   };
   absl::Status status;
   if (values.dtype == WireDtype::kFp32) {  // read where they lie
     status = ForEachFp32Run(values, [&](size_t first, const uint8_t* run, size_t count) {
-      return range(first, count, [run](size_t i) { return LoadFp32(run, i); });
+      return range(first, count, run);
     });
-  } else {
+  } else {  // decoded block by block into floats, which LoadFp32 reads as they lie
     status = ForEachBlock(values, [&](size_t first, absl::Span<const float> v) {
-      const float* const d = v.data();  // not Span's operator[], whose bound check is a branch
-      return range(first, v.size(), [d](size_t i) { return d[i]; });
+      return range(first, v.size(), reinterpret_cast<const uint8_t*>(v.data()));
     });
   }
   if (status.ok() && summed != nullptr) *summed = values.bytes / BytesPerValue(values.dtype);
