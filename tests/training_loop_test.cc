@@ -335,17 +335,23 @@ TEST_F(TrainingLoopTest, AResumeThatFailsEndsTheLoopSayingWhy) {
   EXPECT_THAT(Log(), HasSubstr("the leader is still restoring"));
 }
 
-TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
-  FakePsClient client(job_, &clock_);
-  // After step 1 of epoch 0 (8 samples done), the rest is re-planned into 2 steps of 7, and the
-  // test slice changes.
+// Epoch 0 re-planned after its step 1 (8 samples done): the rest in 2 steps of 7, and the test
+// slice [2, 7).
+PlanRevision RestInTwoStepsOfSeven() {
   PlanRevision rev;
   rev.epoch = 0;
   rev.from_step = 2;
   rev.num_steps = 4;
   rev.steps = {{{8, 15}}, {{15, 22}}};
   rev.test_range = {2, 7};
-  client.ReviseAfter(0, 1, rev);
+  return rev;
+}
+
+TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
+  FakePsClient client(job_, &clock_);
+  // After step 1 of epoch 0 (8 samples done), the rest is re-planned into 2 steps of 7, and the
+  // test slice changes.
+  client.ReviseAfter(0, 1, RestInTwoStepsOfSeven());
   ASSERT_THAT(Run(&client), IsOk());
   EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3));
   EXPECT_EQ(learner_.seen()[2].size(), 7u);
@@ -365,13 +371,7 @@ TEST_F(TrainingLoopTest, FollowsAPlanRevision) {
 // the worker, knowing the server came back, resumes from the server's plan instead of ending.
 TEST_F(TrainingLoopTest, AfterARestartAPushThatDoesNotMatchThePlanResumes) {
   FakePsClient client(job_, &clock_);
-  PlanRevision rev;
-  rev.epoch = 0;
-  rev.from_step = 2;
-  rev.num_steps = 4;
-  rev.steps = {{{8, 15}}, {{15, 22}}};
-  rev.test_range = {2, 7};
-  client.ReviseAfter(0, 1, rev);
+  client.ReviseAfter(0, 1, RestInTwoStepsOfSeven());
   client.ForgetRevisionAt(0, 2);
   ASSERT_THAT(Run(&client), IsOk());
   EXPECT_EQ(client.restarts(), 1);
