@@ -116,6 +116,13 @@ class GridSmallTest(unittest.TestCase):
             for curve in c["standalone_curves"]:
                 self.assertEqual(curve[0][0], 16)
                 self.assertGreaterEqual(len(curve), 5)
+        # The slowdown cells' workers run as slower cores of their own: a wait for a core
+        # counts inside the slowdown (dbs_worker --slowdown_of=cpu), under every policy.
+        for policy in ("dbs", "proportional", "fixed"):
+            log = open(os.path.join(grid_dir, "B64_1-1-1-8_slowdown", policy,
+                                    "worker-0.log")).read()
+            self.assertIn("a step's computation takes 11 x its CPU time (a wait for a core "
+                          "counts inside it)", log)
         md = open(os.path.join(grid_dir, "grid.md")).read()
         self.assertIn("## Worst and median cell", md)
         self.assertIn("B64_1-1-1-8_slowdown", md)

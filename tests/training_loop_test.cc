@@ -226,7 +226,9 @@ TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
   EXPECT_NEAR(client.pushes()[0].compute_seconds, 3 * 4 * kSecondsPerSample, 1e-9);
 }
 
-TEST_F(TrainingLoopTest, SlowdownScalesTheWorkNotTheTimeSpentWaitingForACore) {
+// As on a core of its own 3x slower: the 6 ms it waited for a core that a neighbour held fall
+// inside the 12 ms that 4 ms of work take at a third of the speed.
+TEST_F(TrainingLoopTest, SlowdownHidesTheTimeSpentWaitingForACoreInsideTheSlowerCore) {
   absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
   ASSERT_THAT(slow, IsOk());
   loop_config_.slowdown = *slow;
@@ -234,9 +236,43 @@ TEST_F(TrainingLoopTest, SlowdownScalesTheWorkNotTheTimeSpentWaitingForACore) {
   learner_.waiting_for_a_core = absl::Milliseconds(6);
   FakePsClient client(job_, &clock_);
   ASSERT_THAT(Run(&client), IsOk());
-  // 3x the work plus the contention once: 4 * 3 + 6 = 18 ms per step. Scaling the wall time
-  // instead would give (4 + 6) * 3 = 30 ms.
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.012, 1e-9);  // 4 * 3 ms
+  EXPECT_THAT(Log(), HasSubstr("emulating a slower worker: a step's computation takes 3 x its "
+                               "CPU time (a wait for a core counts inside it)"));
+}
+
+// A wait longer than the slower core's extra time shows: 4 ms of work and 10 ms of waiting take
+// 14 ms, not 12.
+TEST_F(TrainingLoopTest, SlowdownShowsAWaitLongerThanTheSlowerCoresShare) {
+  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
+  ASSERT_THAT(slow, IsOk());
+  loop_config_.slowdown = *slow;
+  learner_.waiting_for_a_core = absl::Milliseconds(10);
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.014, 1e-9);
+}
+
+// The emulation before session 16: 3x the work plus the contention once, 4 * 3 + 6 = 18 ms per
+// step. Scaling the wall time instead would give (4 + 6) * 3 = 30 ms.
+TEST_F(TrainingLoopTest, SlowdownOfCpuPlusWaitAddsTheTimeSpentWaitingForACore) {
+  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
+  ASSERT_THAT(slow, IsOk());
+  loop_config_.slowdown = *slow;
+  loop_config_.slowdown_of = SlowdownOf::kCpuPlusWait;
+  learner_.waiting_for_a_core = absl::Milliseconds(6);
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
   EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.018, 1e-9);
+  EXPECT_THAT(Log(), HasSubstr("takes 3 x its CPU time, plus any wait for a core"));
+}
+
+TEST(SlowdownOfTest, ParsesTheFlagsNamesAndRefusesOthers) {
+  EXPECT_EQ(ParseSlowdownOf("cpu").value(), SlowdownOf::kCpu);
+  EXPECT_EQ(ParseSlowdownOf("cpu_plus_wait").value(), SlowdownOf::kCpuPlusWait);
+  EXPECT_EQ(ParseSlowdownOf("wall").value(), SlowdownOf::kWall);
+  EXPECT_THAT(ParseSlowdownOf("elapsed"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   HasSubstr("'cpu', 'cpu_plus_wait' or 'wall'")));
 }
 
 // A worker held to a CPU quota: its time off the CPU is its own throttling, so the slowdown
@@ -245,7 +281,7 @@ TEST_F(TrainingLoopTest, SlowdownOfWallScalesTheWholeComputation) {
   absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
   ASSERT_THAT(slow, IsOk());
   loop_config_.slowdown = *slow;
-  loop_config_.slowdown_of_wall = true;
+  loop_config_.slowdown_of = SlowdownOf::kWall;
   learner_.waiting_for_a_core = absl::Milliseconds(6);
   FakePsClient client(job_, &clock_);
   ASSERT_THAT(Run(&client), IsOk());

@@ -18,20 +18,41 @@ std::string MinSec(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
-// Sleeps so that a computation that used `cpu` of CPU time appears `factor` times slower, like
-// the same work on a processor `factor` times slower. The sleep scales the work, not the wall
-// time: on a machine shared by several emulated workers, the time a computation waited for a core
-// is contention among them, which separate slow machines would not have, and multiplying it
-// would slow a worker by more than `factor` and make its speed depend on its neighbours' steps.
-void EmulateSlowdown(const Clock* clock, absl::Duration cpu, double factor) {
-  if (factor > 1.0) clock->SleepFor(cpu * (factor - 1.0));
-}
-
 bool InRange(const SampleRange& r, int64_t size) {
   return r.begin >= 0 && r.end <= size && r.begin <= r.end;
 }
 
 }  // namespace
+
+absl::StatusOr<SlowdownOf> ParseSlowdownOf(absl::string_view name) {
+  if (name == "cpu") return SlowdownOf::kCpu;
+  if (name == "cpu_plus_wait") return SlowdownOf::kCpuPlusWait;
+  if (name == "wall") return SlowdownOf::kWall;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--slowdown_of must be 'cpu', 'cpu_plus_wait' or 'wall', not '", name, "'"));
+}
+
+// On a machine shared by several emulated workers, the time a computation waited for a core is
+// contention among them, which separate slow machines would not have. kCpu hides it inside the
+// slowdown: a core f times slower would have taken f x the CPU time whether or not a neighbour
+// held this one meanwhile. kCpuPlusWait adds it on top, so a worker's speed depends on how its
+// neighbours' steps overlap its own.
+void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, double factor,
+                     SlowdownOf of) {
+  if (factor <= 1.0) return;
+  const absl::Duration elapsed = clock->Now() - began;
+  switch (of) {
+    case SlowdownOf::kCpu:
+      if (cpu * factor > elapsed) clock->SleepFor(cpu * factor - elapsed);
+      return;
+    case SlowdownOf::kCpuPlusWait:
+      clock->SleepFor(cpu * (factor - 1.0));
+      return;
+    case SlowdownOf::kWall:
+      clock->SleepFor(elapsed * (factor - 1.0));
+      return;
+  }
+}
 
 TrainingLoop::TrainingLoop(LoopConfig config, Learner* learner, PsClient* client,
                            const Clock* clock)
@@ -96,6 +117,13 @@ absl::Status TrainingLoop::Join() {
       "(%d parameters), policy %s, %d epochs, global batch %d",
       id_, learner_->device(), learner_->train_size(), learner_->test_size(), config_.model,
       model_size, joined.policy, joined.epochs, joined.global_batch));
+  if (config_.slowdown.base() > 1.0) {
+    static constexpr const char* kWhat[] = {"its CPU time (a wait for a core counts inside it)",
+                                            "its CPU time, plus any wait for a core",
+                                            "its elapsed time"};
+    Say(absl::StrFormat("emulating a slower worker: a step's computation takes %.3g x %s",
+                        config_.slowdown.base(), kWhat[static_cast<int>(config_.slowdown_of)]));
+  }
   if (config_.cpu_limit_cores > 0) {
     Say(
         absl::StrFormat("running under a CPU limit of %.3g cores: a step costs at least its CPU "
@@ -214,9 +242,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
       return loss.status();
     }
     loss_sum = *loss;
-    const absl::Duration spent =
-        config_.slowdown_of_wall ? clock_->Now() - t0 : clock_->ProcessCpuTime() - cpu0;
-    EmulateSlowdown(clock_, spent, config_.slowdown.FactorAt(epoch_, global_step_));
+    EmulateSlowdown(clock_, t0, clock_->ProcessCpuTime() - cpu0,
+                    config_.slowdown.FactorAt(epoch_, global_step_), config_.slowdown_of);
   }
   ++global_step_;
   const double compute = Since(t0);
@@ -426,7 +453,7 @@ absl::Status TrainingLoop::Finish() {
 }
 
 absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
-                                    int64_t samples, int batch) {
+                                    int64_t samples, int batch, SlowdownOf of) {
   if (samples < 1 || batch < 1) return absl::InvalidArgumentError("samples and batch must be >= 1");
   const int64_t n = learner->train_size();
   if (n < 1) return absl::FailedPreconditionError("the training set is empty");
@@ -445,7 +472,7 @@ absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double
     const absl::Time t0 = clock->Now();
     const absl::Duration cpu0 = clock->ProcessCpuTime();
     DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());
-    EmulateSlowdown(clock, clock->ProcessCpuTime() - cpu0, slowdown);
+    EmulateSlowdown(clock, t0, clock->ProcessCpuTime() - cpu0, slowdown, of);
     seconds += absl::ToDoubleSeconds(clock->Now() - t0);
     done += static_cast<int64_t>(index.size());
   }

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/plan.h"
@@ -33,15 +34,34 @@
 
 namespace dbs {
 
+// What an emulated slowdown f multiplies (`dbs_worker --slowdown_of`).
+enum class SlowdownOf {
+  // The computation ends f x its CPU time after it began, like the same work on a core of its
+  // own f times slower: time spent waiting for a core that emulated neighbours on the same
+  // machine hold is part of that, unless it is longer than the slowdown's share.
+  kCpu,
+  // f x its CPU time, plus all the time it waited for a core (the emulation before session 16,
+  // kept for comparison: on a shared machine a worker's speed then depends on its neighbours').
+  kCpuPlusWait,
+  // f x its elapsed time: a worker held to a CPU quota, whose time off the CPU is its own
+  // throttling (slowing only its CPU time would let the quota refill while it sleeps).
+  kWall,
+};
+
+// Parses `cpu`, `cpu_plus_wait` or `wall`.
+absl::StatusOr<SlowdownOf> ParseSlowdownOf(absl::string_view name);
+
+// After a computation that began at `began` and used `cpu` of CPU time, sleeps so that it
+// appears `factor` times slower in the sense of `of`.
+void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, double factor,
+                     SlowdownOf of);
+
 struct LoopConfig {
   std::string name;           // worker name (unique in the job)
   std::string model;          // the model's name, for the log
   int max_batch = 0;          // the largest batch this worker can hold (0: no limit)
   SlowdownSchedule slowdown;  // emulated slowness: compute takes this many times longer
-  // The slowdown multiplies the computation's elapsed time, not its CPU time: for a worker held
-  // to a CPU quota, whose time off the CPU is its own throttling (with CPU time, the sleep would
-  // let its quota refill and slow it hardly at all).
-  bool slowdown_of_wall = false;
+  SlowdownOf slowdown_of = SlowdownOf::kCpu;
   absl::Duration log_every = absl::Seconds(5);
   std::string record_path;  // optional JSON record of this worker's epochs
   std::FILE* out = stdout;  // progress lines
@@ -145,9 +165,10 @@ class TrainingLoop {
 };
 
 // Standalone compute speed, without a server: forward/backward over `samples` training samples
-// in batches of `batch` (after one warm-up batch), slowed `slowdown` times. Samples per second.
+// in batches of `batch` (after one warm-up batch), slowed `slowdown` times (in the sense of
+// `of`). Samples per second.
 absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
-                                    int64_t samples, int batch);
+                                    int64_t samples, int batch, SlowdownOf of = SlowdownOf::kCpu);
 
 }  // namespace dbs
 

@@ -59,9 +59,12 @@ ABSL_FLAG(std::string, slow_windows, "",
           "Extra slowdown while training, like a background job: 'e<begin>:<end>:<factor>' "
           "(epochs) or 's<begin>:<end>:<factor>' (global steps), ';'-separated, e.g. e2:4:3.");
 ABSL_FLAG(std::string, slowdown_of, "cpu",
-          "What the slowdown multiplies: 'cpu', the step's CPU time (several emulated workers "
-          "sharing cores), or 'wall', its elapsed time (a worker held to a CPU quota, whose "
-          "waiting is its own throttling).");
+          "What the slowdown multiplies: 'cpu', the step's CPU time (the computation ends that "
+          "many times its CPU time after it began, as on a slower core of its own; time spent "
+          "waiting for a core that other emulated workers hold counts inside it), "
+          "'cpu_plus_wait' (the CPU time multiplied, plus all the waiting: the emulation before "
+          "session 16, for comparison), or 'wall', its elapsed time (a worker held to a CPU "
+          "quota, whose waiting is its own throttling).");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
 ABSL_FLAG(std::string, cpu_limit, "auto",
           "The CPU limit this worker runs under, in cores: 'auto' reads its cgroup's CFS quota "
@@ -117,11 +120,9 @@ absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
       absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
   if (!slowdown.ok()) return slowdown.status();
   loop->slowdown = *slowdown;
-  const std::string of = absl::GetFlag(FLAGS_slowdown_of);
-  if (of != "cpu" && of != "wall") {
-    return absl::InvalidArgumentError("--slowdown_of must be 'cpu' or 'wall'");
-  }
-  loop->slowdown_of_wall = of == "wall";
+  absl::StatusOr<dbs::SlowdownOf> of = dbs::ParseSlowdownOf(absl::GetFlag(FLAGS_slowdown_of));
+  if (!of.ok()) return of.status();
+  loop->slowdown_of = *of;
   return absl::OkStatus();
 }
 
@@ -309,7 +310,7 @@ int main(int argc, char** argv) {
     for (int batch : config->measure_batches) {
       absl::StatusOr<double> speed =
           dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
-                            config->measure_speed_samples, batch);
+                            config->measure_speed_samples, batch, config->loop.slowdown_of);
       if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
       if (curve.empty()) first = *speed;
       absl::StrAppend(&curve, curve.empty() ? "" : ", ", "{\"batch\": ", batch,
