@@ -141,14 +141,17 @@ class Trainer:
         self.ddp.train()
         for b in range(0, len(order), self.batch):
             idx = order[b:b + self.batch]
-            t0 = time.time()
+            t0, cpu0 = time.time(), time.thread_time()  # one intra-op thread (main)
             out = self.ddp(self.train_x[idx])
             loss = F.cross_entropy(out, self.train_y[idx])
             f = factor_at(self.args.slowdown, self.windows, epoch, self.step)
             if f > 1.0:
-                # Emulated slowness: forward time x 3 approximates forward + backward compute,
-                # which cannot be timed apart from DDP's all-reduce inside backward.
-                time.sleep((f - 1.0) * 3.0 * (time.time() - t0))
+                # Emulated slowness, as dbs_worker --slowdown_of=cpu does it: the computation
+                # takes f x its CPU time, a wait for a core counting inside that. The forward
+                # x 3 stands for forward + backward, which cannot be timed apart from DDP's
+                # all-reduce inside backward.
+                wall, cpu = time.time() - t0, time.thread_time() - cpu0
+                time.sleep(max(0.0, 3.0 * (f * cpu - wall)))
             self.opt.zero_grad()
             loss.backward()  # includes the gloo all-reduce (and waiting for the slowest rank)
             self.opt.step()
