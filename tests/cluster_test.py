@@ -44,6 +44,15 @@ def alive(pid):
         return False
 
 
+# A worker's progress line (`epoch 1/5 step 3/469 | loss ...`): it is training.
+PROGRESS_LINE = re.compile(rb"epoch \d+/\d+ step \d+/\d+ ")
+
+
+def is_progress(line):
+    """True for a worker's progress line (bytes or str)."""
+    return PROGRESS_LINE.search(line if isinstance(line, bytes) else line.encode()) is not None
+
+
 class ProcessTestCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="dbs_test_", dir=os.environ.get("TEST_TMPDIR"))
@@ -331,7 +340,7 @@ class WorkerDeathTest(ProcessTestCase):
     @staticmethod
     def wait_for_training(proc):
         line = proc.stdout.readline().decode()
-        while "step" not in line and line:
+        while not is_progress(line) and line:
             line = proc.stdout.readline().decode()
         return line
 
@@ -348,7 +357,7 @@ class WorkerDeathTest(ProcessTestCase):
         ps, procs, summary = self.start_job("kill", 4, ["--epochs=2", "--worker_timeout_s=5"])
         victim = procs[1]
         line = self.wait_for_training(victim)
-        if "step" not in line:
+        if not is_progress(line):
             victim.kill()
             out, err = victim.communicate(timeout=30)
             self.fail("the victim stopped before its first step:\n" + (out + err).decode()[-3000:])
@@ -378,7 +387,7 @@ class WorkerDeathTest(ProcessTestCase):
     def test_without_a_worker_timeout_a_stall_is_reported_instead_of_hanging(self):
         ps, procs, summary = self.start_job(
             "stall", 2, ["--epochs=20", "--worker_timeout_s=0", "--stall_timeout_s=3"])
-        self.assertIn("step", self.wait_for_training(procs[1]))
+        self.assertTrue(is_progress(self.wait_for_training(procs[1])))
         procs[1].kill()
         _, ps_err = ps.communicate(timeout=60)
         self.assertEqual(ps.returncode, 202, "a stall: restart with --restore")
@@ -509,7 +518,7 @@ class ShardedJobTest(ProcessTestCase):
             for i in range(4)]
         victim = procs[1]
         line = WorkerDeathTest.wait_for_training(victim)
-        self.assertIn("step", line)
+        self.assertTrue(is_progress(line), line)
         victim.kill()
         try:
             outs = [p.communicate(timeout=120) for p in servers]

@@ -13,7 +13,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_test import (DATA_DIR, PS, RUNFILES, WORKER, ProcessTestCase,  # noqa: E402
-                          free_port)
+                          free_port, is_progress)
 
 PROBE = os.path.join(RUNFILES, "server", "dbs_health_probe")
 SMALL = ["--train_limit=1200", "--test_limit=200", "--log_every_s=1", "--connect_timeout_s=3"]
@@ -125,7 +125,7 @@ class ProcessContractTest(ProcessTestCase):
         workers = [self.spawn(self.worker_argv(port, *SMALL, f"--name=w{i}", "--slowdown=3"))
                    for i in range(3)]
         # Wait until w2 trains, then stop it as an orchestrator would.
-        while b"step" not in workers[2].stdout.readline():
+        while not is_progress(workers[2].stdout.readline()):
             self.assertIsNone(workers[2].poll(), "w2 ended before training")
         workers[2].send_signal(signal.SIGTERM)
         out, _ = workers[2].communicate(timeout=60)
@@ -147,7 +147,7 @@ class ProcessContractTest(ProcessTestCase):
                                   f"--checkpoint_dir={ckpt}", "--checkpoint_every_steps=100000"])
         workers = [self.spawn(self.worker_argv(port, *SMALL, f"--name=w{i}", "--slowdown=3"))
                    for i in range(2)]
-        while b"step" not in workers[0].stdout.readline():
+        while not is_progress(workers[0].stdout.readline()):
             self.assertIsNone(workers[0].poll(), "w0 ended before training")
         self.assertEqual(glob.glob(os.path.join(ckpt, "*")), [], "no periodic checkpoint yet")
         ps.send_signal(signal.SIGTERM)
