@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 
 namespace dbs {
@@ -94,13 +95,32 @@ grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request) {
   return grpc::Status::OK;
 }
 
-bool EncodeShared(const google::protobuf::MessageLite& head, const grpc::Slice& values,
+bool EncodeShared(const google::protobuf::MessageLite& head, const ValuesField& values,
                   grpc::ByteBuffer* out) {
   std::string bytes;
   if (!head.SerializeToString(&bytes)) return false;
-  grpc::Slice slices[2] = {grpc::Slice(bytes), values};
-  *out = grpc::ByteBuffer(slices, values.size() > 0 ? 2 : 1);
+  grpc::Slice slices[3] = {grpc::Slice(bytes), values.head, values.body};
+  size_t n = 1;
+  if (values.head.size() > 0) ++n;
+  if (values.body.size() > 0) slices[n++] = values.body;
+  *out = grpc::ByteBuffer(slices, n);
   return true;
+}
+
+bool Fp32IsWireOrder() {
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  return true;
+#else
+  return false;
+#endif
+}
+
+grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values) {
+  auto* held = new std::shared_ptr<const std::vector<float>>(std::move(values));
+  const std::vector<float>& v = **held;
+  return grpc::Slice(
+      const_cast<float*>(v.data()), v.size() * sizeof(float),
+      [](void* p) { delete static_cast<std::shared_ptr<const std::vector<float>>*>(p); }, held);
 }
 
 }  // namespace dbs

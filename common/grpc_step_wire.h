@@ -56,19 +56,36 @@ struct PushRequest {
 };
 grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request);
 
+// The parameters of one version as the field that carries them (field 7 of both
+// PushGradientReply and Parameters, WriteValuesField): its head (tag, length, version, dtype
+// and the values' own tag and length) and the values' bytes, each a slice shared by every
+// answer of that version. In fp32 on a little-endian machine the bytes are the server's
+// snapshot of the parameters itself (SliceOfValues), not a copy. Both empty: no values.
+struct ValuesField {
+  grpc::Slice head;
+  grpc::Slice body;
+  size_t size() const { return head.size() + body.size(); }
+};
+
+// True where fp32 values travel as they lie in memory (a little-endian machine).
+bool Fp32IsWireOrder();
+
+// A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
+// sub-slice): no copy.
+grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values);
+
 // An answer made of its own fields (`head`) and the parameters serialized once per version
-// (WriteValuesField, field 7 of both PushGradientReply and Parameters) and shared by every such
-// answer; an empty slice when the answer has none.
+// and shared by every such answer; an empty field when the answer has none.
 template <typename Head>
 struct SharedAnswer {
   Head head;
-  grpc::Slice values;
+  ValuesField values;
 };
 using PushAnswer = SharedAnswer<v1::PushGradientReply>;
 using ParametersAnswer = SharedAnswer<v1::Parameters>;
 
 // The head's bytes followed by the shared ones.
-bool EncodeShared(const google::protobuf::MessageLite& head, const grpc::Slice& values,
+bool EncodeShared(const google::protobuf::MessageLite& head, const ValuesField& values,
                   grpc::ByteBuffer* out);
 template <typename Head>
 bool RawEncode(const SharedAnswer<Head>& answer, grpc::ByteBuffer* out) {

@@ -112,48 +112,83 @@ void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
 
 void ParameterServiceImpl::ReleaseValuesLocked() {
   // Once gRPC has sent the last answer of the version let go here (every worker that pushes the
-  // next step has received it), its buffer goes back to the pool, and the next version reuses it.
-  values_ = grpc::Slice();
+  // next step has received it), its buffer goes back to the pool (or, where the answers were
+  // the snapshot itself, to the store's), and the next version reuses it.
+  values_ = ValuesField{};
   values_of_ = ParameterSnapshot{};
 }
 
-grpc::Slice ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
+bool ParameterServiceImpl::ValuesAreTheSnapshot() const {
+  return wire_dtype_ == WireDtype::kFp32 && Fp32IsWireOrder();
+}
+
+ValuesField ParameterServiceImpl::HeadOnly(int64_t version, size_t count) const {
+  uint8_t head[64];
+  const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
+  return ValuesField{grpc::Slice(head, n), grpc::Slice()};
+}
+
+ValuesField ParameterServiceImpl::FieldOf(const ParameterSnapshot& snap) {
+  const size_t count = snap.values->size();
+  if (ValuesAreTheSnapshot()) {
+    ValuesField field = HeadOnly(snap.version, count);
+    field.body = SliceOfValues(snap.values);
+    return field;
+  }
+  uint8_t* data = nullptr;
+  const size_t size = ValuesFieldSize(snap.version, count, wire_dtype_);
+  grpc::Slice all = pool_->Acquire(size, &data);
+  WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
+  const size_t start = size - count * BytesPerValue(wire_dtype_);
+  return ValuesField{all.sub(0, start), all.sub(start, size)};
+}
+
+ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
-    const size_t count = snap.values->size();
     ReleaseValuesLocked();
-    uint8_t* data = nullptr;
-    values_ = pool_->Acquire(ValuesFieldSize(snap.version, count, wire_dtype_), &data);
-    WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
+    values_ = FieldOf(snap);
     values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
   }
   return values_;
 }
 
-void ParameterServiceImpl::BeginUpdate(int64_t version, size_t count) {
+void ParameterServiceImpl::BeginUpdate(int64_t version,
+                                       std::shared_ptr<const std::vector<float>> after) {
   {
     absl::MutexLock lock(&values_mu_);
     ReleaseValuesLocked();
     progress_ = Progress{};
   }
-  uint8_t* data = nullptr;
-  updating_ = pool_->Acquire(ValuesFieldSize(version, count, wire_dtype_), &data);
-  const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
-  updating_values_ = data + start;
+  const size_t count = after->size();
+  if (ValuesAreTheSnapshot()) {
+    // The answers send the new values from the buffer the update writes them into: ranges of
+    // it are sent only once final, and the store does not reuse it while a slice holds it.
+    updating_ = HeadOnly(version, count);
+    updating_.body = SliceOfValues(std::move(after));
+    updating_values_ = nullptr;
+  } else {
+    uint8_t* data = nullptr;
+    const size_t size = ValuesFieldSize(version, count, wire_dtype_);
+    grpc::Slice all = pool_->Acquire(size, &data);
+    const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
+    updating_ = ValuesField{all.sub(0, start), all.sub(start, size)};
+    updating_values_ = data + start;
+  }
   absl::MutexLock lock(&values_mu_);
   progress_.version = version;
   progress_.field = updating_;
-  progress_.start = start;
   progress_.count = count;
 }
 
 void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
+  if (updating_values_ == nullptr) return;  // the field's body is the update's buffer
   EncodeValues(values, wire_dtype_, updating_values_ + offset * BytesPerValue(wire_dtype_));
 }
 
 void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot) {
-  grpc::Slice done = std::move(updating_);
-  updating_ = grpc::Slice();
+  ValuesField done = std::move(updating_);
+  updating_ = ValuesField{};
   updating_values_ = nullptr;
   absl::MutexLock lock(&values_mu_);
   if (!ok) {
@@ -401,7 +436,7 @@ class PushStreamReactor final
   void Answer(const StepResult& r, int worker) {
     v1::PushGradientReply head;
     ParameterServiceImpl::FillAnswerHead(r, worker, &head);
-    const grpc::Slice field = service_->ValuesOf(r.parameters);  // usually the watched buffer
+    const ValuesField field = service_->ValuesOf(r.parameters);  // usually the watched buffer
     const size_t count = r.parameters.values->size();
     absl::MutexLock lock(&mu_);
     if (finished_) return;
@@ -413,7 +448,6 @@ class PushStreamReactor final
       answer_.version = r.parameters.version;
       answer_.field = field;
       answer_.count = count;
-      answer_.start = field.size() - count * BytesPerValue(service_->wire_dtype_);
     }
     answer_.ready = answer_.count;
     result_ = head.SerializeAsString();
@@ -451,7 +485,7 @@ class PushStreamReactor final
       if (end > answer_.ready) return;  // not final yet
       grpc::Slice slices[2] = {
           grpc::Slice(ValuesPiecePrefix(answer_.version, dtype, next_, end - next_)),
-          answer_.field.sub(answer_.start + next_ * width, answer_.start + end * width)};
+          answer_.field.body.sub(next_ * width, end * width)};
       out_ = grpc::ByteBuffer(slices, 2);
       next_ = end;
       return WriteLocked();
@@ -586,10 +620,9 @@ std::vector<grpc::ByteBuffer> ParameterServiceImpl::ChunkedValues(const Paramete
                                                                   const std::string& first_head,
                                                                   const std::string& other_head,
                                                                   size_t per_chunk, size_t* bytes) {
-  const grpc::Slice values = ValuesOf(snap);
+  const ValuesField values = ValuesOf(snap);
   const size_t width = BytesPerValue(wire_dtype_);
   const size_t model = snap.values->size();
-  const size_t start = values.size() - model * width;  // the values end the field
   const size_t step = std::max(per_chunk > 0 ? per_chunk : model,
                                (model + kMaxStreamChunks - 1) / kMaxStreamChunks);
   std::vector<grpc::ByteBuffer> out;
@@ -599,7 +632,7 @@ std::vector<grpc::ByteBuffer> ParameterServiceImpl::ChunkedValues(const Paramete
     std::string prefix = out.empty() ? first_head : other_head;
     prefix += ValuesPiecePrefix(snap.version, wire_dtype_, from, count);
     grpc::Slice slices[2] = {grpc::Slice(prefix),
-                             values.sub(start + from * width, start + (from + count) * width)};
+                             values.body.sub(from * width, (from + count) * width)};
     out.emplace_back(slices, count > 0 ? 2 : 1);
     *bytes += out.back().Length();
     from += count;

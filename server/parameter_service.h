@@ -88,6 +88,12 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterModelStream(grpc::CallbackServerContext* ctx,
                                                                  grpc::ByteBuffer* out) override;
 
+  // The step's parameters serialized for the replies: once per snapshot, shared by all. An
+  // update's are serialized as it produces them (the UpdateSink below); others (the first
+  // registration's, a restored checkpoint's) on first use. In fp32 on a little-endian machine
+  // the field's values are the snapshot's own memory: only its head is written.
+  ValuesField ValuesOf(const ParameterSnapshot& snapshot);
+
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
                        ParametersAnswer* reply, WaitingReactor* reactor);
@@ -110,28 +116,29 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   friend class PushStreamReactor;
   friend class PullStreamReactor;
   friend class RegisterStreamReactor;
-  // The step's parameters serialized for the replies: once per snapshot, shared by all. An
-  // update's are serialized as it produces them (the UpdateSink below); others (the first
-  // registration's, a restored checkpoint's) on first use.
-  grpc::Slice ValuesOf(const ParameterSnapshot& snapshot);
+  // `snap`'s values as their field: the head written once, and (fp32 on a little-endian
+  // machine) the snapshot's own memory or (otherwise) the encoded values from the pool.
+  ValuesField FieldOf(const ParameterSnapshot& snap);
+  // The field's head, for `count` values at `version`.
+  ValuesField HeadOnly(int64_t version, size_t count) const;
+  // True where the values travel as the snapshot holds them (fp32, little-endian).
+  bool ValuesAreTheSnapshot() const;
   // Lets go of the cached serialized version, before the next one is written.
   void ReleaseValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
   // UpdateSink: the store's update writes the new values into the next answers' buffer.
-  void BeginUpdate(int64_t version, size_t count) override;
+  void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> after) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;
   void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
   // A pipelined update's first `ready` values are final (StepAggregator's values hook): the
   // streams that watch it send them.
   void OnValuesReady(int epoch, int step, int64_t version, size_t ready);
   // The values of the update that (epoch, step) makes, as far as they are final: the serialized
-  // field, where its values start, the model's size, the version and how many are final. False
-  // while none are known.
+  // field, the model's size, the version and how many are final. False while none are known.
   struct Progress {
     int epoch = -1;
     int step = -1;
     int64_t version = 0;
-    grpc::Slice field;
-    size_t start = 0;
+    ValuesField field;
     size_t count = 0;
     size_t ready = 0;
   };
@@ -158,10 +165,11 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   Gate gate_;
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
-  grpc::Slice values_ ABSL_GUARDED_BY(values_mu_);
-  // The update in progress: its buffer, and where its values start. Only the store's update
-  // touches them (under the store's lock).
-  grpc::Slice updating_;
+  ValuesField values_ ABSL_GUARDED_BY(values_mu_);
+  // The update in progress: its field, and where its values are encoded to (none where the
+  // field's body is the update's own buffer). Only the store's update touches them (under the
+  // store's lock).
+  ValuesField updating_;
   uint8_t* updating_values_ = nullptr;
   // The update in progress as the streams see it (epoch and step once the aggregator names them).
   Progress progress_ ABSL_GUARDED_BY(values_mu_);

@@ -99,7 +99,7 @@ absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
   u.after->resize(n);
   u.bad = n;
   update_ = std::move(u);
-  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, n);
+  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, update_->after);
   optimizer_->Begin(n);
   return version_ + 1;
 }

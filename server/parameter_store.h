@@ -50,8 +50,11 @@ struct StoreState {
 class UpdateSink {
  public:
   virtual ~UpdateSink() = default;
-  virtual void BeginUpdate(int64_t version, size_t count) = 0;
-  // Values [offset, offset + values.size()).
+  // `after` is the buffer the update writes the new values into (the snapshot EndUpdate
+  // publishes): a sink may hold it, and read a range of it once WriteUpdate has been called for
+  // that range. The store does not reuse a buffer anyone else holds.
+  virtual void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> after) = 0;
+  // Values [offset, offset + values.size()), which lie in `after` at `offset`.
   virtual void WriteUpdate(size_t offset, absl::Span<const float> values) = 0;
   // `ok`: the update stands and `snapshot` holds the values written; otherwise they are void.
   virtual void EndUpdate(bool ok, const ParameterSnapshot& snapshot) = 0;

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/grpc_step_wire.h"
 #include "common/status_matchers.h"
 #include "common/step_wire.h"
 #include "common/tensor_codec.h"
@@ -145,6 +146,66 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<v1::ParameterService::Stub> params_;
 };
 
+// A one-epoch job of one worker.
+std::unique_ptr<TrainingJob> OneWorkerJob(FakeClock* clock, int global_batch) {
+  JobConfig config;
+  config.scheduler.expected_workers = 1;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = global_batch;
+  return *TrainingJob::Create(config, clock);
+}
+
+// The field's bytes, head and values.
+std::string Bytes(const ValuesField& f) {
+  std::string out(reinterpret_cast<const char*>(f.head.begin()), f.head.size());
+  out.append(reinterpret_cast<const char*>(f.body.begin()), f.body.size());
+  return out;
+}
+
+std::string Expected(const ParameterSnapshot& snap, WireDtype dtype) {
+  std::string out(ValuesFieldSize(snap.version, snap.values->size(), dtype), '\0');
+  WriteValuesField(snap.version, dtype, *snap.values, reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+// fp32 answers send the parameters from the store's snapshot itself: only the field's head is
+// written, and every answer of the version shares it.
+TEST_F(ServiceTest, Fp32AnswersAreTheSnapshotItself) {
+  GoodStep();
+  const ParameterSnapshot snap = *job_->store()->Snapshot();
+  ASSERT_EQ(snap.version, 1);
+  const ValuesField field = parameter_service_->ValuesOf(snap);
+  EXPECT_EQ(Bytes(field), Expected(snap, WireDtype::kFp32));
+  if (Fp32IsWireOrder()) {
+    EXPECT_EQ(static_cast<const void*>(field.body.begin()),
+              static_cast<const void*>(snap.values->data()));
+  }
+  EXPECT_EQ(parameter_service_->ValuesOf(snap).body.begin(), field.body.begin());
+  // What a pull receives is that field.
+  int64_t version = 0;
+  EXPECT_EQ(Current(&version), *snap.values);
+  EXPECT_EQ(version, 1);
+}
+
+// In 16 bits the values are encoded once into a buffer of their own.
+TEST(ServiceWireTest, Bf16AnswersAreEncodedOnceIntoABufferOfTheirOwn) {
+  FakeClock clock;
+  std::unique_ptr<TrainingJob> job = OneWorkerJob(&clock, 1);
+  ParameterServiceImpl service(
+      job->store(), job->aggregator(), [](int, absl::string_view) { return absl::OkStatus(); },
+      nullptr, {}, WireDtype::kBf16);
+  // Large enough that gRPC does not inline the slices (it copies those of a few bytes).
+  std::vector<float> init(100);
+  for (int i = 0; i < 100; ++i) init[i] = 0.25f * static_cast<float>(i - 50);
+  ASSERT_THAT(job->store()->Register({{"w", {100}}}, init), IsOk());
+  const ParameterSnapshot snap = *job->store()->Snapshot();
+  const ValuesField field = service.ValuesOf(snap);
+  EXPECT_EQ(Bytes(field), Expected(snap, WireDtype::kBf16));
+  EXPECT_EQ(field.body.size(), 100u * 2u);
+  EXPECT_EQ(service.ValuesOf(snap).body.begin(), field.body.begin());
+  job->Abort(absl::CancelledError("test over"));
+}
+
 TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   v1::PushGradientReply reply;
   v1::PushGradientRequest too_long = Push(0, 0, {1, 1, 1});
@@ -232,11 +293,7 @@ TEST_F(ServiceTest, ALaterWorkerGetsTheStoredValuesForItsLayoutAlone) {
 
 TEST(ServiceLayoutOnlyTest, BeforeAnyModelALayoutAloneIsAskedForTheValues) {
   FakeClock clock;
-  JobConfig config;
-  config.scheduler.expected_workers = 1;
-  config.scheduler.epochs = 1;
-  config.scheduler.global_batch = 2;
-  auto job = *TrainingJob::Create(config, &clock);
+  auto job = OneWorkerJob(&clock, 2);
   auto reg = job->scheduler()->Register({"w0", 8, 2, "cpu"});
   ASSERT_THAT(reg, IsOk());
   Scheduler* s = job->scheduler();

@@ -19,13 +19,15 @@ using ::testing::HasSubstr;
 // Records what an update hands to its sink.
 class RecordingSink : public UpdateSink {
  public:
-  void BeginUpdate(int64_t version, size_t count) override {
-    began.emplace_back(version, count);
-    written.assign(count, std::nanf(""));
+  void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> buffer) override {
+    began.emplace_back(version, buffer->size());
+    written.assign(buffer->size(), std::nanf(""));
     next = 0;
+    after = std::move(buffer);
   }
   void WriteUpdate(size_t offset, absl::Span<const float> values) override {
     EXPECT_EQ(offset, next) << "blocks come in order, each once";
+    EXPECT_EQ(values.data(), after->data() + offset) << "the values lie in the update's buffer";
     std::copy(values.begin(), values.end(), written.begin() + offset);
     next = offset + values.size();
   }
@@ -38,6 +40,7 @@ class RecordingSink : public UpdateSink {
   size_t next = 0;
   std::vector<bool> ended;
   ParameterSnapshot last;
+  std::shared_ptr<const std::vector<float>> after;  // the update's buffer, held
 };
 
 std::unique_ptr<ParameterStore> SgdStore(double lr) {
@@ -71,6 +74,7 @@ TEST(ParameterStoreTest, TheUpdateScalesPerRangeClearsTheSumAndFeedsTheSink) {
   EXPECT_EQ(sink.written, *snap->values);
   EXPECT_THAT(sink.ended, ElementsAre(true));
   EXPECT_EQ(sink.last.values, snap->values);
+  EXPECT_EQ(sink.after, snap->values) << "the buffer the sink held is the new snapshot";
   // Removed, it hears nothing more; another sink is not removed by it.
   store->RemoveUpdateSink(&sink);
   std::vector<float> zero(n, 0.0f);

@@ -111,6 +111,19 @@ class TrainingLoopTest : public ::testing::Test {
   }
   ~TrainingLoopTest() override { std::fclose(log_); }
 
+  // The first push's compute time with a slowdown of 3 in the sense of `of`, each step
+  // computing 4 ms (4 samples) and waiting `wait` for a core that a neighbour holds.
+  double SlowedStepSeconds(SlowdownOf of, absl::Duration wait) {
+    absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
+    EXPECT_THAT(slow, IsOk());
+    loop_config_.slowdown = *slow;
+    loop_config_.slowdown_of = of;
+    learner_.waiting_for_a_core = wait;
+    FakePsClient client(job_, &clock_);
+    EXPECT_THAT(Run(&client), IsOk());
+    return client.pushes().empty() ? -1.0 : client.pushes()[0].compute_seconds;
+  }
+
   absl::Status Run(FakePsClient* client) {
     TrainingLoop loop(loop_config_, &learner_, client, &clock_);
     absl::Status s = loop.Run();
@@ -229,14 +242,7 @@ TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
 // As on a core of its own 3x slower: the 6 ms it waited for a core that a neighbour held fall
 // inside the 12 ms that 4 ms of work take at a third of the speed.
 TEST_F(TrainingLoopTest, SlowdownHidesTheTimeSpentWaitingForACoreInsideTheSlowerCore) {
-  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
-  ASSERT_THAT(slow, IsOk());
-  loop_config_.slowdown = *slow;
-  // Each step computes 4 ms (4 samples) and waits 6 ms for a core that a neighbour holds.
-  learner_.waiting_for_a_core = absl::Milliseconds(6);
-  FakePsClient client(job_, &clock_);
-  ASSERT_THAT(Run(&client), IsOk());
-  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.012, 1e-9);  // 4 * 3 ms
+  EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpu, absl::Milliseconds(6)), 0.012, 1e-9);
   EXPECT_THAT(Log(), HasSubstr("emulating a slower worker: a step's computation takes 3 x its "
                                "CPU time (a wait for a core counts inside it)"));
 }
@@ -244,26 +250,13 @@ TEST_F(TrainingLoopTest, SlowdownHidesTheTimeSpentWaitingForACoreInsideTheSlower
 // A wait longer than the slower core's extra time shows: 4 ms of work and 10 ms of waiting take
 // 14 ms, not 12.
 TEST_F(TrainingLoopTest, SlowdownShowsAWaitLongerThanTheSlowerCoresShare) {
-  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
-  ASSERT_THAT(slow, IsOk());
-  loop_config_.slowdown = *slow;
-  learner_.waiting_for_a_core = absl::Milliseconds(10);
-  FakePsClient client(job_, &clock_);
-  ASSERT_THAT(Run(&client), IsOk());
-  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.014, 1e-9);
+  EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpu, absl::Milliseconds(10)), 0.014, 1e-9);
 }
 
 // The emulation before session 16: 3x the work plus the contention once, 4 * 3 + 6 = 18 ms per
 // step. Scaling the wall time instead would give (4 + 6) * 3 = 30 ms.
 TEST_F(TrainingLoopTest, SlowdownOfCpuPlusWaitAddsTheTimeSpentWaitingForACore) {
-  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
-  ASSERT_THAT(slow, IsOk());
-  loop_config_.slowdown = *slow;
-  loop_config_.slowdown_of = SlowdownOf::kCpuPlusWait;
-  learner_.waiting_for_a_core = absl::Milliseconds(6);
-  FakePsClient client(job_, &clock_);
-  ASSERT_THAT(Run(&client), IsOk());
-  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.018, 1e-9);
+  EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpuPlusWait, absl::Milliseconds(6)), 0.018, 1e-9);
   EXPECT_THAT(Log(), HasSubstr("takes 3 x its CPU time, plus any wait for a core"));
 }
 
@@ -278,14 +271,8 @@ TEST(SlowdownOfTest, ParsesTheFlagsNamesAndRefusesOthers) {
 // A worker held to a CPU quota: its time off the CPU is its own throttling, so the slowdown
 // multiplies all of it (slowing only its CPU time would let the quota refill while it sleeps).
 TEST_F(TrainingLoopTest, SlowdownOfWallScalesTheWholeComputation) {
-  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
-  ASSERT_THAT(slow, IsOk());
-  loop_config_.slowdown = *slow;
-  loop_config_.slowdown_of = SlowdownOf::kWall;
-  learner_.waiting_for_a_core = absl::Milliseconds(6);
-  FakePsClient client(job_, &clock_);
-  ASSERT_THAT(Run(&client), IsOk());
-  EXPECT_NEAR(client.pushes()[0].compute_seconds, 0.030, 1e-9);  // (4 + 6) * 3 ms
+  EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kWall, absl::Milliseconds(6)), 0.030,
+              1e-9);  // (4 + 6) * 3 ms
 }
 
 // Under a CPU limit of f cores a step that needs c CPU-seconds costs at least c / f, however fast
