@@ -99,11 +99,11 @@ bool EncodeShared(const google::protobuf::MessageLite& head, const ValuesField& 
                   grpc::ByteBuffer* out) {
   std::string bytes;
   if (!head.SerializeToString(&bytes)) return false;
-  grpc::Slice slices[3] = {grpc::Slice(bytes), values.head, values.body};
-  size_t n = 1;
-  if (values.head.size() > 0) ++n;
-  if (values.body.size() > 0) slices[n++] = values.body;
-  *out = grpc::ByteBuffer(slices, n);
+  std::vector<grpc::Slice> slices = {grpc::Slice(bytes)};
+  for (const grpc::Slice* s : {&values.head, &values.body}) {
+    if (s->size() > 0) slices.push_back(*s);
+  }
+  *out = grpc::ByteBuffer(slices.data(), slices.size());
   return true;
 }
 

@@ -122,24 +122,21 @@ bool ParameterServiceImpl::ValuesAreTheSnapshot() const {
   return wire_dtype_ == WireDtype::kFp32 && Fp32IsWireOrder();
 }
 
-ValuesField ParameterServiceImpl::HeadOnly(int64_t version, size_t count) const {
-  uint8_t head[64];
-  const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
-  return ValuesField{grpc::Slice(head, n), grpc::Slice()};
-}
-
-ValuesField ParameterServiceImpl::FieldOf(const ParameterSnapshot& snap) {
-  const size_t count = snap.values->size();
+ValuesField ParameterServiceImpl::NewField(int64_t version,
+                                           std::shared_ptr<const std::vector<float>> values,
+                                           uint8_t** encode_to) {
+  const size_t count = values->size();
   if (ValuesAreTheSnapshot()) {
-    ValuesField field = HeadOnly(snap.version, count);
-    field.body = SliceOfValues(snap.values);
-    return field;
+    uint8_t head[64];
+    const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
+    *encode_to = nullptr;
+    return ValuesField{grpc::Slice(head, n), SliceOfValues(std::move(values))};
   }
   uint8_t* data = nullptr;
-  const size_t size = ValuesFieldSize(snap.version, count, wire_dtype_);
+  const size_t size = ValuesFieldSize(version, count, wire_dtype_);
   grpc::Slice all = pool_->Acquire(size, &data);
-  WriteValuesField(snap.version, wire_dtype_, *snap.values, data);
-  const size_t start = size - count * BytesPerValue(wire_dtype_);
+  const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
+  *encode_to = data + start;
   return ValuesField{all.sub(0, start), all.sub(start, size)};
 }
 
@@ -147,7 +144,9 @@ ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     ReleaseValuesLocked();
-    values_ = FieldOf(snap);
+    uint8_t* encode_to = nullptr;
+    values_ = NewField(snap.version, snap.values, &encode_to);
+    if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
     values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
   }
   return values_;
@@ -161,20 +160,10 @@ void ParameterServiceImpl::BeginUpdate(int64_t version,
     progress_ = Progress{};
   }
   const size_t count = after->size();
-  if (ValuesAreTheSnapshot()) {
-    // The answers send the new values from the buffer the update writes them into: ranges of
-    // it are sent only once final, and the store does not reuse it while a slice holds it.
-    updating_ = HeadOnly(version, count);
-    updating_.body = SliceOfValues(std::move(after));
-    updating_values_ = nullptr;
-  } else {
-    uint8_t* data = nullptr;
-    const size_t size = ValuesFieldSize(version, count, wire_dtype_);
-    grpc::Slice all = pool_->Acquire(size, &data);
-    const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
-    updating_ = ValuesField{all.sub(0, start), all.sub(start, size)};
-    updating_values_ = data + start;
-  }
+  // In fp32 the answers send the new values from the buffer the update writes them into:
+  // ranges of it are sent only once final, and the store does not reuse it while a slice
+  // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
+  updating_ = NewField(version, std::move(after), &updating_values_);
   absl::MutexLock lock(&values_mu_);
   progress_.version = version;
   progress_.field = updating_;

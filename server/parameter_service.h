@@ -116,11 +116,11 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   friend class PushStreamReactor;
   friend class PullStreamReactor;
   friend class RegisterStreamReactor;
-  // `snap`'s values as their field: the head written once, and (fp32 on a little-endian
-  // machine) the snapshot's own memory or (otherwise) the encoded values from the pool.
-  ValuesField FieldOf(const ParameterSnapshot& snap);
-  // The field's head, for `count` values at `version`.
-  ValuesField HeadOnly(int64_t version, size_t count) const;
+  // A field for `values` at `version`, its head written. Where the values travel as they lie
+  // in memory (ValuesAreTheSnapshot) its body is `values` itself and `*encode_to` is null;
+  // otherwise the body is a pooled buffer that the values must be encoded to at `*encode_to`.
+  ValuesField NewField(int64_t version, std::shared_ptr<const std::vector<float>> values,
+                       uint8_t** encode_to);
   // True where the values travel as the snapshot holds them (fp32, little-endian).
   bool ValuesAreTheSnapshot() const;
   // Lets go of the cached serialized version, before the next one is written.
