@@ -78,6 +78,14 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   absl::StatusOr<ModelLayout> layout = LayoutOf(req->parameters(), !req->layout_only());
   if (!layout.ok()) return Answer(reactor, layout.status());
   if (req->layout_only() && !store_->registered()) {
+    // One worker sends its values, the others wait for them (RegistrationClaim).
+    int holder = -1;
+    if (!claim_.Take(req->worker_id(), &holder)) {
+      return Answer(reactor, absl::AbortedError(absl::StrCat(
+                                 "worker ", holder,
+                                 " is sending the model's initial values; ask again once the "
+                                 "model is registered")));
+    }
     return Answer(reactor, absl::FailedPreconditionError(
                                "no model is registered yet: send the initial values"));
   }
@@ -90,6 +98,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
     if (!decoded.ok()) return Answer(reactor, decoded);
   }
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
+  claim_.Release(req->worker_id());
   if (snap.ok()) {
     reply->head.set_version(snap->version);
     if (!req->omit_values()) reply->values = ValuesOf(*snap);
@@ -745,11 +754,23 @@ class RegisterStreamReactor final
       DBS_RETURN_IF_ERROR(service_->Allowed(ctx_, worker_id_));
       DBS_ASSIGN_OR_RETURN(layout_, LayoutOf(req.parameters(), false));
       total_ = static_cast<size_t>(TotalElements(layout_));
+      if (!service_->store_->registered()) {
+        // Only one worker's values at a time (RegistrationClaim): the server holds one copy
+        // of the model being registered, not one per worker.
+        int holder = -1;
+        if (!service_->claim_.Take(worker_id_, &holder)) {
+          return absl::AbortedError(absl::StrCat(
+              "worker ", holder,
+              " is sending the model's initial values; ask again once the model is registered"));
+        }
+        claimed_ = true;
+      }
       return absl::OkStatus();
     }
     if (req.worker_id() != worker_id_) {
       return absl::InvalidArgumentError("a streamed registration's messages must name one worker");
     }
+    if (claimed_) service_->claim_.Renew(worker_id_);
     const v1::FlatParameters& chunk = req.initial();
     const std::string& bytes = chunk.values();
     if (chunk.wire_dtype() != v1::WIRE_FP32 || bytes.size() % 4 != 0) {
@@ -790,6 +811,8 @@ class RegisterStreamReactor final
   }
 
   void Done(const grpc::Status& status) {
+    if (claimed_) service_->claim_.Release(worker_id_);
+    claimed_ = false;
     if (service_->hooks_.observer != nullptr) {
       service_->hooks_.observer->OnCall("RegisterModelStream", received_,
                                         status.ok() ? out_->Length() : 0,
@@ -808,6 +831,7 @@ class RegisterStreamReactor final
   size_t total_ = 0;
   std::vector<float> initial_;
   size_t received_ = 0;
+  bool claimed_ = false;  // this stream holds the registration claim
 };
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ParameterServiceImpl::RegisterModelStream(

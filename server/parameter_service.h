@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 
+#include "common/clock.h"
 #include "common/grpc_step_wire.h"
 #include "common/plan.h"
 #include "common/raw_call.h"
@@ -14,6 +15,7 @@
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
+#include "server/registration_claim.h"
 #include "server/step_aggregator.h"
 
 namespace dbs {
@@ -40,16 +42,18 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
 
   // `store` and `aggregator` must outlive the service.
   // What `hooks` point to must outlive the service too.
-  // Steps' gradients and parameters travel in `wire_dtype` (the job's).
+  // Steps' gradients and parameters travel in `wire_dtype` (the job's). `clock` (null: the
+  // real one) times the registration claim's lease and must outlive the service.
   ParameterServiceImpl(ParameterStore* store, StepAggregator* aggregator, Authenticate authenticate,
                        ResumeFn resume = nullptr, CallHooks hooks = {},
-                       WireDtype wire_dtype = WireDtype::kFp32)
+                       WireDtype wire_dtype = WireDtype::kFp32, const Clock* clock = nullptr)
       : store_(store),
         aggregator_(aggregator),
         authenticate_(std::move(authenticate)),
         resume_(std::move(resume)),
         hooks_(hooks),
         wire_dtype_(wire_dtype),
+        claim_(clock != nullptr ? clock : &real_clock_),
         pool_(SlicePool::Create()) {
     store_->SetUpdateSink(this);
     aggregator_->SetValuesHook([this](int epoch, int step, int64_t version, size_t ready) {
@@ -161,6 +165,9 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   const ResumeFn resume_;
   const CallHooks hooks_;
   const WireDtype wire_dtype_;
+  const RealClock real_clock_;
+  // Which worker sends the model's initial values while none is registered.
+  RegistrationClaim claim_;
   const std::shared_ptr<SlicePool> pool_;
   Gate gate_;
   absl::Mutex values_mu_;

@@ -53,9 +53,10 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Register(const ModelLayout& la
   for (float v : initial) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError("initial values are not finite");
   }
+  std::shared_ptr<std::vector<float>> values = FreeBufferLocked(initial.size());
+  values->assign(initial.begin(), initial.end());
   layout_ = layout;
-  values_.assign(initial.begin(), initial.end());
-  cached_.reset();
+  values_ = std::move(values);
   return SnapshotLocked();
 }
 
@@ -89,14 +90,12 @@ absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
   absl::MutexLock lock(&mu_);
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
   if (update_.has_value()) return absl::FailedPreconditionError("an update is already open");
-  const size_t n = values_.size();
+  const size_t n = values_->size();
   Update u;
-  // The values before the step (the snapshot every step hands out, so usually no copy): what
-  // Snapshot serves until the update ends, and what undoes an update that would make a value
-  // non-finite.
-  u.before = SnapshotLocked();
-  u.after = FreeBufferLocked();
-  u.after->resize(n);
+  // The values before the step: what Snapshot serves until the update ends, and what stays
+  // should the update make a value non-finite.
+  u.before = values_;
+  u.after = FreeBufferLocked(n);
   u.bad = n;
   update_ = std::move(u);
   if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, update_->after);
@@ -108,7 +107,7 @@ bool ParameterStore::UpdateRange(absl::Span<float> sum, absl::Span<const Gradien
                                  size_t to) {
   absl::MutexLock lock(&mu_);
   if (!update_.has_value()) return false;
-  const size_t n = values_.size();
+  const size_t n = values_->size();
   to = std::min(to, n);
   if (sum.size() == n && to > update_->done && !scales.empty() && scales.back().end >= to) {
     UpdatePassLocked(sum, scales, update_->done, to);
@@ -120,21 +119,19 @@ bool ParameterStore::UpdateRange(absl::Span<float> sum, absl::Span<const Gradien
 absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
   absl::MutexLock lock(&mu_);
   if (!update_.has_value()) return absl::FailedPreconditionError("no update is open");
-  const size_t n = values_.size();
+  const size_t n = values_->size();
   Update u = std::move(*update_);
   update_.reset();
   optimizer_->End();
   if (u.done < n) {  // a caller's bug, not a peer's: the update is void
-    values_ = *u.before.values;
     torn_ = true;
     if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
     return absl::InternalError(
         absl::StrCat("the update ended after ", u.done, " of ", n, " values"));
   }
   if (u.bad < n) {
-    // Keep the last finite parameters (what checkpoints and workers see); the optimizer's state
-    // has moved, so the job must end.
-    values_ = *u.before.values;
+    // Keep the last finite parameters (what checkpoints and workers see: the update never
+    // touched them); the optimizer's state has moved, so the job must end.
     if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
     return absl::DataLossError(absl::StrCat(
         "the update of parameter version ", version_ + 1, " made element ", u.bad,
@@ -143,8 +140,8 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
         version_, " are kept"));
   }
   ++version_;
-  cached_ = std::move(u.after);
-  const ParameterSnapshot snapshot{version_, cached_};
+  values_ = std::move(u.after);
+  const ParameterSnapshot snapshot{version_, values_};
   if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
   return snapshot;
 }
@@ -153,8 +150,7 @@ void ParameterStore::AbandonUpdate() {
   absl::MutexLock lock(&mu_);
   if (!update_.has_value()) return;
   optimizer_->End();
-  values_ = *update_->before.values;
-  torn_ = true;
+  torn_ = true;  // the parameters stay as before it
   update_.reset();
   if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
 }
@@ -166,13 +162,13 @@ bool ParameterStore::updating() const {
 
 void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales,
                                       size_t from, size_t to) {
-  const size_t n = values_.size();
+  const size_t n = values_->size();
   const std::vector<std::pair<size_t, size_t>> buffers = BufferRanges(layout_);
   // One pass, block by block, each block in the cache from its scaling to its snapshot.
   constexpr size_t kBlock = 4096;
   float* const g = sum.data();
-  float* const p = values_.data();
-  float* const out = update_->after->data();
+  const float* const before = update_->before->data();
+  float* const p = update_->after->data();
   size_t scale = 0, buffer = 0;
   while (buffer < buffers.size() && buffers[buffer].second <= from) ++buffer;
   for (size_t a = from; a < to;) {
@@ -180,6 +176,7 @@ void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const Gr
     const size_t b = std::min({to, a + kBlock, scales[scale].end});
     const float factor = scales[scale].factor;
     for (size_t i = a; i < b; ++i) g[i] *= factor;
+    std::copy(before + a, before + b, p + a);
     optimizer_->StepRange(p + a, g + a, a, b - a);
     for (; buffer < buffers.size() && buffers[buffer].first < b; ++buffer) {
       const size_t lo = std::max(a, buffers[buffer].first);
@@ -190,8 +187,7 @@ void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const Gr
     int finite = 1;
     for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
     if (finite == 0 && update_->bad == n) update_->bad = a + FirstNonFinite(p + a, b - a);
-    std::copy(p + a, p + b, out + a);
-    if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(out + a, b - a));
+    if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(p + a, b - a));
     std::fill(g + a, g + b, 0.0f);
     a = b;
   }
@@ -207,31 +203,37 @@ void ParameterStore::RemoveUpdateSink(UpdateSink* sink) {
   if (sink_ == sink) sink_ = nullptr;
 }
 
-std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked() const {
+std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked(size_t size) const {
   // A pooled buffer nobody outside holds any more (its pages are already mapped), so a step
   // allocates nothing.
   for (const auto& b : pool_) {
-    if (b.use_count() == 1 && b->size() == values_.size()) return b;
+    if (b.use_count() == 1 && b->size() == size) return b;
   }
-  auto buffer = std::make_shared<std::vector<float>>();
-  if (pool_.size() < kSnapshotPool) pool_.push_back(buffer);
+  auto buffer = std::make_shared<std::vector<float>>(size);
+  if (pool_.size() < kSnapshotPool) {
+    pool_.push_back(buffer);
+  } else {
+    // Every pooled buffer is held (or of another size, after LoadState): let the oldest free one
+    // go, rather than keep it mapped beside the new one.
+    for (auto& b : pool_) {
+      if (b.use_count() == 1) {
+        b = buffer;
+        break;
+      }
+    }
+  }
   return buffer;
 }
 
 ParameterSnapshot ParameterStore::SnapshotLocked() const {
-  if (!cached_) {
-    std::shared_ptr<std::vector<float>> buffer = FreeBufferLocked();
-    buffer->assign(values_.begin(), values_.end());
-    cached_ = std::move(buffer);
-  }
-  return ParameterSnapshot{version_, cached_};
+  return ParameterSnapshot{version_, values_};
 }
 
 StoreState ParameterStore::SaveState() const {
   absl::MutexLock lock(&mu_);
   StoreState s;
   s.layout = layout_;
-  s.values = values_;
+  if (values_) s.values = *values_;
   s.version = version_;
   s.optimizer = optimizer_->SaveState();
   s.torn = torn_;
@@ -245,10 +247,11 @@ absl::Status ParameterStore::LoadState(const StoreState& s) {
   }
   absl::MutexLock lock(&mu_);
   DBS_RETURN_IF_ERROR(optimizer_->LoadState(s.optimizer, s.values.size()));
+  std::shared_ptr<std::vector<float>> values = FreeBufferLocked(s.values.size());
+  values->assign(s.values.begin(), s.values.end());
   layout_ = s.layout;
-  values_ = s.values;
+  values_ = std::move(values);
   version_ = s.version;
-  cached_.reset();
   update_.reset();
   torn_ = false;
   return absl::OkStatus();
@@ -266,7 +269,7 @@ ModelLayout ParameterStore::layout() const {
 
 int64_t ParameterStore::num_elements() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(values_.size());
+  return values_ ? static_cast<int64_t>(values_->size()) : 0;
 }
 
 }  // namespace dbs

@@ -121,28 +121,31 @@ class ParameterStore {
 
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The update's pass over values [from, to): the optimizer step on `values_` with the scaled
-  // `sum` (left zeroed), the new values copied to the new snapshot and handed to the sink.
-  // Records the first value that became non-finite in `update_->bad`.
+  // The update's pass over values [from, to): the values before it copied into the new
+  // snapshot, the optimizer step there with the scaled `sum` (left zeroed), the new values
+  // handed to the sink. Records the first value that became non-finite in `update_->bad`.
   void UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t from,
                         size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A snapshot buffer of the model's size that nobody else holds.
-  std::shared_ptr<std::vector<float>> FreeBufferLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A snapshot buffer of `size` values that nobody else holds (its contents are stale).
+  std::shared_ptr<std::vector<float>> FreeBufferLocked(size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   UpdateSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   ModelLayout layout_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  // The parameters: the snapshot every reader shares, never written again. An update writes
+  // the next version into another buffer and publishes that, so the store keeps no copy of
+  // its own besides (null before Register).
+  std::shared_ptr<const std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // The last snapshot handed out, reused until the values change.
-  mutable std::shared_ptr<const std::vector<float>> cached_ ABSL_GUARDED_BY(mu_);
   // Snapshot buffers, reused once nobody else holds them (the step before last's, usually).
   static constexpr size_t kSnapshotPool = 3;
   mutable std::vector<std::shared_ptr<std::vector<float>>> pool_ ABSL_GUARDED_BY(mu_);
   // The open update (BeginUpdate .. EndUpdate).
   struct Update {
-    ParameterSnapshot before;  // kept to undo an update that would make a value non-finite
+    // What the update starts from, and what stays published should it fail.
+    std::shared_ptr<const std::vector<float>> before;
     std::shared_ptr<std::vector<float>> after;
     size_t done = 0;  // values updated
     size_t bad = 0;   // the first non-finite value, or the model's size

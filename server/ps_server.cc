@@ -73,7 +73,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);
           },
-          CallHooks{&metrics_, &serving_}, config.job.wire_dtype) {
+          CallHooks{&metrics_, &serving_}, config.job.wire_dtype, clock) {
   job_->SetObserver(&metrics_);
   // With a job secret, worker tokens are signed with a key derived from it, so that every shard
   // can refuse a made-up token at once (common/secrets.h).

@@ -4,12 +4,21 @@
 // again each --call_timeout_s, and gives up after --max_wait_s.
 #include "worker/grpc_ps_client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/barrier.h"
 #include "common/clock.h"
 #include "common/status_matchers.h"
 #include "common/waiting_reactor.h"
@@ -200,6 +209,99 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
   ASSERT_THAT(version, IsOk());
   EXPECT_EQ(*version, 3);
   EXPECT_EQ(pulled, params[0]);
+  (*server)->Stop(absl::CancelledError("test over"));
+}
+
+// GET `path` from the status endpoint at 127.0.0.1:`port`: the whole HTTP answer.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The value of the sample line of `metrics` (Prometheus text) that starts with `name` and
+// contains every one of `labels`; -1 when there is none.
+double Sample(const std::string& metrics, const std::string& name,
+              const std::vector<std::string>& labels) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, name + "{") && !absl::StartsWith(line, name + " ")) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && absl::StrContains(line, l);
+    double v = 0;
+    if (all && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+  }
+  return -1;
+}
+
+// Four workers register a model larger than a chunk at the same moment, each with values of its
+// own: one worker's values go up (one RegisterModelStream), the others wait for them, and every
+// worker ends with those values.
+TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
+  ServerConfig c;
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.metrics_port = 0;
+  c.job.scheduler.expected_workers = 4;
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  const GrpcClientConfig config = StreamingClientOf(**server);
+  const ModelLayout layout = kStreamedLayout;
+  constexpr int kWorkers = 4;
+  constexpr size_t kValues = 3000;
+  std::vector<std::unique_ptr<GrpcPsClient>> clients;
+  std::vector<int> ids;
+  for (int w = 0; w < kWorkers; ++w) {
+    clients.push_back(std::make_unique<GrpcPsClient>(config));
+    absl::StatusOr<RegistrationResult> r =
+        clients[w]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
+    ASSERT_THAT(r, IsOk());
+    ids.push_back(r->worker_id);
+  }
+  std::vector<std::vector<float>> params(kWorkers, std::vector<float>(kValues, -1.0f));
+  absl::Status registered[kWorkers];
+  {
+    absl::Barrier* go = new absl::Barrier(kWorkers);
+    std::vector<std::thread> threads;
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([&, w] {
+        const std::vector<float> initial(kValues, static_cast<float>(w + 1));
+        if (go->Block()) delete go;
+        registered[w] =
+            clients[w]->RegisterModel(ids[w], layout, initial, absl::MakeSpan(params[w]));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (int w = 0; w < kWorkers; ++w) ASSERT_THAT(registered[w], IsOk()) << "worker " << w;
+  const float winner = params[0][0];
+  EXPECT_GE(winner, 1.0f);
+  EXPECT_LE(winner, static_cast<float>(kWorkers));
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(params[w], std::vector<float>(kValues, winner)) << "worker " << w;
+  }
+  const std::string metrics = HttpGet((*server)->metrics_port(), "/metrics");
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"RegisterModelStream\"", "code=\"OK\""}),
+            1)
+      << metrics;
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"RegisterModelStream\"", "ABORTED"}), -1)
+      << "no worker began to send its values while another did";
+  // One copy of the model's bytes came up, not four (the rest: headers and layouts).
+  const double received = Sample(metrics, "dbs_received_bytes_total", {});
+  EXPECT_GT(received, kValues * 4.0);
+  EXPECT_LT(received, kValues * 4.0 * 1.5) << metrics;
   (*server)->Stop(absl::CancelledError("test over"));
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -318,6 +319,98 @@ TEST(ServiceLayoutOnlyTest, BeforeAnyModelALayoutAloneIsAskedForTheValues) {
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("send the initial values"));
   EXPECT_FALSE(job->store()->registered()) << "nothing was registered from a layout alone";
+  job->Abort(absl::CancelledError("test over"));
+  server->Shutdown();
+}
+
+// At a job's start every worker registers at once. One is asked for its values; the others are
+// told to ask again once it is done, so the server receives one copy of the model, not one per
+// worker. A holder that goes silent for the claim's lease loses its turn.
+TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThem) {
+  FakeClock clock;
+  JobConfig config;
+  config.scheduler.expected_workers = 3;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 3;
+  std::unique_ptr<TrainingJob> job = *TrainingJob::Create(config, &clock);
+  std::vector<std::string> tokens;
+  for (int w = 0; w < 3; ++w) {
+    auto reg = job->scheduler()->Register({"w" + std::to_string(w), 8, 2, "cpu"});
+    ASSERT_THAT(reg, IsOk());
+    ASSERT_EQ(reg->worker_id, w);
+    tokens.push_back(reg->token);
+  }
+  Scheduler* s = job->scheduler();
+  ParameterServiceImpl service(
+      job->store(), job->aggregator(),
+      [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr, {},
+      WireDtype::kFp32, &clock);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::ParameterService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  // Worker w asks with its layout alone; its values (when the model is registered) in `got`.
+  auto ask = [&](int w, std::vector<float>* got = nullptr) {
+    v1::RegisterModelRequest req;
+    req.set_worker_id(w);
+    req.set_layout_only(true);
+    EncodeLayout(kLayout, req.mutable_parameters());
+    v1::Parameters reply;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kWorkerTokenKey, tokens[w]);
+    grpc::Status st = stub->RegisterModel(&ctx, req, &reply);
+    if (st.ok() && got != nullptr) {
+      got->resize(3);
+      EXPECT_THAT(DecodeParameters(reply, kLayout, absl::MakeSpan(*got)), IsOk());
+    }
+    return st;
+  };
+  // Worker w streams its values: the layout, then one chunk.
+  auto stream = [&](int w, const std::vector<float>& values) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kWorkerTokenKey, tokens[w]);
+    v1::Parameters reply;
+    std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+        stub->RegisterModelStream(&ctx, &reply);
+    v1::RegisterModelRequest head;
+    head.set_worker_id(w);
+    head.set_omit_values(true);
+    EncodeLayout(kLayout, head.mutable_parameters());
+    v1::RegisterModelRequest chunk;
+    chunk.set_worker_id(w);
+    chunk.mutable_initial()->set_offset(0);
+    chunk.mutable_initial()->set_values(
+        std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+    if (writer->Write(head)) writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  const grpc::Status first = ask(0);
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << first.error_message();
+  const grpc::Status second = ask(1);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(second.error_message(),
+              ::testing::HasSubstr("worker 0 is sending the model's initial values"));
+  // Another worker's values, while worker 0 holds the turn, are refused at the layout.
+  const grpc::Status other = stream(2, {7, 8, 9});
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::ABORTED) << other.error_message();
+  EXPECT_FALSE(job->store()->registered());
+  // Worker 0 goes silent for the whole lease: the next to ask takes over, worker 0 waits.
+  clock.Advance(RegistrationClaim::kDefaultLease);
+  EXPECT_EQ(ask(1).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  const grpc::Status late = ask(0);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(late.error_message(), ::testing::HasSubstr("worker 1 is sending"));
+  // Worker 1's values become the model's; everyone's layout alone then gets them.
+  ASSERT_THAT(stream(1, {4, 5, 6}), IsOk());
+  for (int w = 0; w < 3; ++w) {
+    std::vector<float> got;
+    ASSERT_THAT(ask(w, &got), IsOk()) << "worker " << w;
+    EXPECT_EQ(got, (std::vector<float>{4, 5, 6})) << "worker " << w;
+  }
   job->Abort(absl::CancelledError("test over"));
   server->Shutdown();
 }

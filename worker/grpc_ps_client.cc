@@ -130,7 +130,7 @@ absl::StatusOr<int64_t> GrpcPsClient::PullStreamed(int worker_id, absl::Span<flo
   return version;
 }
 
-absl::Status GrpcPsClient::RegisterStreamed(int worker_id, const ModelLayout& layout,
+grpc::Status GrpcPsClient::RegisterStreamed(int worker_id, const ModelLayout& layout,
                                             absl::Span<const float> initial) {
   // The layout, then the initial values in fp32 ranges of the chunk size.
   std::vector<grpc::ByteBuffer> messages;
@@ -167,7 +167,7 @@ absl::Status GrpcPsClient::RegisterStreamed(int worker_id, const ModelLayout& la
     writer->WritesDone();
     return writer->Finish();
   };
-  return Annotate(WithRetry(call), "RegisterModelStream");
+  return WithRetry(call);
 }
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
@@ -228,29 +228,51 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
                                          absl::Span<const float> initial,
                                          absl::Span<float> params) {
   // The layout alone first: usually another worker registered the model already, and the
-  // stored values come back without this worker sending its own. Otherwise, the values.
+  // stored values come back without this worker sending its own. While none is registered, the
+  // server names one worker to send its values (FAILED_PRECONDITION) and tells the others to
+  // ask again once it is done (ABORTED), so that it receives one copy of the model, not N.
   const size_t model = static_cast<size_t>(TotalElements(layout));
   // A model larger than a chunk: the values go up and come back as streams.
   const bool streams = Streams(model * sizeof(float));
   v1::RegisterModelRequest req;
-  req.set_worker_id(worker_id);
-  req.set_layout_only(true);
-  req.set_omit_values(streams);
-  EncodeLayout(layout, req.mutable_parameters());
   v1::Parameters reply;
   // Idempotent (the first registration wins): safe to retry like the other calls.
   auto call = [&](grpc::ClientContext* ctx) {
     return parameters_->RegisterModel(ctx, req, &reply);
   };
-  grpc::Status status = WithRetry(call);
-  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && streams) {
-    DBS_RETURN_IF_ERROR(RegisterStreamed(worker_id, layout, initial));
-    status = grpc::Status::OK;
-  } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+  BackoffConfig again;
+  again.initial = absl::Milliseconds(5);
+  again.max = absl::Milliseconds(200);
+  Backoff backoff(again);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + config_.connect_timeout + config_.call_timeout;
+  grpc::Status status;
+  while (true) {
     req.Clear();
     req.set_worker_id(worker_id);
-    EncodeTensors(layout, initial, req.mutable_parameters());
+    req.set_layout_only(true);
+    req.set_omit_values(streams);
+    EncodeLayout(layout, req.mutable_parameters());
     status = WithRetry(call);
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && streams) {
+      status = RegisterStreamed(worker_id, layout, initial);
+    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      req.Clear();
+      req.set_worker_id(worker_id);
+      EncodeTensors(layout, initial, req.mutable_parameters());
+      status = WithRetry(call);
+    }
+    // ABORTED: another worker is sending its values (or took over from this one, whose turn
+    // had lapsed). Ask again.
+    if (status.error_code() != grpc::StatusCode::ABORTED) break;
+    const absl::Duration delay = backoff.Next();
+    if (absl::Now() + delay >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "RegisterModel at dbs_ps ", config_.address, ": waited ",
+          absl::FormatDuration(absl::Now() - start),
+          " for another worker to register the model (last answer: ", status.error_message(), ")"));
+    }
+    absl::SleepFor(delay);
   }
   DBS_RETURN_IF_ERROR(Annotate(status, "RegisterModel"));
   if (streams) {

@@ -114,7 +114,7 @@ class GrpcPsClient : public PsClient {
   // PullParameters as a stream; returns the version.
   absl::StatusOr<int64_t> PullStreamed(int worker_id, absl::Span<float> params);
   // The first registration's initial values as a stream.
-  absl::Status RegisterStreamed(int worker_id, const ModelLayout& layout,
+  grpc::Status RegisterStreamed(int worker_id, const ModelLayout& layout,
                                 absl::Span<const float> initial);
   std::unique_ptr<grpc::internal::RpcMethod> pull_stream_method_;
   std::unique_ptr<grpc::internal::RpcMethod> register_stream_method_;
