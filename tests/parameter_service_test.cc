@@ -156,6 +156,23 @@ std::unique_ptr<TrainingJob> OneWorkerJob(FakeClock* clock, int global_batch) {
   return *TrainingJob::Create(config, clock);
 }
 
+// `service` alone on a loopback port picked at run time, and a stub that calls it.
+struct Served {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<v1::ParameterService::Stub> stub;
+};
+Served Serve(ParameterServiceImpl* service) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  Served served;
+  served.server = builder.BuildAndStart();
+  served.stub = v1::ParameterService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  return served;
+}
+
 // The field's bytes, head and values.
 std::string Bytes(const ValuesField& f) {
   std::string out(reinterpret_cast<const char*>(f.head.begin()), f.head.size());
@@ -301,13 +318,9 @@ TEST(ServiceLayoutOnlyTest, BeforeAnyModelALayoutAloneIsAskedForTheValues) {
   ParameterServiceImpl service(
       job->store(), job->aggregator(),
       [s](int id, absl::string_view token) { return s->Authenticate(id, token); });
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  auto stub = v1::ParameterService::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  Served served = Serve(&service);
+  auto& server = served.server;
+  auto& stub = served.stub;
   v1::RegisterModelRequest req;
   req.set_worker_id(reg->worker_id);
   req.set_layout_only(true);
@@ -345,13 +358,9 @@ TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThe
       job->store(), job->aggregator(),
       [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr, {},
       WireDtype::kFp32, &clock);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  auto stub = v1::ParameterService::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  Served served = Serve(&service);
+  auto& server = served.server;
+  auto& stub = served.stub;
   // Worker w asks with its layout alone; its values (when the model is registered) in `got`.
   auto ask = [&](int w, std::vector<float>* got = nullptr) {
     v1::RegisterModelRequest req;
