@@ -123,4 +123,31 @@ grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values) {
       [](void* p) { delete static_cast<std::shared_ptr<const std::vector<float>>*>(p); }, held);
 }
 
+LentValues::LentValues(absl::Span<const float> values) : values_(values) {}
+
+grpc::Slice LentValues::Range(size_t from, size_t count) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    ++state_->out;
+  }
+  auto* held = new std::shared_ptr<State>(state_);
+  return grpc::Slice(
+      const_cast<float*>(values_.data() + from), count * sizeof(float),
+      [](void* p) {
+        auto* state = static_cast<std::shared_ptr<State>*>(p);
+        {
+          absl::MutexLock lock(&(*state)->mu);
+          --(*state)->out;
+        }
+        delete state;
+      },
+      held);
+}
+
+bool LentValues::AwaitReturned(absl::Duration timeout) {
+  State* s = state_.get();
+  absl::MutexLock lock(&s->mu);
+  return s->mu.AwaitWithTimeout(absl::Condition(&LentValues::NoneOut, s), timeout);
+}
+
 }  // namespace dbs

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/step_wire.h"
 #include "common/wire_values.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -73,6 +75,28 @@ bool Fp32IsWireOrder();
 // A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
 // sub-slice): no copy.
 grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values);
+
+// Lends memory the caller owns (a worker's gradient) to gRPC without a copy: `Range` makes
+// slices that point into it, and `AwaitReturned` waits until gRPC has let go of every one, after
+// which the memory may change again. The slices may outlive this object (their bookkeeping is
+// shared), though not the memory they point into.
+class LentValues {
+ public:
+  explicit LentValues(absl::Span<const float> values);
+  // Values [from, from + count) as a slice.
+  grpc::Slice Range(size_t from, size_t count);
+  // True once no slice is held; false if some still are after `timeout`.
+  bool AwaitReturned(absl::Duration timeout);
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    int out ABSL_GUARDED_BY(mu) = 0;
+  };
+  static bool NoneOut(State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->out == 0; }
+  absl::Span<const float> values_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
 
 // An answer made of its own fields (`head`) and the parameters serialized once per version
 // and shared by every such answer; an empty field when the answer has none.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -343,6 +344,32 @@ TEST(SlicePoolTest, SlicesOutliveThePoolsOwner) {
     std::memset(data, 0xab, 16);
   }
   EXPECT_EQ(kept.begin()[15], 0xab);  // still valid; freed with the slice
+}
+
+// A gradient lent to gRPC: its slices are its own memory, and the lender learns when gRPC has
+// let go of every one (sub-slices and copies included), however late.
+TEST(LentValuesTest, SlicesAreTheMemoryItselfAndTheLenderLearnsWhenTheyAreBack) {
+  std::vector<float> gradient = {1, 2, 3, 4, 5};
+  std::optional<LentValues> lent(absl::MakeConstSpan(gradient));
+  EXPECT_TRUE(lent->AwaitReturned(absl::ZeroDuration())) << "nothing lent yet";
+  grpc::Slice a = lent->Range(1, 3);
+  EXPECT_EQ(a.begin(), reinterpret_cast<const uint8_t*>(gradient.data() + 1));
+  EXPECT_EQ(a.size(), 3 * sizeof(float));
+  grpc::Slice b = lent->Range(4, 1);
+  grpc::Slice part = a.sub(4, 8);  // holds `a`'s memory on its own
+  grpc::ByteBuffer message(&b, 1);
+  b = grpc::Slice();
+  a = grpc::Slice();
+  EXPECT_FALSE(lent->AwaitReturned(absl::Milliseconds(10))) << "`part` and `message` hold them";
+  part = grpc::Slice();
+  EXPECT_FALSE(lent->AwaitReturned(absl::Milliseconds(10))) << "`message` holds one";
+  message.Clear();
+  EXPECT_TRUE(lent->AwaitReturned(absl::ZeroDuration()));
+  // A slice let go after the lender is gone touches nothing of it.
+  grpc::Slice late = lent->Range(0, 5);
+  lent.reset();
+  EXPECT_EQ(reinterpret_cast<const float*>(late.begin())[4], 5.0f);
+  late = grpc::Slice();
 }
 
 }  // namespace

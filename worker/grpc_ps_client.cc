@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -483,18 +484,28 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
                  model, WireDtypeName(dtype), (model + per_chunk - 1) / per_chunk,
                  per_chunk * width >> 10);
   }
-  // Encoded once into a reused buffer; each chunk's values are a view of it.
-  uint8_t* data = nullptr;
-  const grpc::Slice field = pool_->Acquire(GradientFieldSize(model, dtype), &data);
-  WriteGradientField(dtype, gradient, data);
-  const size_t start = field.size() - model * width;
+  // Each chunk's values: in fp32 on a little-endian machine, where a float's bytes in memory
+  // are its bytes on the wire, the gradient's own memory, lent to gRPC until the call is over
+  // (no copy); otherwise a view of the gradient encoded once into a reused buffer.
+  std::optional<LentValues> lent;
+  grpc::Slice field;
+  size_t start = 0;
+  if (dtype == WireDtype::kFp32 && Fp32IsWireOrder()) {
+    lent.emplace(gradient);
+  } else {
+    uint8_t* data = nullptr;
+    field = pool_->Acquire(GradientFieldSize(model, dtype), &data);
+    WriteGradientField(dtype, gradient, data);
+    start = field.size() - model * width;
+  }
   std::vector<grpc::ByteBuffer> chunks;
   for (size_t from = 0; from < model; from += per_chunk) {
     const size_t count = std::min(per_chunk, model - from);
     head.set_gradient_offset(static_cast<int64_t>(from));
     grpc::Slice slices[2] = {
         grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(count, dtype)),
-        field.sub(start + from * width, start + (from + count) * width)};
+        lent.has_value() ? lent->Range(from, count)
+                         : field.sub(start + from * width, start + (from + count) * width)};
     chunks.emplace_back(slices, 2);
   }
   absl::Status parsed;
@@ -523,6 +534,12 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
     return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
   };
   grpc::Status status = WithRetry(call, /*waits=*/true);
+  chunks.clear();
+  // The caller may change the gradient once this returns: gRPC must have let go of it.
+  if (lent.has_value() && !lent->AwaitReturned(absl::Seconds(60))) {
+    return absl::InternalError(
+        "PushGradientStream: gRPC still held the gradient's memory 60 s after the call ended");
+  }
   if (!parsed.ok()) {
     return absl::Status(parsed.code(), absl::StrCat("PushGradientStream at dbs_ps ",
                                                     config_.address, ": ", parsed.message()));
