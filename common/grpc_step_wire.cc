@@ -144,10 +144,31 @@ grpc::Slice LentValues::Range(size_t from, size_t count) {
       held);
 }
 
-bool LentValues::AwaitReturned(absl::Duration timeout) {
+bool LentValues::AwaitReturned(absl::Duration timeout) const {
   State* s = state_.get();
   absl::MutexLock lock(&s->mu);
   return s->mu.AwaitWithTimeout(absl::Condition(&LentValues::NoneOut, s), timeout);
+}
+
+GradientOnWire::GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, SlicePool* pool)
+    : width_(BytesPerValue(dtype)) {
+  if (dtype == WireDtype::kFp32 && Fp32IsWireOrder()) {
+    lent_.emplace(gradient);
+    return;
+  }
+  uint8_t* data = nullptr;
+  encoded_ = pool->Acquire(GradientFieldSize(gradient.size(), dtype), &data);
+  WriteGradientField(dtype, gradient, data);
+  start_ = encoded_.size() - gradient.size() * width_;
+}
+
+grpc::Slice GradientOnWire::Range(size_t from, size_t count) {
+  if (lent_.has_value()) return lent_->Range(from, count);
+  return encoded_.sub(start_ + from * width_, start_ + (from + count) * width_);
+}
+
+bool GradientOnWire::AwaitReturned(absl::Duration timeout) const {
+  return !lent_.has_value() || lent_->AwaitReturned(timeout);
 }
 
 }  // namespace dbs

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -86,7 +87,7 @@ class LentValues {
   // Values [from, from + count) as a slice.
   grpc::Slice Range(size_t from, size_t count);
   // True once no slice is held; false if some still are after `timeout`.
-  bool AwaitReturned(absl::Duration timeout);
+  bool AwaitReturned(absl::Duration timeout) const;
 
  private:
   struct State {
@@ -96,6 +97,27 @@ class LentValues {
   static bool NoneOut(State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->out == 0; }
   absl::Span<const float> values_;
   std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// A gradient's values as a push sends them, a range at a time: in fp32 on a little-endian
+// machine, where a float's bytes in memory are its bytes on the wire, the gradient's own memory
+// lent to gRPC (LentValues, no copy); otherwise encoded once into a buffer from `pool`.
+class GradientOnWire {
+ public:
+  GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, SlicePool* pool);
+  // Values [from, from + count) in the wire's dtype, without their field's tag and length
+  // (GradientPiecePrefix).
+  grpc::Slice Range(size_t from, size_t count);
+  // True once gRPC holds none of the gradient's memory, after which the caller may change it
+  // (at once when it was encoded into a buffer of its own); false if it still does after
+  // `timeout`.
+  bool AwaitReturned(absl::Duration timeout) const;
+
+ private:
+  std::optional<LentValues> lent_;
+  grpc::Slice encoded_;  // the whole field, tag and length first, when not lent
+  size_t start_ = 0;     // where its values begin
+  size_t width_;
 };
 
 // An answer made of its own fields (`head`) and the parameters serialized once per version

@@ -372,5 +372,42 @@ TEST(LentValuesTest, SlicesAreTheMemoryItselfAndTheLenderLearnsWhenTheyAreBack) 
   late = grpc::Slice();
 }
 
+std::string BytesOf(const grpc::Slice& slice) {
+  return std::string(reinterpret_cast<const char*>(slice.begin()), slice.size());
+}
+
+TEST(GradientOnWireTest, Fp32IsTheGradientsOwnMemoryWhichIsWaitedFor) {
+  if (!Fp32IsWireOrder()) GTEST_SKIP() << "fp32 is encoded on a big-endian machine";
+  std::vector<float> gradient = {1.5f, -2, 3, 4};
+  auto pool = SlicePool::Create(1);
+  GradientOnWire bytes(gradient, WireDtype::kFp32, pool.get());
+  grpc::Slice whole = bytes.Range(0, 4);
+  EXPECT_EQ(whole.begin(), reinterpret_cast<const uint8_t*>(gradient.data()));
+  // The field's tag and length, then these bytes: the field a whole-message push writes.
+  std::string field(GradientFieldSize(4, WireDtype::kFp32), '\0');
+  WriteGradientField(WireDtype::kFp32, gradient, reinterpret_cast<uint8_t*>(field.data()));
+  EXPECT_EQ(GradientPiecePrefix(4, WireDtype::kFp32) + BytesOf(whole), field);
+  EXPECT_EQ(BytesOf(bytes.Range(2, 2)), field.substr(field.size() - 8));
+  EXPECT_EQ(pool->allocations(), 0) << "nothing copied";
+  EXPECT_FALSE(bytes.AwaitReturned(absl::Milliseconds(10))) << "`whole` still holds it";
+  whole = grpc::Slice();
+  EXPECT_TRUE(bytes.AwaitReturned(absl::ZeroDuration()));
+}
+
+TEST(GradientOnWireTest, Bf16IsEncodedOnceAndTheGradientIsFreeAtOnce) {
+  std::vector<float> gradient = {1.5f, -2, 3, 4};
+  auto pool = SlicePool::Create(1);
+  GradientOnWire bytes(gradient, WireDtype::kBf16, pool.get());
+  std::string field(GradientFieldSize(4, WireDtype::kBf16), '\0');
+  WriteGradientField(WireDtype::kBf16, gradient, reinterpret_cast<uint8_t*>(field.data()));
+  grpc::Slice whole = bytes.Range(0, 4);
+  grpc::Slice tail = bytes.Range(1, 3);
+  EXPECT_EQ(pool->allocations(), 1);
+  EXPECT_TRUE(bytes.AwaitReturned(absl::ZeroDuration())) << "the slices hold a copy";
+  gradient.assign(4, 0.0f);
+  EXPECT_EQ(GradientPiecePrefix(4, WireDtype::kBf16) + BytesOf(whole), field);
+  EXPECT_EQ(BytesOf(tail), field.substr(field.size() - 6));
+}
+
 }  // namespace
 }  // namespace dbs

@@ -437,25 +437,29 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
     DBS_RETURN_IF_ERROR(PushStreamed(head, gradient, params, &reply, &version));
     return OutcomeOf(reply, version);
   }
-  // A push with samples carries the gradient, encoded once into a reused buffer; an empty one
-  // carries none.
+  // A push with samples carries the gradient (GradientOnWire: its own memory, or encoded once
+  // into a reused buffer); an empty one carries none.
+  std::optional<GradientOnWire> bytes;
   grpc::Slice slices[2] = {grpc::Slice(head.SerializeAsString()), grpc::Slice()};
   if (send) {
     head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
-    slices[0] = grpc::Slice(head.SerializeAsString());
-    uint8_t* data = nullptr;
-    slices[1] = pool_->Acquire(GradientFieldSize(model, wire_dtype_), &data);
-    WriteGradientField(wire_dtype_, gradient, data);
+    bytes.emplace(gradient, wire_dtype_, pool_.get());
+    slices[0] = grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(model, wire_dtype_));
+    slices[1] = bytes->Range(0, model);
   }
-  const grpc::ByteBuffer request(slices, send ? 2 : 1);
+  std::optional<grpc::ByteBuffer> request(std::in_place, slices, send ? 2 : 1);
+  slices[1] = grpc::Slice();
   // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
   // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
   // worker held to a CPU quota pays in throttled time).
   auto call = [&](grpc::ClientContext* ctx) {
     return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel_.get(), *push_method_, ctx, request, &push_reply_);
+        channel_.get(), *push_method_, ctx, *request, &push_reply_);
   };
-  DBS_RETURN_IF_ERROR(Annotate(WithRetry(call, /*waits=*/true), "PushGradient"));
+  const grpc::Status status = WithRetry(call, /*waits=*/true);
+  request.reset();
+  DBS_RETURN_IF_ERROR(AwaitGradientReturned(bytes.has_value() ? &*bytes : nullptr, "PushGradient"));
+  DBS_RETURN_IF_ERROR(Annotate(status, "PushGradient"));
   const absl::Status parsed =
       ParsePushReply(SegmentsOf(push_reply_, &reply_slices_), &reply, params, &version);
   reply_slices_.clear();
@@ -484,28 +488,14 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
                  model, WireDtypeName(dtype), (model + per_chunk - 1) / per_chunk,
                  per_chunk * width >> 10);
   }
-  // Each chunk's values: in fp32 on a little-endian machine, where a float's bytes in memory
-  // are its bytes on the wire, the gradient's own memory, lent to gRPC until the call is over
-  // (no copy); otherwise a view of the gradient encoded once into a reused buffer.
-  std::optional<LentValues> lent;
-  grpc::Slice field;
-  size_t start = 0;
-  if (dtype == WireDtype::kFp32 && Fp32IsWireOrder()) {
-    lent.emplace(gradient);
-  } else {
-    uint8_t* data = nullptr;
-    field = pool_->Acquire(GradientFieldSize(model, dtype), &data);
-    WriteGradientField(dtype, gradient, data);
-    start = field.size() - model * width;
-  }
+  GradientOnWire bytes(gradient, dtype, pool_.get());
   std::vector<grpc::ByteBuffer> chunks;
   for (size_t from = 0; from < model; from += per_chunk) {
     const size_t count = std::min(per_chunk, model - from);
     head.set_gradient_offset(static_cast<int64_t>(from));
     grpc::Slice slices[2] = {
         grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(count, dtype)),
-        lent.has_value() ? lent->Range(from, count)
-                         : field.sub(start + from * width, start + (from + count) * width)};
+        bytes.Range(from, count)};
     chunks.emplace_back(slices, 2);
   }
   absl::Status parsed;
@@ -535,16 +525,23 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
   };
   grpc::Status status = WithRetry(call, /*waits=*/true);
   chunks.clear();
-  // The caller may change the gradient once this returns: gRPC must have let go of it.
-  if (lent.has_value() && !lent->AwaitReturned(absl::Seconds(60))) {
-    return absl::InternalError(
-        "PushGradientStream: gRPC still held the gradient's memory 60 s after the call ended");
-  }
+  DBS_RETURN_IF_ERROR(AwaitGradientReturned(&bytes, "PushGradientStream"));
   if (!parsed.ok()) {
     return absl::Status(parsed.code(), absl::StrCat("PushGradientStream at dbs_ps ",
                                                     config_.address, ": ", parsed.message()));
   }
   return Annotate(status, "PushGradientStream");
+}
+
+absl::Status GrpcPsClient::AwaitGradientReturned(const GradientOnWire* bytes,
+                                                 absl::string_view call) {
+  // The caller may change the gradient once a push returns: gRPC must have let go of it. It
+  // does once the call is over and its request is gone; the wait covers a late release.
+  if (bytes != nullptr && !bytes->AwaitReturned(absl::Seconds(60))) {
+    return absl::InternalError(
+        absl::StrCat(call, ": gRPC still held the gradient's memory 60 s after the call ended"));
+  }
+  return absl::OkStatus();
 }
 
 StepOutcome GrpcPsClient::OutcomeOf(const v1::PushGradientReply& reply, int64_t version) {
