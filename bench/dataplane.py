@@ -17,6 +17,7 @@ Writes dataplane.json (every round's figures), dataplane.md (the table) and data
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,8 @@ def run_dbs(args, n, variant):
         ps_argv.append(f"--wire_dtype={wire_dtype}")
         ps_argv.append(f"--deterministic={'false' if mode == 'arrival' else 'true'}")
         ps_argv.append(f"--pipelined={'false' if mode == 'unpipelined' else 'true'}")
+        if mode.startswith("window"):
+            ps_argv.append(f"--receive_window_mb={int(mode[len('window'):])}")
         procs = []
         try:
             leader, port = start_ps(
@@ -169,7 +172,7 @@ def table(rows, clients, rounds):
              "(--define=dbs_malloc=system) instead of tcmalloc. Streamed steps are pipelined (each range updated and "
              "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
              "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
-             "summed.", "",
+             "summed. /windowN: dbs_ps with --receive_window_mb=N.", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -218,7 +221,8 @@ def main():
                         "default), or with /arrival summed on arrival, or with /whole pushed "
                         "as one message, or with /unpipelined updated and answered only once "
                         "the whole step is in, or with /Kshards split across K dbs_ps "
-                        "processes, or with /glibc run by the binaries in "
+                        "processes, or with /windowN run with dbs_ps --receive_window_mb=N, "
+                        "or with /glibc run by the binaries in "
                         "--system_malloc_dir; default: " + DEFAULT_VARIANTS
                         + " (and fp32/glibc with --system_malloc_dir)")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
@@ -254,6 +258,12 @@ def main():
             sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
     sizes = [int(s) for s in args.sizes.split(",")]
     dtypes = args.variants.split(",")
+    for v in dtypes:
+        wire, _, mode = v.partition("/")
+        if wire not in ("fp32", "bf16", "fp16") or not re.fullmatch(
+                r"|arrival|whole|unpipelined|glibc|[1-9][0-9]*shards|window[1-9][0-9]*", mode):
+            sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
+                     "/arrival, /whole, /unpipelined, /glibc, /Kshards or /windowN")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds

@@ -24,6 +24,10 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory_quota_mb must be in [2 * max_message_mb = ", 2 * c.max_message_mb, ", 1048576]"));
   }
+  if (c.receive_window_mb < 0 || c.receive_window_mb > 1024) {
+    return absl::InvalidArgumentError(
+        "receive_window_mb must be 0 (gRPC sizes the window) or in [1, 1024]");
+  }
   if ((c.restore || c.restore_if_present) && c.job.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
@@ -309,6 +313,14 @@ std::shared_ptr<grpc::ServerCredentials> PsServer::Credentials() const {
   return grpc::SslServerCredentials(tls);
 }
 
+std::vector<std::pair<std::string, int>> ReceiveWindowArgs(int receive_window_mb) {
+  if (receive_window_mb == 0) return {};
+  // Without the bandwidth-delay probe gRPC keeps the window at the lookahead it is given,
+  // instead of growing it (and the buffers behind it) to what the link can carry.
+  return {{GRPC_ARG_HTTP2_BDP_PROBE, 0},
+          {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, receive_window_mb << 20}};
+}
+
 absl::Status PsServer::Listen() {
   const std::string address = absl::StrCat(config_.host, ":", config_.port);
   grpc::ServerBuilder builder;
@@ -325,6 +337,9 @@ absl::Status PsServer::Listen() {
   grpc::ResourceQuota quota("dbs_ps");
   quota.Resize(static_cast<size_t>(config_.memory_quota_mb) << 20);
   builder.SetResourceQuota(quota);
+  for (const auto& [name, value] : ReceiveWindowArgs(config_.receive_window_mb)) {
+    builder.AddChannelArgument(name, value);
+  }
   builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
   if (!follower()) builder.RegisterService(&scheduler_service_);  // the leader's alone

@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,6 +37,10 @@ struct ServerConfig {
   // gRPC's memory for calls in flight (a ResourceQuota): past it new calls and reads wait or
   // fail instead of growing the process without limit.
   int memory_quota_mb = 4096;
+  // How far ahead gRPC reads each call's bytes (the HTTP/2 stream window), in MiB. 0: gRPC
+  // sizes it from the bandwidth-delay product it measures (fastest); a bound caps the
+  // receive buffers, and so the server's memory, at some cost in step time (docs/dataplane.md).
+  int receive_window_mb = 0;
   std::string summary_path;  // the JSON run summary ('' : none)
   bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
   // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none
@@ -63,6 +69,10 @@ struct ServerConfig {
   int num_shards = 1;
   std::string leader;
 };
+
+// The channel arguments that bound gRPC's receive window to `receive_window_mb` MiB (none
+// for 0: gRPC's own adaptive window).
+std::vector<std::pair<std::string, int>> ReceiveWindowArgs(int receive_window_mb);
 
 // INVALID_ARGUMENT, naming the setting, for any bad part (the job's included).
 absl::Status ValidateServerConfig(const ServerConfig& config);

@@ -100,6 +100,8 @@ TEST(ValidateServerConfigTest, NamesTheSettingAndNoFlag) {
   const Case cases[] = {
       {[](ServerConfig& c) { c.port = 70000; }, "port must be in [0, 65535]"},
       {[](ServerConfig& c) { c.max_message_mb = 0; }, "max_message_mb must be in [1, 2047]"},
+      {[](ServerConfig& c) { c.receive_window_mb = -1; }, "receive_window_mb must be 0"},
+      {[](ServerConfig& c) { c.receive_window_mb = 1025; }, "receive_window_mb must be 0"},
       {[](ServerConfig& c) { c.restore = true; }, "restore needs a checkpoint_dir"},
       {[](ServerConfig& c) { c.job.scheduler.expected_workers = 0; }, "workers must be >= 1"},
       {[](ServerConfig& c) { c.job.scheduler.epochs = 0; }, "epochs must be in [1, 1000000]"},
@@ -455,6 +457,50 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   EXPECT_EQ(answers[2].values().version(), 1);
   // lr 1, no momentum: the parameters are minus the gradient.
   EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
+  (*server)->Stop(absl::CancelledError("test over"));
+  runner.join();
+}
+
+TEST(ReceiveWindowArgsTest, ZeroLeavesGRPCsWindowAndABoundTurnsTheProbeOff) {
+  EXPECT_TRUE(ReceiveWindowArgs(0).empty());
+  EXPECT_THAT(ReceiveWindowArgs(8),
+              ::testing::UnorderedElementsAre(
+                  std::make_pair(std::string(GRPC_ARG_HTTP2_BDP_PROBE), 0),
+                  std::make_pair(std::string(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES), 8 << 20)));
+}
+
+TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
+  // A 1 MiB window, and a model, push and answer of 3 MiB each as whole messages: gRPC's flow
+  // control carries them in window-sized parts, and the step's values are exact.
+  ServerConfig c = SmallConfig();
+  c.job.scheduler.expected_workers = 1;
+  c.job.optimizer.sgd.lr = 1.0;  // the first step: momentum does not act yet
+  c.receive_window_mb = 1;
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
+  ASSERT_THAT(server, IsOk());
+  std::ostringstream out;
+  absl::Status result;
+  std::thread runner([&] { result = (*server)->Run(out); });
+  constexpr int kValues = 3 << 18;  // under the client's 4 MiB default largest message
+  HandWorker w;
+  w.Join((*server)->port(), kValues);
+  std::vector<float> gradient(kValues);
+  for (int i = 0; i < kValues; ++i) gradient[i] = static_cast<float>(i % 1000) / 8;
+  v1::PushGradientRequest push;
+  push.set_num_samples(w.plan.batch_size());
+  push.set_gradient(std::string(reinterpret_cast<const char*>(gradient.data()), 4u * kValues));
+  v1::PushGradientReply reply;
+  grpc::ClientContext ctx;
+  w.Sign(&ctx);
+  ASSERT_THAT(w.params->PushGradient(&ctx, push, &reply), IsOk());
+  EXPECT_EQ(reply.global_samples(), w.plan.batch_size());
+  ASSERT_EQ(reply.values().values().size(), 4u * kValues);
+  std::vector<float> got(kValues);
+  std::memcpy(got.data(), reply.values().values().data(), 4u * kValues);
+  for (int i = 0; i < kValues; ++i) {
+    ASSERT_EQ(got[i], -gradient[i]) << "value " << i;  // lr 1 from zeros: minus the gradient
+  }
   (*server)->Stop(absl::CancelledError("test over"));
   runner.join();
 }
