@@ -90,6 +90,36 @@ struct HandWorker {
   }
 };
 
+// A server for one worker at lr 1 (the first step has no momentum yet, so the parameters
+// become minus the gradient), run on a thread of its own until the object goes.
+class OneWorkerServer {
+ public:
+  explicit OneWorkerServer(ServerConfig c) {
+    c.job.scheduler.expected_workers = 1;
+    c.job.optimizer.sgd.lr = 1.0;
+    absl::StatusOr<std::unique_ptr<PsServer>> started = PsServer::Start(c, &clock_);
+    status_ = started.status();
+    if (!started.ok()) return;
+    server_ = *std::move(started);
+    runner_ = std::thread([this] { result_ = server_->Run(out_); });
+  }
+  ~OneWorkerServer() {
+    if (server_ == nullptr) return;
+    server_->Stop(absl::CancelledError("test over"));
+    runner_.join();
+  }
+  const absl::Status& status() const { return status_; }
+  int port() const { return server_->port(); }
+
+ private:
+  const RealClock clock_;
+  absl::Status status_;
+  std::unique_ptr<PsServer> server_;
+  std::ostringstream out_;
+  absl::Status result_;
+  std::thread runner_;
+};
+
 TEST(ValidateServerConfigTest, NamesTheSettingAndNoFlag) {
   ServerConfig c = SmallConfig();
   EXPECT_THAT(ValidateServerConfig(c), IsOk());
@@ -388,17 +418,10 @@ TEST(PsServerTest, AStopLetsAHalfAppliedStepCompleteBeforeTheFinalCheckpoint) {
 }
 
 TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
-  ServerConfig c = SmallConfig();
-  c.job.scheduler.expected_workers = 1;
-  c.job.optimizer.sgd.lr = 1.0;  // the first step: momentum does not act yet
-  const RealClock clock;
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
-  ASSERT_THAT(server, IsOk());
-  std::ostringstream out;
-  absl::Status result;
-  std::thread runner([&] { result = (*server)->Run(out); });
+  OneWorkerServer server(SmallConfig());
+  ASSERT_THAT(server.status(), IsOk());
   HandWorker w;
-  w.Join((*server)->port(), 4);
+  w.Join(server.port(), 4);
   v1::PushGradientRequest head;
   head.set_num_samples(w.plan.batch_size());
   std::vector<v1::PushGradientReply> answers;
@@ -457,8 +480,6 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   EXPECT_EQ(answers[2].values().version(), 1);
   // lr 1, no momentum: the parameters are minus the gradient.
   EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
-  (*server)->Stop(absl::CancelledError("test over"));
-  runner.join();
 }
 
 TEST(ReceiveWindowArgsTest, ZeroLeavesGRPCsWindowAndABoundTurnsTheProbeOff) {
@@ -473,18 +494,12 @@ TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
   // A 1 MiB window, and a model, push and answer of 3 MiB each as whole messages: gRPC's flow
   // control carries them in window-sized parts, and the step's values are exact.
   ServerConfig c = SmallConfig();
-  c.job.scheduler.expected_workers = 1;
-  c.job.optimizer.sgd.lr = 1.0;  // the first step: momentum does not act yet
   c.receive_window_mb = 1;
-  const RealClock clock;
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
-  ASSERT_THAT(server, IsOk());
-  std::ostringstream out;
-  absl::Status result;
-  std::thread runner([&] { result = (*server)->Run(out); });
+  OneWorkerServer server(c);
+  ASSERT_THAT(server.status(), IsOk());
   constexpr int kValues = 3 << 18;  // under the client's 4 MiB default largest message
   HandWorker w;
-  w.Join((*server)->port(), kValues);
+  w.Join(server.port(), kValues);
   std::vector<float> gradient(kValues);
   for (int i = 0; i < kValues; ++i) gradient[i] = static_cast<float>(i % 1000) / 8;
   v1::PushGradientRequest push;
@@ -501,8 +516,6 @@ TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
   for (int i = 0; i < kValues; ++i) {
     ASSERT_EQ(got[i], -gradient[i]) << "value " << i;  // lr 1 from zeros: minus the gradient
   }
-  (*server)->Stop(absl::CancelledError("test over"));
-  runner.join();
 }
 
 TEST(PsServerTest, APortInUseIsAClearError) {
