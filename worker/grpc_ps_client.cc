@@ -440,15 +440,18 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   // A push with samples carries the gradient (GradientOnWire: its own memory, or encoded once
   // into a reused buffer); an empty one carries none.
   std::optional<GradientOnWire> bytes;
-  grpc::Slice slices[2] = {grpc::Slice(head.SerializeAsString()), grpc::Slice()};
+  std::optional<grpc::ByteBuffer> request;
   if (send) {
     head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
     bytes.emplace(gradient, wire_dtype_, pool_.get());
-    slices[0] = grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(model, wire_dtype_));
-    slices[1] = bytes->Range(0, model);
+    grpc::Slice slices[2] = {
+        grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(model, wire_dtype_)),
+        bytes->Range(0, model)};
+    request.emplace(slices, 2);
+  } else {
+    grpc::Slice header(head.SerializeAsString());
+    request.emplace(&header, 1);
   }
-  std::optional<grpc::ByteBuffer> request(std::in_place, slices, send ? 2 : 1);
-  slices[1] = grpc::Slice();
   // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
   // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
   // worker held to a CPU quota pays in throttled time).
@@ -458,7 +461,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   };
   const grpc::Status status = WithRetry(call, /*waits=*/true);
   request.reset();
-  DBS_RETURN_IF_ERROR(AwaitGradientReturned(bytes.has_value() ? &*bytes : nullptr, "PushGradient"));
+  if (bytes.has_value()) DBS_RETURN_IF_ERROR(AwaitGradientReturned(*bytes, "PushGradient"));
   DBS_RETURN_IF_ERROR(Annotate(status, "PushGradient"));
   const absl::Status parsed =
       ParsePushReply(SegmentsOf(push_reply_, &reply_slices_), &reply, params, &version);
@@ -525,7 +528,7 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
   };
   grpc::Status status = WithRetry(call, /*waits=*/true);
   chunks.clear();
-  DBS_RETURN_IF_ERROR(AwaitGradientReturned(&bytes, "PushGradientStream"));
+  DBS_RETURN_IF_ERROR(AwaitGradientReturned(bytes, "PushGradientStream"));
   if (!parsed.ok()) {
     return absl::Status(parsed.code(), absl::StrCat("PushGradientStream at dbs_ps ",
                                                     config_.address, ": ", parsed.message()));
@@ -533,11 +536,11 @@ absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
   return Annotate(status, "PushGradientStream");
 }
 
-absl::Status GrpcPsClient::AwaitGradientReturned(const GradientOnWire* bytes,
+absl::Status GrpcPsClient::AwaitGradientReturned(const GradientOnWire& bytes,
                                                  absl::string_view call) {
   // The caller may change the gradient once a push returns: gRPC must have let go of it. It
   // does once the call is over and its request is gone; the wait covers a late release.
-  if (bytes != nullptr && !bytes->AwaitReturned(absl::Seconds(60))) {
+  if (!bytes.AwaitReturned(absl::Seconds(60))) {
     return absl::InternalError(
         absl::StrCat(call, ": gRPC still held the gradient's memory 60 s after the call ended"));
   }

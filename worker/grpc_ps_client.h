@@ -97,8 +97,8 @@ class GrpcPsClient : public PsClient {
   std::unique_ptr<grpc::internal::RpcMethod> stream_method_;
   // A push as a stream of chunks (`head` filled in but for the offset); the answer's head into
   // `*reply`, its parameters into `params`.
-  // Waits for gRPC to let go of a pushed gradient's memory (none: nothing to wait for).
-  static absl::Status AwaitGradientReturned(const GradientOnWire* bytes, absl::string_view call);
+  // Waits for gRPC to let go of a pushed gradient's memory.
+  static absl::Status AwaitGradientReturned(const GradientOnWire& bytes, absl::string_view call);
   absl::Status PushStreamed(v1::PushGradientRequest head, absl::Span<const float> gradient,
                             absl::Span<float> params, v1::PushGradientReply* reply,
                             int64_t* version);
