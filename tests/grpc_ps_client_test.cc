@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/ps_server.h"
+#include "tests/loopback_server.h"
 
 namespace dbs {
 namespace {
@@ -60,13 +61,10 @@ class BlackHole final : public v1::SchedulerService::CallbackService {
 class GrpcPsClientDeadlineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&hole_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    config_.address = "127.0.0.1:" + std::to_string(port);
+    LoopbackServer s = ServeOnLoopback(&hole_);
+    ASSERT_NE(s.port, 0);
+    config_.address = s.address();
+    server_ = std::move(s.server);
     config_.call_timeout = absl::Milliseconds(100);
     config_.connect_timeout = absl::Seconds(1);
     config_.backoff.initial = absl::Milliseconds(10);

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "server/scheduler_service.h"
 #include "server/training_job.h"
+#include "tests/loopback_server.h"
 
 namespace dbs {
 namespace {
@@ -162,14 +163,11 @@ struct Served {
   std::unique_ptr<v1::ParameterService::Stub> stub;
 };
 Served Serve(ParameterServiceImpl* service) {
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(service);
+  LoopbackServer s = ServeOnLoopback(service);
   Served served;
-  served.server = builder.BuildAndStart();
   served.stub = v1::ParameterService::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(s.address(), grpc::InsecureChannelCredentials()));
+  served.server = std::move(s.server);
   return served;
 }
 

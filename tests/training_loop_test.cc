@@ -358,6 +358,23 @@ TEST_F(TrainingLoopTest, AResumeThatFailsEndsTheLoopSayingWhy) {
   EXPECT_THAT(Log(), HasSubstr("the leader is still restoring"));
 }
 
+// The server restarted behind the worker and declared it dead before it asked where to
+// resume (it was cut off longer than the worker timeout): it registers again instead of ending.
+TEST_F(TrainingLoopTest, AWorkerDeclaredDeadBeforeItResumesRejoins) {
+  job_.epochs = 3;
+  FakePsClient client(job_, &clock_);
+  client.RestartAt(1, 4, 2);
+  client.EvictBeforeResume();
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.restarts(), 1);
+  EXPECT_EQ(client.rejoins(), 1);
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(StepsOf(client, 2), ElementsAre(0, 1, 2, 3, 4, 5));
+  ASSERT_EQ(client.reports().size(), 2u) << "epochs 0 and 2";
+  EXPECT_EQ(client.reports()[1].worker_id, 1) << "under its new id";
+  EXPECT_THAT(Log(), HasSubstr("joined again as worker 1 from epoch 3"));
+}
+
 // Epoch 0 re-planned after its step 1 (8 samples done): the rest in 2 steps of 7, and the test
 // slice [2, 7).
 PlanRevision RestInTwoStepsOfSeven() {

@@ -231,6 +231,10 @@ absl::Status FakePsClient::Leave(int worker_id) {
 
 absl::StatusOr<ResumePoint> FakePsClient::Resume(int worker_id, absl::Span<float> params) {
   if (!resume_failure_.ok()) return resume_failure_;
+  if (evict_before_resume_) {
+    evict_before_resume_ = false;
+    evicted_ = true;
+  }
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
   if (params.size() != params_.size()) {
     return absl::InvalidArgumentError("the parameter buffer does not match the model");

@@ -59,6 +59,8 @@ class FakePsClient : public PsClient {
   // was written before the newest revision: it expects the epoch's plan without it (and refuses
   // the push as not matching), until the worker resumes.
   void ForgetRevisionAt(int epoch, int step) { forget_revision_at_ = {epoch, step}; }
+  // The next Resume finds the worker declared dead (NOT_FOUND), as EvictAt does.
+  void EvictBeforeResume() { evict_before_resume_ = true; }
   // Every Resume fails with `status` (a server that cannot say where the job stands).
   void FailResumeWith(absl::Status status) { resume_failure_ = std::move(status); }
 
@@ -105,6 +107,7 @@ class FakePsClient : public PsClient {
   StepRanges before_revision_;  // the schedule the newest revision replaced
   SampleRange test_before_revision_;
   absl::Status resume_failure_;
+  bool evict_before_resume_ = false;
   int64_t version_ = 0;
   // The job's position and the current epoch's steps (revisions applied).
   int epoch_ = 0;

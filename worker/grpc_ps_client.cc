@@ -193,9 +193,9 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
     v1::RegisterWorkerReply reply;
-    if (!Begin(&ctx)) return absl::CancelledError("interrupted");
+    if (!Begin(&ctx)) return absl::CancelledError(StopReason());
     last = scheduler_->RegisterWorker(&ctx, req, &reply);
-    if (End()) return absl::CancelledError("interrupted");
+    if (End()) return absl::CancelledError(StopReason());
     if (last.ok()) {
       token_ = reply.token();
       if (!v1::WireDtype_IsValid(reply.wire_dtype())) {
@@ -217,7 +217,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     if (!retryable) return Annotate(last, "registration refused");
     const absl::Duration delay = backoff.Next();
     if (absl::Now() + delay >= deadline) break;
-    absl::SleepFor(delay);
+    if (Pause(delay)) return absl::CancelledError(StopReason());
   }
   return absl::UnavailableError(absl::StrFormat(
       "could not reach dbs_ps at %s after %d attempts over %.1f s (last error: %s). Is dbs_ps "
@@ -273,7 +273,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
           absl::FormatDuration(absl::Now() - start),
           " for another worker to register the model (last answer: ", status.error_message(), ")"));
     }
-    absl::SleepFor(delay);
+    if (Pause(delay)) return absl::CancelledError(StopReason());
   }
   DBS_RETURN_IF_ERROR(Annotate(status, "RegisterModel"));
   if (streams) {
@@ -294,9 +294,9 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     grpc::ClientContext ctx;
     ctx.AddMetadata(kWorkerTokenKey, token_);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.call_timeout));
-    if (!Begin(&ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, "interrupted");
+    if (!Begin(&ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     grpc::Status s = rpc(&ctx);
-    if (End()) return grpc::Status(grpc::StatusCode::CANCELLED, "interrupted");
+    if (End()) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     // Not ours: a server shutting down cancels the calls in flight. It may come back.
     if (s.error_code() == grpc::StatusCode::CANCELLED) {
       s = grpc::Status(grpc::StatusCode::UNAVAILABLE, s.error_message());
@@ -325,20 +325,44 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
                    absl::FormatDuration(config_.connect_timeout).c_str());
     }
     reconnected_ = true;
-    absl::SleepFor(delay);
+    if (Pause(delay)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
   }
 }
 
 bool GrpcPsClient::Begin(grpc::ClientContext* ctx) {
   absl::MutexLock lock(&interrupt_mu_);
   current_ = ctx;
-  return !interrupted_;
+  return !interrupted_ && !abandoned_;
 }
 
 bool GrpcPsClient::End() {
   absl::MutexLock lock(&interrupt_mu_);
   current_ = nullptr;
-  return interrupted_;
+  return interrupted_ || abandoned_;
+}
+
+bool GrpcPsClient::Pause(absl::Duration delay) {
+  absl::MutexLock lock(&interrupt_mu_);
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(interrupt_mu_) {
+    return interrupted_ || abandoned_;
+  };
+  return interrupt_mu_.AwaitWithTimeout(absl::Condition(&stopped), delay);
+}
+
+std::string GrpcPsClient::StopReason() {
+  absl::MutexLock lock(&interrupt_mu_);
+  return interrupted_ ? "interrupted" : "abandoned: another shard refused this call's step";
+}
+
+void GrpcPsClient::Abandon() {
+  absl::MutexLock lock(&interrupt_mu_);
+  abandoned_ = true;
+  if (current_ != nullptr) current_->TryCancel();
+}
+
+void GrpcPsClient::ResumeCalls() {
+  absl::MutexLock lock(&interrupt_mu_);
+  abandoned_ = false;
 }
 
 void GrpcPsClient::Interrupt() {

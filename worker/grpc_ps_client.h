@@ -77,6 +77,13 @@ class GrpcPsClient : public PsClient {
   const std::string& token() const { return token_; }
   WireDtype wire_dtype() const { return wire_dtype_; }
 
+  // From another thread: ends the call in flight, and any retry of it, with CANCELLED
+  // ("abandoned"), and every later call at once, until ResumeCalls(). A sharded client
+  // abandons the other shards' part of a step once one shard has refused it: a follower may
+  // hold a push for the next step until its leader has done the step this worker must redo.
+  void Abandon();
+  void ResumeCalls();
+
  private:
   // Runs `rpc` (a call on a fresh context with the deadline above), retrying with backoff while
   // the server is unavailable or an attempt timed out, for at most `connect_timeout`; a waiting
@@ -134,10 +141,15 @@ class GrpcPsClient : public PsClient {
   absl::Mutex interrupt_mu_;
   grpc::ClientContext* current_ ABSL_GUARDED_BY(interrupt_mu_) = nullptr;
   bool interrupted_ ABSL_GUARDED_BY(interrupt_mu_) = false;
-  // Registers `ctx` as the call in progress; false if interrupted already.
+  bool abandoned_ ABSL_GUARDED_BY(interrupt_mu_) = false;
+  // Registers `ctx` as the call in progress; false if interrupted or abandoned already.
   bool Begin(grpc::ClientContext* ctx);
-  // Ends the call in progress; true if interrupted meanwhile.
+  // Ends the call in progress; true if interrupted or abandoned meanwhile.
   bool End();
+  // Waits `delay` between attempts; true if interrupted or abandoned meanwhile.
+  bool Pause(absl::Duration delay);
+  // Why a call ended without an answer: "interrupted" or "abandoned ...".
+  std::string StopReason();
 };
 
 }  // namespace dbs

@@ -1,5 +1,6 @@
 #include "worker/sharded_ps_client.h"
 
+#include <atomic>
 #include <thread>
 #include <utility>
 
@@ -14,20 +15,29 @@ ShardedPsClient::ShardedPsClient(std::vector<std::unique_ptr<GrpcPsClient>> shar
 
 absl::Status ShardedPsClient::OnAll(const std::function<absl::Status(size_t)>& call) {
   std::vector<absl::Status> results(shards_.size());
+  // The first shard to fail decides the outcome; the others' calls are abandoned rather than
+  // waited for. (A follower may hold a push for a step its leader has not logged, while the
+  // leader, restarted behind this worker, refused it and waits for this worker to redo the
+  // step before: waiting for both would hold the job until the leader declared it dead.)
+  std::atomic<int> failed{-1};
+  auto run = [&](size_t i) {
+    results[i] = call(i);
+    int none = -1;
+    if (results[i].ok() || !failed.compare_exchange_strong(none, static_cast<int>(i))) return;
+    for (size_t j = 0; j < shards_.size(); ++j) {
+      if (j != i) shards_[j]->Abandon();
+    }
+  };
   std::vector<std::thread> others;
   others.reserve(shards_.size() - 1);
-  for (size_t i = 1; i < shards_.size(); ++i) {
-    others.emplace_back([&, i] { results[i] = call(i); });
-  }
-  results[0] = call(0);
+  for (size_t i = 1; i < shards_.size(); ++i) others.emplace_back(run, i);
+  run(0);
   for (std::thread& t : others) t.join();
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (!results[i].ok()) {
-      return absl::Status(results[i].code(), absl::StrCat("shard ", i, "/", shards_.size(), ": ",
-                                                          results[i].message()));
-    }
-  }
-  return absl::OkStatus();
+  if (failed.load() < 0) return absl::OkStatus();
+  for (auto& s : shards_) s->ResumeCalls();
+  const size_t i = static_cast<size_t>(failed.load());
+  return absl::Status(results[i].code(),
+                      absl::StrCat("shard ", i, "/", shards_.size(), ": ", results[i].message()));
 }
 
 absl::Status ShardedPsClient::SameVersions(const std::vector<int64_t>& versions) const {

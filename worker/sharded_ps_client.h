@@ -40,7 +40,7 @@ class ShardedPsClient : public PsClient {
 
  private:
   // Runs `call(i)` for every shard i at once (the leader's on this thread); the first error,
-  // naming its shard.
+  // naming its shard. Once one shard's call fails, the others' are abandoned.
   absl::Status OnAll(const std::function<absl::Status(size_t)>& call);
   // The versions the shards answered must agree: they apply the same steps.
   absl::Status SameVersions(const std::vector<int64_t>& versions) const;

@@ -390,6 +390,8 @@ bool TrainingLoop::Rejoin(const absl::Status& why) {
 bool TrainingLoop::Resync(const absl::Status& why) {
   // On failure the caller reports the original error; the line says why no resume followed.
   absl::StatusOr<ResumePoint> r = client_->Resume(id_, absl::MakeSpan(params_));
+  // Declared dead meanwhile (it was cut off longer than the worker timeout): join again.
+  if (absl::IsNotFound(r.status()) && Rejoin(r.status())) return true;
   if (!r.ok()) {
     Say(absl::StrCat("cannot resume after '", why.message(), "': ", r.status().ToString()));
     return false;
