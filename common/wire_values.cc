@@ -282,6 +282,14 @@ WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count) {
 
 absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out) {
   DBS_RETURN_IF_ERROR(payload.CheckCount(out.size()));
+  if (payload.dtype == WireDtype::kFp32) {
+    // One copy per received run, aligned or not, as DecodeValues copies fp32 (through
+    // ForEachBlock's block buffer an unaligned run was copied twice).
+    return ForEachFp32Run(payload, [&](size_t first, const uint8_t* bytes, size_t count) {
+      std::memcpy(out.data() + first, bytes, count * sizeof(float));
+      return absl::OkStatus();
+    });
+  }
   return ForEachBlock(payload, [&](size_t first, absl::Span<const float> values) {
     std::copy(values.begin(), values.end(), out.begin() + first);
     return absl::OkStatus();

@@ -167,5 +167,33 @@ TEST(ScriptExactnessTest, ATorchScriptModelAggregatesExactlyToo) {
   EXPECT_LT(err, 1e-5);
 }
 
+// LoadParameters writes straight into contiguous fp32 CPU tensors (not through Tensor::copy_):
+// every value lands where CopyParametersTo reads it back, for the built-in models and for a
+// TorchScript model with BatchNorm (whose buffers include an int64 counter, left to copy_), and
+// each tensor's version counter moves as copy_ would move it.
+TEST(LoadParametersTest, EveryValueLandsInItsTensorAndEachVersionMoves) {
+  std::vector<std::unique_ptr<Net>> nets;
+  nets.push_back(*MakeBuiltinNet("cnn"));
+  nets.push_back(*MakeBuiltinNet("mlp"));
+  absl::StatusOr<std::unique_ptr<Net>> bn = LoadScriptNet("examples/resnet_bn.pt", "auto");
+  ASSERT_THAT(bn, IsOk());
+  nets.push_back(std::move(*bn));
+  for (const std::unique_ptr<Net>& net : nets) {
+    const size_t n = static_cast<size_t>(TotalElements(net->layout()));
+    std::vector<float> values(n);
+    for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 1000) * 0.5f - 250.0f;
+    std::vector<int64_t> versions;
+    for (const torch::Tensor& t : net->Tensors()) versions.push_back(t._version());
+    LoadParameters(*net, values);
+    std::vector<float> back(n, -1.0f);
+    CopyParametersTo(*net, absl::MakeSpan(back));
+    EXPECT_EQ(back, values) << n << " values";
+    const std::vector<torch::Tensor> tensors = net->Tensors();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_GT(tensors[i]._version(), versions[i]) << net->layout()[i].name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dbs
