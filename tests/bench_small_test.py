@@ -209,6 +209,10 @@ class DataplaneSmallTest(unittest.TestCase):
             self.assertGreater(r["gloo_step_ms"], 0)
             self.assertGreater(r["server_peak_rss_mib"], 1)
             self.assertGreaterEqual(r["server_faults_per_step"], 0)
+            # The second half's 3 of the 5 timed steps fault at most what all 5 did.
+            self.assertGreaterEqual(r["server_faults_per_step_second_half"], 0)
+            self.assertLessEqual(3 * r["server_faults_per_step_second_half"],
+                                 5 * r["server_faults_per_step"])
             self.assertGreater(r["client_cpu_ms_per_step"], 0)
         self.assertTrue(os.path.exists(os.path.join(out, "dataplane.png")))
         with open(os.path.join(out, "dataplane.md")) as f:
