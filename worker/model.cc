@@ -256,7 +256,7 @@ void LoadParameters(Net& net, absl::Span<const float> values) {
       // Straight into the tensor's memory: Tensor::copy_ costs ~8,000 instructions a tensor in
       // dispatch and TensorIterator set-up, more than the CNN's smaller tensors' bytes. The
       // version counter is bumped as copy_ would.
-      std::memcpy(t.data_ptr<float>(), values.data() + offset, n * sizeof(float));
+      if (n > 0) std::memcpy(t.data_ptr<float>(), values.data() + offset, n * sizeof(float));
       t.unsafeGetTensorImpl()->bump_version();
     } else {
       t.copy_(
