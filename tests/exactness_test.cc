@@ -169,8 +169,8 @@ TEST(ScriptExactnessTest, ATorchScriptModelAggregatesExactlyToo) {
 
 // LoadParameters writes straight into contiguous fp32 CPU tensors (not through Tensor::copy_):
 // every value lands where CopyParametersTo reads it back, for the built-in models and for a
-// TorchScript model with BatchNorm (whose buffers include an int64 counter, left to copy_), and
-// each tensor's version counter moves as copy_ would move it.
+// TorchScript model with BatchNorm (its running statistics are float buffers of the layout; its
+// int64 counters are not in the layout), and each tensor's version counter moves as copy_ would.
 TEST(LoadParametersTest, EveryValueLandsInItsTensorAndEachVersionMoves) {
   std::vector<std::unique_ptr<Net>> nets;
   nets.push_back(*MakeBuiltinNet("cnn"));
