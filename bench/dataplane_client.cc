@@ -31,6 +31,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/cli.h"
 #include "nlohmann/json.hpp"
 #include "worker/grpc_ps_client.h"
 #include "worker/sharded_ps_client.h"
@@ -123,6 +124,7 @@ int main(int argc, char** argv) {
       "The dbs side of the data-plane benchmark: fake workers push and pull a model of --params "
       "floats through dbs_ps. Usually run by bench/dataplane.py.");
   absl::ParseCommandLine(argc, argv);
+  dbs::SkipDeadlockDetection();
   const int clients = absl::GetFlag(FLAGS_clients);
   const int64_t params = absl::GetFlag(FLAGS_params);
   const int warmup = absl::GetFlag(FLAGS_warmup);

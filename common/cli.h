@@ -59,6 +59,13 @@ std::vector<char*> ParseCommandLine(int argc, char** argv, const std::string& us
                                     const std::string& main_file,
                                     const std::map<std::string, std::string>& fallbacks = {});
 
+// Turns Abseil's mutex deadlock detector off for this process. Debian builds Abseil without
+// NDEBUG, which leaves the detector on: every Mutex::Lock then looks its mutex up in one global
+// graph under one spin lock, and every destroyed Mutex is removed from it. The binaries call
+// this at the start of main; the unit tests, which run the same code without those mains, keep
+// the detector.
+void SkipDeadlockDetection();
+
 // The process's environment as a map.
 std::map<std::string, std::string> Environment();
 

@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
       "Example: dbs_ps --port=50051 --workers=4 --epochs=5 --global_batch=128 --policy=dbs",
       "ps_main.cc");
   FLAGS_logtostderr = true;
+  dbs::SkipDeadlockDetection();
   google::InitGoogleLogging(argv[0]);
   // Before any thread starts, so that only the watcher receives them.
   dbs::SignalWatcher::Block();

@@ -132,12 +132,13 @@ DBS_WIDE_VECTORS void AddScaled(float* sum, const uint8_t* values, size_t n, flo
 }  // namespace
 
 absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                        size_t skip, float* sum, float weight, size_t* summed) {
+                                        size_t skip, float* sum, float weight, size_t* summed,
+                                        bool check) {
   // Block by block: each block is checked while it is in the L1 cache, the culprit named only
   // when there is one, and then added. A bad value stops the sum at the start of its block.
   // `data` holds the block's values as little-endian fp32 bytes.
   auto block = [&](size_t first, size_t count, const uint8_t* data) {
-    if (!AllWithin(data, count, kMaxAbsGradient)) {
+    if (check && !AllWithin(data, count, kMaxAbsGradient)) {
       if (summed != nullptr) *summed = first;
       for (size_t i = 0;; ++i) {
         const float v = LoadFp32(data, i);
@@ -283,7 +284,10 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   }
   in.samples = push.num_samples;
   in.received = model;
-  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_});
+  // Its values were checked before the lock (CheckGradient): they are summed without a second
+  // pass over them.
+  in.queued.push_back(
+      Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_, /*checked=*/true});
   return absl::OkStatus();
 }
 
@@ -436,7 +440,7 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
         from >= to ? absl::OkStatus()
                    : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from),
                                 0, in->samples > 0 ? sum_.data() : nullptr,
-                                static_cast<float>(in->samples), &summed);
+                                static_cast<float>(in->samples), &summed, !piece.checked);
     if (!added.ok()) {
       // The values before the bad one's block stay summed, as the pieces before a refused
       // piece do; the rest of the push must come again (a retry resumes from there).

@@ -269,9 +269,11 @@ class StepAggregator {
   // from the piece's value `skip` on to sum[offset...], in one pass: stops at the first value
   // that is not finite or beyond kMaxAbsGradient and returns the refusal naming it. `*summed`
   // (if given) receives how many of the piece's values are summed (all on success; before the
-  // refused one's block otherwise).
+  // refused one's block otherwise). With `check` false the values were checked already (a
+  // whole push, before the lock) and are only summed: a second pass over every received byte.
   static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                 size_t skip, float* sum, float weight, size_t* summed);
+                                 size_t skip, float* sum, float weight, size_t* summed,
+                                 bool check = true);
   // A valid push's gradient becomes the step's: a whole one is queued as one piece; a streamed
   // one must have arrived completely. Changes nothing on error.
   absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -347,6 +349,7 @@ class StepAggregator {
     Taken taken;      // may be empty
     size_t skip = 0;  // its first values were summed before (a retry after a refusal)
     uint64_t serial = 0;
+    bool checked = false;  // its values were checked before the lock (a whole push's)
   };
   struct Incoming {
     int samples = 0;

@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
                         "--data as a client of dbs_ps.\n"
                         "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn",
                         "worker_main.cc", TorchrunFallbacks());
+  dbs::SkipDeadlockDetection();
   dbs::SignalWatcher::Block();
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) return Fail("dbs_worker", config.status(), dbs::kExitBadConfig);
