@@ -270,7 +270,8 @@ class StepAggregator {
   // that is not finite or beyond kMaxAbsGradient and returns the refusal naming it. `*summed`
   // (if given) receives how many of the piece's values are summed (all on success; before the
   // refused one's block otherwise). With `check` false the values were checked already (a
-  // whole push, before the lock) and are only summed: a second pass over every received byte.
+  // whole push, before the lock) and are only summed, which spares a second pass over every
+  // received byte.
   static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
                                  size_t skip, float* sum, float weight, size_t* summed,
                                  bool check = true);

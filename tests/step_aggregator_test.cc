@@ -115,6 +115,24 @@ TEST_F(StepAggregatorTest, BadPushesChangeNothing) {
   EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
 }
 
+TEST_F(StepAggregatorTest, AWholePushWithABadValueIsRefusedAtOnceEvenBeforeItsTurn) {
+  // Its values are checked before the lock, and only there: the sum does not check them again.
+  // Worker 1's push would be held for worker 0's (the sum goes in worker order), but a bad
+  // value refuses it on arrival.
+  grads_.reserve(16);
+  Outcome bad;
+  agg_->Push(Push(1, 0, 3, {1.0f, std::numeric_limits<float>::quiet_NaN()}), bad.callback());
+  ASSERT_TRUE(bad.result.has_value()) << "refused at once, not held for its turn";
+  EXPECT_THAT(bad.result->status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("worker 1's element 1 is nan")));
+  Outcome a, b;
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
+  agg_->Push(Push(1, 0, 3, {0.0f, 8.0f}), b.callback());
+  ASSERT_TRUE(b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+}
+
 TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
   grads_.reserve(16);
   Outcome a, a_again, b, b_late_retry;
