@@ -120,7 +120,14 @@ class SecurityTest(ProcessTestCase):
         workers = [self.spawn(self.worker_argv(servers, *SMALL, f"--name=w{i}",
                                                *self.tls("worker"), token)) for i in range(2)]
         for w in workers:
-            _, err = w.communicate(timeout=180)
+            try:
+                _, err = w.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                for p in workers + [leader, follower]:
+                    p.kill()
+                logs = [p.communicate()[1].decode()[-3000:] for p in workers + [leader, follower]]
+                self.fail("a worker did not finish in 180 s; the workers', the leader's and the "
+                          "follower's stderr:\n" + "\n-----\n".join(logs))
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
         for p in (leader, follower):
             _, err = p.communicate(timeout=60)
