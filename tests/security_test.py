@@ -117,8 +117,12 @@ class SecurityTest(ProcessTestCase):
         follower, fport = self.start_ps(job + server_tls + [
             token, "--shard=1/2", f"--leader=127.0.0.1:{port}", "--summary_path="], "follower")
         servers = f"127.0.0.1:{port},127.0.0.1:{fport}"
+        # SMALL's 3 s of retries is for the frozen-server test; here a worker that gave up on a
+        # shard while the machine was loaded would leave the other waiting for the job's second
+        # worker (the one CI timeout of session 21 fits that), so they get 60 s, like a real one.
         workers = [self.spawn(self.worker_argv(servers, *SMALL, f"--name=w{i}",
-                                               *self.tls("worker"), token)) for i in range(2)]
+                                               *self.tls("worker"), token,
+                                               "--connect_timeout_s=60")) for i in range(2)]
         for w in workers:
             try:
                 _, err = w.communicate(timeout=180)
