@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -51,6 +52,59 @@ PROGRESS_LINE = re.compile(rb"epoch \d+/\d+ step \d+/\d+ ")
 def is_progress(line):
     """True for a worker's progress line (bytes or str)."""
     return PROGRESS_LINE.search(line if isinstance(line, bytes) else line.encode()) is not None
+
+
+
+class DelayingProxy:
+    """A TCP proxy on a loopback port of its own that holds every new connection for `delay_s`
+    before relaying it to 127.0.0.1:`upstream`: a server slow to finish a handshake, as a loaded
+    machine or a distant one is. Threads are daemons; close() stops accepting."""
+
+    def __init__(self, upstream, delay_s):
+        self.upstream, self.delay_s, self.connections = int(upstream), delay_s, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        time.sleep(self.delay_s)
+        try:
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+        except OSError:
+            conn.close()
+            return
+        for a, b in ((conn, up), (up, conn)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while True:
+                data = a.recv(1 << 16)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
 
 
 class ProcessTestCase(unittest.TestCase):
@@ -291,6 +345,29 @@ class BadInputTest(ProcessTestCase):
         attempts = int(err.split(" after ")[1].split(" attempts")[0])
         self.assertGreaterEqual(attempts, 3, err)
         self.assertGreaterEqual(elapsed, 1.0, "it kept retrying for about the timeout")
+
+    def test_a_server_slow_to_answer_a_connection_is_still_reached(self):
+        # Every connection to dbs_ps is held 2 s before its first byte gets through: each attempt
+        # needs longer than the 100 ms-1.2 s that gRPC gave one when the worker set
+        # GRPC_ARG_MIN_RECONNECT_BACKOFF_MS (which gRPC uses as the least time a connection
+        # attempt gets), so the worker never connected and gave up after --connect_timeout_s;
+        # this is what a TLS handshake on a loaded 2-core CI machine ran into.
+        summary = os.path.join(self.tmp, "slow.json")
+        ps, port = self.start_ps(["--workers=1", "--epochs=1", "--global_batch=32",
+                                  f"--summary_path={summary}"])
+        proxy = DelayingProxy(port, delay_s=2.0)
+        self.addCleanup(proxy.close)
+        rc, _, err = self.run_cmd([WORKER, f"--server=127.0.0.1:{proxy.port}", "--name=far",
+                                   f"--data_dir={DATA_DIR}", "--train_limit=300",
+                                   "--test_limit=100", "--connect_timeout_s=30"], 120)
+        self.assertEqual(rc, 0, err[-2000:])
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual(record["status"], "ok")
+        self.assertEqual(record["epochs_completed"], 1)
+        self.assertLessEqual(proxy.connections, 3, "one connection, not one per retry")
 
     def test_bad_flags_are_refused_with_a_message(self):
         rc, _, err = self.run_cmd([PS, "--policy=bogus", "--port=0"], 30)

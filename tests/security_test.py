@@ -75,9 +75,9 @@ class SecurityTest(ProcessTestCase):
             self.assertEqual(rc, 200, name)
             self.assertIn("could not reach dbs_ps", err, name)
         # The right certificate but the wrong secret: UNAUTHENTICATED.
-        # (A generous connect timeout: this one must get through TLS to be refused. With 30 s,
-        # 2 of about 8 full-suite runs on the 2-core VM saw every handshake of 28.6 s fail with
-        # "tcp handshaker shutdown" and the worker give up; alone it gets through in seconds.)
+        # (A generous connect timeout: this one must get through TLS to be refused. Before the
+        # worker let gRPC give a connection attempt 20 s, each had at most 1.2 s, and under a
+        # loaded full-suite run every TLS handshake was cut off: "tcp handshaker shutdown".)
         rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess",
                                          "--connect_timeout_s=90"),
                                   150)
@@ -85,8 +85,10 @@ class SecurityTest(ProcessTestCase):
         self.assertIn("job's secret", err)
         self.assertIsNone(ps.poll(), "dbs_ps is still serving")
 
-        # The real workers train the job to completion.
-        workers = [self.spawn(worker(f"--name=w{i}", *self.tls("worker"), token))
+        # The real workers train the job to completion (with 60 s of retries, like a real one:
+        # SMALL's 3 s is for the refused ones above and the frozen-server test).
+        workers = [self.spawn(worker(f"--name=w{i}", *self.tls("worker"), token,
+                                     "--connect_timeout_s=60"))
                    for i in range(2)]
         for w in workers:
             out, err = w.communicate(timeout=180)

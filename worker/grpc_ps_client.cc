@@ -30,8 +30,13 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Our own backoff drives reconnection; keep gRPC's from adding long pauses of its own.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Not a pause: gRPC (1.51's subchannel) takes this as the least time one connection attempt
+  // (TCP, TLS, HTTP/2 settings) gets before it is cut off. At 100 ms an attempt had 0.1-1.2 s, so
+  // a TLS handshake on a loaded machine, or to a distant server, never finished ("tcp handshaker
+  // shutdown") and the worker gave up. gRPC's own default, 20 s; a refused or reset connection
+  // still fails at once, and each call's deadline still bounds how long a call waits.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   // Keepalive pings notice a server that vanished (powered off, partitioned) while a call waits:
   // the call fails with UNAVAILABLE instead of hanging, and the retry logic takes over.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
