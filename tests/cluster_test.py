@@ -241,6 +241,16 @@ class ProcessTestCase(unittest.TestCase):
             self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
         self.assertGreaterEqual(s["final_test_accuracy"], 0.7)
 
+    def check_ended_ok(self, ps, summary, epochs):
+        """dbs_ps exits 0 and its summary says the job ended ok after `epochs`; returns it."""
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual(record["status"], "ok")
+        self.assertEqual(record["epochs_completed"], epochs)
+        return record
+
     def run_cmd(self, argv, timeout):
         p = self.spawn(argv)
         out, err = p.communicate(timeout=timeout)
@@ -361,12 +371,7 @@ class BadInputTest(ProcessTestCase):
                                    f"--data_dir={DATA_DIR}", "--train_limit=300",
                                    "--test_limit=100", "--connect_timeout_s=30"], 120)
         self.assertEqual(rc, 0, err[-2000:])
-        ps.communicate(timeout=60)
-        self.assertEqual(ps.returncode, 0)
-        with open(summary) as f:
-            record = json.load(f)
-        self.assertEqual(record["status"], "ok")
-        self.assertEqual(record["epochs_completed"], 1)
+        self.check_ended_ok(ps, summary, epochs=1)
         self.assertLessEqual(proxy.connections, 3, "one connection, not one per retry")
 
     def test_bad_flags_are_refused_with_a_message(self):

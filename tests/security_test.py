@@ -93,12 +93,7 @@ class SecurityTest(ProcessTestCase):
         for w in workers:
             out, err = w.communicate(timeout=180)
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
-        ps.communicate(timeout=60)
-        self.assertEqual(ps.returncode, 0)
-        with open(summary) as f:
-            record = json.load(f)
-        self.assertEqual(record["status"], "ok")
-        self.assertEqual(record["epochs_completed"], 1)
+        record = self.check_ended_ok(ps, summary, epochs=1)
         self.assertEqual(len(record["worker_info"]), 2, "no stranger registered")
 
     def test_the_shards_of_a_job_follow_only_with_the_secret_under_mutual_tls(self):
