@@ -86,8 +86,13 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
                                  " is sending the model's initial values; ask again once the "
                                  "model is registered")));
     }
-    return Answer(reactor, absl::FailedPreconditionError(
-                               "no model is registered yet: send the initial values"));
+    // The holder registers before it lets the claim go, so a claim taken just after it did
+    // finds the model here: the stored values go back below and nobody sends a second copy.
+    if (!store_->registered()) {
+      return Answer(reactor, absl::FailedPreconditionError(
+                                 "no model is registered yet: send the initial values"));
+    }
+    claim_.Release(req->worker_id());
   }
   // Only the first registration's values are kept; later ones are checked against its layout
   // and get the stored values, so their (possibly large) values are not decoded.
@@ -763,7 +768,8 @@ class RegisterStreamReactor final
               "worker ", holder,
               " is sending the model's initial values; ask again once the model is registered"));
         }
-        claimed_ = true;
+        claimed_ = !service_->store_->registered();  // registered meanwhile: not needed
+        if (!claimed_) service_->claim_.Release(worker_id_);
       }
       return absl::OkStatus();
     }
