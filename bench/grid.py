@@ -32,6 +32,8 @@ import hetero  # noqa: E402
 from report import by_launch_index  # noqa: E402  (bench/report.py)
 
 POLICIES = ("fixed", "proportional", "dbs")
+# --grid_oracles: fixed splits by weight (dbs_ps --fixed_split) that DBS is held against.
+ORACLES = ("split_best", "split_dbs")
 # The slowdown emulations, by the dbs_worker --slowdown_of each runs with.
 SLOWDOWN_OF = {"slowdown": "cpu", "slowdown_plus_wait": "cpu_plus_wait"}
 TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
@@ -40,7 +42,8 @@ SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_
                 "dbs_settled_compute_spread", "dbs_wall_over_sgd", "proportional_over_sgd",
                 "proportional_over_ideal", "proportional_over_best", "proportional_settled_spread",
                 "proportional_settled_compute_spread", "noise_floor", "dbs_compute_over_ideal",
-                "dbs_sync_share", "dbs_over_ideal_with_comm")
+                "dbs_sync_share", "dbs_over_ideal_with_comm", "dbs_over_split_best",
+                "dbs_over_split_dbs", "split_best_over_ideal")
 
 
 def log(msg):
@@ -131,8 +134,8 @@ class Grid:
             sys.exit(f"standalone speed measurement failed in {cell['name']}")
         return json.loads(p.stdout)
 
-    def run_policy(self, cell, emu, policy, train_limit):
-        out_dir = os.path.join(self.out, cell["name"], policy)
+    def run_policy(self, cell, emu, policy, train_limit, label=None, extra=()):
+        out_dir = os.path.join(self.out, cell["name"], label or policy)
         argv = [sys.executable, os.path.join(ROOT, "deploy", "local_cluster.py"), "--quiet",
                 f"--ps_bin={self.ps}", f"--worker_bin={self.worker}", f"--out_dir={out_dir}",
                 f"--workers={self.args.workers}", f"--policy={policy}", "--model=cnn",
@@ -144,6 +147,7 @@ class Grid:
             argv.append(f"--slowdown_of={emu['slowdown_of']}")
         if policy == "dbs" and self.args.grid_dbs_flags:
             argv += self.args.grid_dbs_flags.split()
+        argv += list(extra)
         t0 = time.time()
         r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
@@ -170,11 +174,17 @@ class Grid:
             cell["standalone_speeds"], cell["standalone_curves"] = self.standalone(
                 cell, emu, train_limit)
             cell["runs"] = {}
-            for policy in POLICIES:
-                summary, seconds = self.run_policy(cell, emu, policy, train_limit)
-                cell["runs"][policy] = {
+            runs = [(policy, policy, ()) for policy in POLICIES]
+            if self.args.grid_oracles:
+                runs += [("fixed", label, None) for label in ORACLES]
+            for policy, label, extra in runs:
+                if extra is None:  # an oracle: a fixed split by weights, known only now
+                    extra = ("--fixed_split=" + ",".join(
+                        str(w) for w in oracle_weights(label, cell, self.out)),)
+                summary, seconds = self.run_policy(cell, emu, policy, train_limit, label, extra)
+                cell["runs"][label] = {
                     "summary": os.path.relpath(
-                        os.path.join(self.out, cell["name"], policy, "summary.json"), self.out),
+                        os.path.join(self.out, cell["name"], label, "summary.json"), self.out),
                     "command_seconds": seconds}
             figures = cell_figures(cell, self.out)
             cell.update(figures)
@@ -191,27 +201,30 @@ class Grid:
         return build(self.out)
 
 
+def _curve_at(curve, b):
+    """A standalone curve read piecewise linearly, continued with its end segments' slopes."""
+    pts = sorted(curve)
+    if b <= 0:
+        return 0.0
+    if len(pts) == 1:
+        return pts[0][1] * b / pts[0][0]
+    k = 0
+    while k + 2 < len(pts) and b > pts[k + 1][0]:
+        k += 1
+    (b0, t0), (b1, t1) = pts[k], pts[k + 1]
+    return max(1e-9, t0 + (t1 - t0) * (b - b0) / (b1 - b0))
+
+
 def best_split_step(curves, global_batch):
     """The best any split of `global_batch` whole samples can do with these standalone
     step-time curves ([[batch, seconds per step], ...] per worker): the smallest slowest step.
     Each curve is read piecewise linearly between its points, made non-decreasing, and
     continued with its end segments' slopes (a batch of 0 costs nothing)."""
-    def at(curve, b):
-        pts = sorted(curve)
-        if b <= 0:
-            return 0.0
-        if len(pts) == 1:
-            return pts[0][1] * b / pts[0][0]
-        k = 0
-        while k + 2 < len(pts) and b > pts[k + 1][0]:
-            k += 1
-        (b0, t0), (b1, t1) = pts[k], pts[k + 1]
-        return max(1e-9, t0 + (t1 - t0) * (b - b0) / (b1 - b0))
     tables = []
     for curve in curves:
         t, best = [], 0.0
         for b in range(global_batch + 1):
-            best = max(best, at(curve, b))  # non-decreasing
+            best = max(best, _curve_at(curve, b))  # non-decreasing
             t.append(best)
         tables.append(t)
     candidates = sorted({x for t in tables for x in t})
@@ -225,6 +238,36 @@ def best_split_step(curves, global_batch):
         else:
             lo = mid + 1
     return candidates[lo]
+
+
+def best_split_batches(curves, global_batch):
+    """A split of `global_batch` whole samples whose slowest step, on these curves, is
+    best_split_step's: each worker takes the most its curve fits under that step, and the
+    excess is taken back from whichever worker is then slowest."""
+    tau = best_split_step(curves, global_batch)
+    tables = [[best_split_time(c, b) for b in range(global_batch + 1)] for c in curves]
+    batches = [max(b for b in range(global_batch + 1) if t[b] <= tau) for t in tables]
+    while sum(batches) > global_batch:
+        i = max((k for k in range(len(batches)) if batches[k] > 0),
+                key=lambda k: tables[k][batches[k]])
+        batches[i] -= 1
+    return batches
+
+
+def best_split_time(curve, b):
+    """best_split_step's reading of one curve: non-decreasing step time at batch b."""
+    return max(_curve_at(curve, x) for x in range(b + 1))
+
+
+def oracle_weights(label, cell, out):
+    """The fixed splits the controller is held against, per worker in launch order:
+    split_best, the best split of the standalone curves; split_dbs, the samples each worker
+    trained on in the DBS run's last epoch (DBS's own settled split, held still)."""
+    if label == "split_best":
+        return best_split_batches(cell["standalone_curves"], cell["global_batch"])
+    with open(os.path.join(out, cell["runs"]["dbs"]["summary"])) as f:
+        summary = json.load(f)
+    return [w["samples"] for w in by_launch_index(summary)[-1]]
 
 
 def epoch_seconds(e):
@@ -349,6 +392,12 @@ def cell_figures(cell, out):
             ideal_with_communication_step(cell["standalone_speeds"], t, cell["global_batch"])
         f["dbs_over_ideal_with_comm"] = (f["dbs_epoch_seconds"] /
                                          f["ideal_with_comm_epoch_seconds"])
+    # DBS against fixed splits run for real in the same cell (--grid_oracles): what the best
+    # split of the standalone curves, and DBS's own last split held still, give on this machine.
+    for label in ORACLES:
+        if f"{label}_epoch_seconds" in f:
+            f[f"dbs_over_{label}"] = f["dbs_epoch_seconds"] / f[f"{label}_epoch_seconds"]
+            f[f"{label}_over_ideal"] = f[f"{label}_epoch_seconds"] / f["ideal_epoch_seconds"]
     sgd = f["fixed_epoch_seconds"]
     for policy in ("dbs", "proportional"):
         f[f"{policy}_over_sgd"] = f[f"{policy}_epoch_seconds"] / sgd
@@ -507,6 +556,22 @@ def build(out):
                   "of CPU at 1/11 core is 11 ms), as it is in a slowdown cell. It says how much "
                   "of the gap to the ideal is the data plane's cost per step on the slowest "
                   "workers rather than the split; it is a diagnosis, not the target."]
+        oracle_cells = [c for c in cells if "dbs_over_split_best" in c]
+        if oracle_cells:
+            lines += ["", "## DBS against fixed splits run in the same cell", "",
+                      "split_best: the best split of the workers' standalone step-time curves, "
+                      "held fixed (`dbs_ps --policy=fixed --fixed_split`); split_dbs: the "
+                      "samples each worker trained on in DBS's last epoch, held fixed. Each ran "
+                      "right after DBS in the cell, with the same emulation. DBS/split near 1: "
+                      "no split DBS could have chosen does better on this machine.", "",
+                      "| cell | split_best batches | split_best/ideal | DBS/split_best "
+                      "| split_dbs/ideal | DBS/split_dbs |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            for c in oracle_cells:
+                lines.append(
+                    f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
+                    f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
+                    f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
         lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
                   ""]
         for c in cells:
@@ -567,15 +632,16 @@ def check(out):
     for c in grid["cells"]:
         if "runs" not in c:
             continue
-        for policy in POLICIES:
+        for policy in POLICIES + tuple(o for o in ORACLES if f"{o}_batches" in c):
             if not c.get(f"{policy}_audit_ok"):
                 problems.append(f"{c['name']} {policy}: a sample audit failed")
             for e, batches in enumerate(c[f"{policy}_batches"]):
                 if sum(batches) != c["global_batch"]:
                     problems.append(f"{c['name']} {policy} epoch {e}: batches sum to "
                                     f"{sum(batches)}, not {c['global_batch']}")
-        if any(b != c["fixed_batches"][0] for b in c["fixed_batches"]):
-            problems.append(f"{c['name']}: the fixed split moved")
+        for fixed in ("fixed",) + tuple(o for o in ORACLES if f"{o}_batches" in c):
+            if any(b != c[f"{fixed}_batches"][0] for b in c[f"{fixed}_batches"]):
+                problems.append(f"{c['name']}: the {fixed} split moved")
     for name in ("grid.md", "grid.csv"):
         if not os.path.exists(os.path.join(out, name)):
             problems.append(f"{name} missing")

@@ -281,6 +281,10 @@ def main(argv=None):
                     help="samples per batch size of each worker's standalone curve")
     ap.add_argument("--grid_dbs_flags", default="",
                     help="extra launcher flags for the dbs runs, e.g. '--replan_window_steps=0'")
+    ap.add_argument("--grid_oracles", action="store_true",
+                    help="also run two fixed splits in every cell (dbs_ps --fixed_split): the "
+                         "best split of the standalone curves and DBS's own last split, so DBS "
+                         "is compared with splits run on the same machine")
     ap.add_argument("--skip_ddp", action="store_true")
     ap.add_argument("--skip_disturbance", action="store_true")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "results", "latest"))

@@ -194,6 +194,10 @@ def build_parser():
     ap.add_argument("--policy", default="dbs", choices=["dbs", "proportional", "fixed"],
                     help="dbs: the converging controller (default); proportional: the paper's "
                          "rule; fixed: the equal split (plain S-SGD)")
+    ap.add_argument("--fixed_split", default="",
+                    help="with --policy=fixed: each worker's share of every batch, as weights "
+                         "per worker (e.g. 1,1,2,4 for worker-0..3) or NAME:WEIGHT pairs "
+                         "(dbs_ps --fixed_split)")
     ap.add_argument("--model", default="cnn",
                     help="cnn, mlp, or the path of a TorchScript file (docs/models.md)")
     ap.add_argument("--loss", default="auto",
@@ -272,7 +276,20 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--replan_window_steps={args.replan_window_steps}",
         f"--replan_threshold={args.replan_threshold}",
         f"--count_communication={args.count_communication}",
-        f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}"]
+        f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}",
+        f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}"]
+
+
+def fixed_split_flag(text, workers):
+    """dbs_ps --fixed_split from the launcher's: weights per worker (worker-i) or NAME:WEIGHT."""
+    if not text:
+        return ""
+    items = text.split(",")
+    if all(":" in x for x in items):
+        return text
+    if len(items) != workers:
+        raise ValueError(f"--fixed_split has {len(items)} weights for {workers} workers")
+    return ",".join(f"worker-{i}:{w}" for i, w in enumerate(items))
 
 
 def worker_argv(args, worker_bin, servers, i, slowdown, window):
@@ -376,6 +393,12 @@ def main(argv=None):
         ap.error("--workers must be >= 1")
     if not 1 <= args.ps_shards <= 64:
         ap.error("--ps_shards must be in [1, 64]")
+    if args.fixed_split and args.policy != "fixed":
+        ap.error("--fixed_split needs --policy=fixed")
+    try:
+        fixed_split_flag(args.fixed_split, args.workers)
+    except ValueError as e:
+        ap.error(str(e))
     try:
         emulation = resolve_emulation(args)
         ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")

@@ -17,6 +17,7 @@ PolicyConfig PolicyConfigOf(const JobConfig& config) {
   pc.smoothing = config.smoothing;
   pc.deadband = config.deadband;
   pc.noise_margin = config.noise_margin;
+  pc.fixed_split = config.fixed_split;
   return pc;
 }
 
@@ -28,6 +29,7 @@ std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
           {"max_batch", absl::StrCat(c.max_batch)},
           {"smoothing", f(c.smoothing)},
           {"deadband", f(c.deadband)},
+          {"fixed_split", FixedSplitText(c.fixed_split)},
           {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
           {"replan_threshold", f(c.replan_threshold)},
           {"count_communication", c.count_communication ? "true" : "false"},

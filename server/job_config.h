@@ -23,6 +23,8 @@ struct JobConfig {
   int max_batch = 0;
   double smoothing = 1.0;  // EMA alpha on shares (1: none)
   double deadband = 0.0;   // relative share change below which the split is kept
+  // fixed: each worker's weight by name (empty: the equal split); see WeightedSplitPolicy.
+  std::map<std::string, double> fixed_split;
   OptimizerConfig optimizer;
   // Abort the job when no push, report or registration arrives for this long once training has
   // started (a worker that died without leaving). Zero disables the check.

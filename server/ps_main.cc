@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,11 @@ ABSL_FLAG(std::string, policy, "dbs",
           "balanced by a damped controller that converges; see docs/controller.md), "
           "'proportional' (the paper's rule: batch proportional to last epoch's speed) or "
           "'fixed' (equal split, plain S-SGD).");
+ABSL_FLAG(std::string, fixed_split, "",
+          "Policy 'fixed': each worker's weight by name, NAME:WEIGHT[,NAME:WEIGHT...] (e.g. "
+          "gpu-a:3,gpu-b:1): a worker's share of every batch is its weight over the weights of "
+          "the workers in the job, from the first epoch on; a weight may be 0. Workers with "
+          "other names are refused. Empty: the equal split.");
 ABSL_FLAG(int, min_batch, 0, "Policy 'dbs': smallest batch a worker is given.");
 ABSL_FLAG(int, max_batch, 0, "Policy 'dbs': largest batch a worker is given (0: no limit).");
 ABSL_FLAG(double, smoothing, 1.0,
@@ -169,6 +175,10 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   job.max_batch = absl::GetFlag(FLAGS_max_batch);
   job.smoothing = absl::GetFlag(FLAGS_smoothing);
   job.deadband = absl::GetFlag(FLAGS_deadband);
+  absl::StatusOr<std::map<std::string, double>> split =
+      dbs::ParseFixedSplit(absl::GetFlag(FLAGS_fixed_split));
+  if (!split.ok()) return split.status();
+  job.fixed_split = *std::move(split);
   job.optimizer.name = absl::GetFlag(FLAGS_optimizer);
   job.optimizer.sgd.lr = job.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
   job.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);

@@ -56,6 +56,7 @@ absl::Status Scheduler::ValidateRegistration(const WorkerRegistration& reg) cons
 
 absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration& reg) {
   DBS_RETURN_IF_ERROR(ValidateRegistration(reg));
+  DBS_RETURN_IF_ERROR(policy_->Admits(reg.name));
   if (listener_ != nullptr) DBS_RETURN_IF_ERROR(listener_->CanRegister());
   Calls calls;
   RegistrationResult result;
@@ -147,6 +148,7 @@ int MostFrequentBatch(const StepRanges& steps) {
 
 WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
   WorkerObservation o;
+  o.name = workers_[id].name;
   o.max_batch = workers_[id].max_batch;
   for (int e = std::max(0, upto - kHistoryEpochs); e < upto; ++e) {
     const EpochRecord& r = records_[e];
@@ -189,12 +191,10 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   const int n = static_cast<int>(active.size());
   if (n == 0) return absl::FailedPreconditionError("no workers left");
   std::vector<double> shares;
-  if (epoch == 0) {
-    shares.assign(n, 1.0 / n);
-  } else {
+  {
     std::vector<WorkerObservation> obs;
     for (int id : active) obs.push_back(ObserveLocked(id, epoch));
-    shares = policy_->NextShares(obs);
+    shares = epoch == 0 ? policy_->FirstShares(obs) : policy_->NextShares(obs);
   }
   DBS_ASSIGN_OR_RETURN(EpochAllocation alloc,
                        AllocateEpoch(workers_[0].train_samples, workers_[0].test_samples,

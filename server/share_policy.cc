@@ -1,8 +1,12 @@
 #include "server/share_policy.h"
 
 #include <cmath>
+#include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "server/balancing_policy.h"
 
 namespace dbs {
@@ -50,6 +54,67 @@ double Measurement::MainBatch() const {
 std::vector<double> EqualSplitPolicy::NextShares(
     absl::Span<const WorkerObservation> workers) const {
   return std::vector<double>(workers.size(), workers.empty() ? 0.0 : 1.0 / workers.size());
+}
+
+std::vector<double> SharePolicy::FirstShares(absl::Span<const WorkerObservation> workers) const {
+  return EqualSplitPolicy().NextShares(workers);
+}
+
+absl::Status SharePolicy::Admits(const std::string& /*name*/) const { return absl::OkStatus(); }
+
+std::vector<double> WeightedSplitPolicy::NextShares(
+    absl::Span<const WorkerObservation> workers) const {
+  std::vector<double> shares(workers.size(), 0.0);
+  double total = 0.0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    auto w = weights_.find(workers[i].name);
+    shares[i] = w == weights_.end() ? 0.0 : w->second;
+    total += shares[i];
+  }
+  if (!(total > 0.0)) return EqualSplitPolicy().NextShares(workers);
+  for (double& s : shares) s /= total;
+  return shares;
+}
+
+absl::Status WeightedSplitPolicy::Admits(const std::string& name) const {
+  if (weights_.count(name) > 0) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (const auto& [n, unused] : weights_) names.push_back(n);
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker '", name, "' has no weight in this job's fixed split (",
+                   absl::StrJoin(names, ", "), "); start it with one of those names (--name) or "
+                   "give it a weight in dbs_ps --fixed_split"));
+}
+
+absl::StatusOr<std::map<std::string, double>> ParseFixedSplit(const std::string& text) {
+  std::map<std::string, double> split;
+  if (text.empty()) return split;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const size_t colon = item.rfind(':');
+    if (colon == absl::string_view::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fixed_split: '", item, "' is not NAME:WEIGHT (e.g. worker-0:1,worker-1:3)"));
+    }
+    const std::string name(item.substr(0, colon));
+    double weight = 0.0;
+    if (!absl::SimpleAtod(item.substr(colon + 1), &weight) || !std::isfinite(weight) ||
+        weight < 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fixed_split: the weight of '", name, "' must be a number >= 0, not '",
+          item.substr(colon + 1), "'"));
+    }
+    if (!split.emplace(name, weight).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fixed_split: worker '", name, "' is named twice"));
+    }
+  }
+  return split;
+}
+
+std::string FixedSplitText(const std::map<std::string, double>& split) {
+  return absl::StrJoin(split, ",", [](std::string* out, const auto& kv) {
+    absl::StrAppend(out, kv.first, ":", kv.second);
+  });
 }
 
 std::vector<double> ProportionalPolicy::NextShares(
@@ -126,6 +191,24 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& c) {
     return absl::InvalidArgumentError("noise_margin must be in [0, 4] standard deviations");
   }
   if (c.global_batch < 1) return absl::InvalidArgumentError("global_batch must be >= 1");
+  if (!c.fixed_split.empty()) {
+    if (c.kind != PolicyKind::kFixed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fixed_split needs policy 'fixed', not '", PolicyName(c.kind), "'"));
+    }
+    double total = 0.0;
+    for (const auto& [name, weight] : c.fixed_split) {
+      if (name.empty()) return absl::InvalidArgumentError("fixed_split: a worker name is empty");
+      if (!std::isfinite(weight) || weight < 0.0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("fixed_split: the weight of '", name, "' must be >= 0"));
+      }
+      total += weight;
+    }
+    if (!(total > 0.0)) {
+      return absl::InvalidArgumentError("fixed_split: at least one weight must be above 0");
+    }
+  }
   if (c.min_batch < 0 || c.max_batch < 0 || (c.max_batch > 0 && c.max_batch < c.min_batch)) {
     return absl::InvalidArgumentError("batch bounds need 0 <= min_batch <= max_batch (0: none)");
   }
@@ -149,7 +232,11 @@ absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig&
       inner = std::make_unique<ProportionalPolicy>(c.speed_window);
       break;
     case PolicyKind::kFixed:
-      inner = std::make_unique<EqualSplitPolicy>();
+      if (c.fixed_split.empty()) {
+        inner = std::make_unique<EqualSplitPolicy>();
+      } else {
+        inner = std::make_unique<WeightedSplitPolicy>(c.fixed_split);
+      }
       break;
   }
   if (c.smoothing == 1.0 && c.deadband == 0.0) return inner;

@@ -5,7 +5,8 @@
 //                 converges even when a worker's speed depends on its batch
 //                 (server/balancing_policy.h, docs/controller.md);
 //   proportional  the paper's rule: share proportional to the last measured speed;
-//   fixed         the equal split of plain S-SGD.
+//   fixed         the equal split of plain S-SGD, or the weights the job gives each worker by
+//                 name (WeightedSplitPolicy, dbs_ps --fixed_split).
 // SmoothedPolicy wraps any of them with an EMA and a dead-band. Policies are pure functions of
 // their observations (all controller state is derived from the measured history, so a restored
 // checkpoint plans exactly as the original would have); thread-compatible.
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -72,6 +74,7 @@ struct Measurement {
 
 // What the scheduler knows about a worker when it plans.
 struct WorkerObservation {
+  std::string name;                  // as it registered
   double previous_share = 0.0;       // 0: the worker was not in the last plan
   int current_batch = 0;             // its batch in the plan it runs now
   int max_batch = 0;                 // the worker's own cap (memory); 0: none
@@ -85,6 +88,10 @@ class SharePolicy {
   virtual PolicyKind kind() const = 0;
   std::string name() const { return PolicyName(kind()); }
   virtual std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const = 0;
+  // Epoch 0's split, before anything was measured: equal, unless the policy knows better.
+  virtual std::vector<double> FirstShares(absl::Span<const WorkerObservation> workers) const;
+  // Whether a worker of this name may join (a fixed split by name refuses names it lacks).
+  virtual absl::Status Admits(const std::string& name) const;
 };
 
 // Plain S-SGD: every worker gets 1/n, whatever it measured.
@@ -92,6 +99,25 @@ class EqualSplitPolicy : public SharePolicy {
  public:
   PolicyKind kind() const override { return PolicyKind::kFixed; }
   std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+};
+
+// A fixed split by name: worker i's share is weight(name_i) / the sum of the weights of the
+// workers in the plan, from epoch 0 on, whatever they measure. A weight may be 0 (the worker
+// trains on nothing and only keeps its parameters in step); if every worker in a plan has weight
+// 0 they split equally. Names without a weight are refused at registration (Admits).
+class WeightedSplitPolicy : public SharePolicy {
+ public:
+  explicit WeightedSplitPolicy(std::map<std::string, double> weights)
+      : weights_(std::move(weights)) {}
+  PolicyKind kind() const override { return PolicyKind::kFixed; }
+  std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+  std::vector<double> FirstShares(absl::Span<const WorkerObservation> workers) const override {
+    return NextShares(workers);
+  }
+  absl::Status Admits(const std::string& name) const override;
+
+ private:
+  std::map<std::string, double> weights_;
 };
 
 // The paper's rule: speed v_i = samples_i / compute_seconds_i of the newest measurement,
@@ -118,6 +144,10 @@ class SmoothedPolicy : public SharePolicy {
       : inner_(std::move(inner)), alpha_(alpha), deadband_(deadband) {}
   PolicyKind kind() const override { return inner_->kind(); }
   std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
+  std::vector<double> FirstShares(absl::Span<const WorkerObservation> workers) const override {
+    return inner_->FirstShares(workers);
+  }
+  absl::Status Admits(const std::string& name) const override { return inner_->Admits(name); }
 
  private:
   std::unique_ptr<SharePolicy> inner_;
@@ -133,7 +163,15 @@ struct PolicyConfig {
   int speed_window = 1;    // proportional: lowest speed over this many measurements
   double smoothing = 1.0;  // alpha of SmoothedPolicy (1: none)
   double deadband = 0.0;   // relative share change below which nothing moves
+  // fixed: each worker's weight by name (empty: the equal split); see WeightedSplitPolicy.
+  std::map<std::string, double> fixed_split;
 };
+
+// Parses "NAME:WEIGHT[,NAME:WEIGHT...]" (a name may hold ':', the weight follows the last one);
+// INVALID_ARGUMENT naming what is wrong. "" gives an empty map.
+absl::StatusOr<std::map<std::string, double>> ParseFixedSplit(const std::string& text);
+// The same map as text, names in order ("" for none).
+std::string FixedSplitText(const std::map<std::string, double>& split);
 
 // INVALID_ARGUMENT, naming the setting, for out-of-range settings.
 absl::Status ValidatePolicyConfig(const PolicyConfig& config);

@@ -73,13 +73,14 @@ class BenchSmallTest(unittest.TestCase):
 
 
 class GridSmallTest(unittest.TestCase):
-    """bench/run_bench.py --grid --small: two tiny cells, three policies each."""
+    """bench/run_bench.py --grid --small --grid_oracles: two tiny cells, three policies and
+    two fixed splits by weight each."""
 
     def test_grid_runs_every_policy_and_reports_every_cell(self):
         out = tempfile.mkdtemp(prefix="grid_", dir=os.environ.get("TEST_TMPDIR"))
         r = subprocess.run(
             [PYTHON, os.path.join(RUNFILES, "bench", "run_bench.py"), "--grid", "--small",
-             f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
+             "--grid_oracles", f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
              f"--worker_bin={os.path.join(RUNFILES, 'worker', 'dbs_worker')}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout)
@@ -87,6 +88,10 @@ class GridSmallTest(unittest.TestCase):
         with open(os.path.join(grid_dir, "grid.json")) as f:
             grid = json.load(f)
         cells = grid["cells"]
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        import grid as grid_module
+        import report
         self.assertEqual([c["name"] for c in cells],
                          ["B64_1-1-2-4_slowdown", "B64_1-1-1-8_slowdown"])
         for c in cells:
@@ -106,6 +111,16 @@ class GridSmallTest(unittest.TestCase):
             # The slowest worker (launch index 0) gets less than its equal share from epoch 1.
             self.assertLess(c["dbs_batches"][1][0], 16)
             self.assertLess(c["proportional_batches"][1][0], 16)
+            # The oracles ran the splits they name, from epoch 0 on (dbs_ps --fixed_split):
+            # the best split of the curves, and the samples of DBS's last epoch as weights.
+            best = grid_module.best_split_batches(c["standalone_curves"], 64)
+            self.assertEqual(c["split_best_batches"], [best] * 3)
+            dbs_samples = [w["samples"] for w in report.by_launch_index(json.load(open(
+                os.path.join(grid_dir, c["runs"]["dbs"]["summary"]))))[-1]]
+            for b, w in zip(c["split_dbs_batches"][0], dbs_samples):
+                self.assertAlmostEqual(b, 64 * w / sum(dbs_samples), delta=1.0)
+            for key in ("dbs_over_split_best", "dbs_over_split_dbs", "split_best_over_ideal"):
+                self.assertGreater(c[key], 0.0)
         summary = grid["summary"]
         self.assertEqual(summary["cells_run"], 2)
         self.assertEqual({t["figure"] for t in summary["targets"]},
@@ -126,10 +141,8 @@ class GridSmallTest(unittest.TestCase):
         md = open(os.path.join(grid_dir, "grid.md")).read()
         self.assertIn("## Worst and median cell", md)
         self.assertIn("B64_1-1-1-8_slowdown", md)
+        self.assertIn("## DBS against fixed splits run in the same cell", md)
         self.assertTrue(os.path.getsize(os.path.join(grid_dir, "grid.csv")) > 0)
-        import sys
-        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
-        import grid as grid_module
         self.assertEqual(grid_module.check(grid_dir), [])
         for c in cells:
             self.assertGreaterEqual(c["noise_floor"], 1.0)
@@ -173,6 +186,20 @@ class BestSplitTest(unittest.TestCase):
         knee = [[1, 0.1], [4, 0.4], [8, 4.0]]
         self.assertAlmostEqual(self.best([knee, [[4, 1.0], [8, 2.0]]], 10), 1.3)
 
+
+    def test_the_best_split_batches_reach_the_best_step(self):
+        curves = [[[1, 2], [4, 5]], [[2, 1], [8, 4]]]  # the per-step overhead case above
+        split = self.grid.best_split_batches(curves, 10)
+        self.assertEqual(sum(split), 10)
+        self.assertAlmostEqual(max(self.grid.best_split_time(c, b)
+                                   for c, b in zip(curves, split)), 4.0)
+        # Curves that fit more than B under the best step: the excess comes off the slowest.
+        knee = [[1, 0.1], [4, 0.4], [8, 4.0]]
+        split = self.grid.best_split_batches([knee, [[4, 1.0], [8, 2.0]]], 10)
+        self.assertEqual(split, [5, 5])
+        # A worker whose one sample costs more than the others' whole step gets none.
+        self.assertEqual(self.grid.best_split_batches([[[1, 10.0], [2, 11.0]],
+                                                       [[4, 1.0], [8, 2.0]]], 8), [0, 8])
 
     def test_the_ideal_with_communication_pays_each_worker_its_step_cost(self):
         step = self.grid.ideal_with_communication_step

@@ -215,6 +215,37 @@ TEST_F(SchedulerTest, FixedPolicyIgnoresSpeed) {
   EXPECT_EQ(s->History()[1].plans.at(1).batch_size, 32);
 }
 
+TEST_F(SchedulerTest, AFixedSplitByNameHoldsFromTheFirstEpochAndRefusesStrangers) {
+  SchedulerConfig c;
+  c.expected_workers = 3;
+  c.epochs = 2;
+  c.global_batch = 64;
+  PolicyConfig pc;
+  pc.kind = PolicyKind::kFixed;
+  pc.global_batch = 64;
+  pc.fixed_split = {{"fast", 3}, {"slow", 1}, {"idle", 0}};
+  Scheduler s(c, *MakeSharePolicy(pc), &clock_, &listener_);
+  const absl::StatusOr<RegistrationResult> stranger = s.Register(Reg("stranger"));
+  EXPECT_THAT(stranger, StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(stranger.status().message()), ::testing::HasSubstr("--fixed_split"));
+  EXPECT_TRUE(s.History().empty());
+  // Registered in another order than the split names them: ids 0, 1, 2 are slow, idle, fast.
+  for (const char* n : {"slow", "idle", "fast"}) ASSERT_THAT(s.Register(Reg(n)), IsOk());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const auto h = s.History();
+    ASSERT_EQ(h.size(), static_cast<size_t>(epoch + 1));
+    EXPECT_EQ(h[epoch].plans.at(0).batch_size, 16);
+    EXPECT_EQ(h[epoch].plans.at(1).batch_size, 0);
+    EXPECT_EQ(h[epoch].plans.at(2).batch_size, 48);
+    EXPECT_EQ(h[epoch].SamplesOf(0) + h[epoch].SamplesOf(2), 6400) << "every sample once";
+    if (epoch == 1) break;
+    // The slow worker reports itself 100 times faster: the split does not move.
+    for (int id = 0; id < 3; ++id) {
+      ASSERT_THAT(s.Report(Report(h[0].plans.at(id), id, id == 0 ? 1e5 : 1000)), IsOk());
+    }
+  }
+}
+
 TEST_F(SchedulerTest, BadReportsAreRefusedAndChangeNothing) {
   auto s = Make("dbs", 2, 2);
   ASSERT_THAT(s->Register(Reg("a")), IsOk());

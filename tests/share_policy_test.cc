@@ -103,6 +103,65 @@ TEST(EqualSplitPolicyTest, IgnoresMeasurements) {
   EXPECT_THAT(p.NextShares({Obs(100, 1), Obs(100, 10)}), ElementsAre(0.5, 0.5));
 }
 
+WorkerObservation Named(const std::string& name, int64_t samples = 100, double seconds = 1) {
+  WorkerObservation o = Obs(samples, seconds);
+  o.name = name;
+  return o;
+}
+
+TEST(WeightedSplitPolicyTest, SharesFollowTheWeightsByNameFromTheFirstEpoch) {
+  WeightedSplitPolicy p({{"slow", 1}, {"mid", 3}, {"fast", 4}, {"idle", 0}});
+  // Whatever they measured, and in whatever order the workers come.
+  const std::vector<WorkerObservation> obs = {Named("fast", 10, 100), Named("slow", 1000, 1),
+                                              Named("mid"), Named("idle")};
+  EXPECT_THAT(p.NextShares(obs), ElementsAre(0.5, 0.125, 0.375, 0.0));
+  EXPECT_THAT(p.FirstShares(obs), ElementsAre(0.5, 0.125, 0.375, 0.0));
+  // A worker gone: the others' weights are split among them.
+  EXPECT_THAT(p.NextShares({Named("mid"), Named("slow")}), ElementsAre(0.75, 0.25));
+  // Only zero weights left: an equal split rather than nothing at all.
+  EXPECT_THAT(p.NextShares({Named("idle")}), ElementsAre(1.0));
+  EXPECT_THAT(p.Admits("mid"), IsOk());
+  const absl::Status refused = p.Admits("stranger");
+  EXPECT_THAT(refused, StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("'stranger' has no weight in this job's fixed split (fast, "
+                                   "idle, mid, slow)"));
+  // The other policies admit anyone and start equal.
+  EXPECT_THAT(EqualSplitPolicy().Admits("stranger"), IsOk());
+  EXPECT_THAT(ProportionalPolicy().FirstShares(obs), ElementsAre(0.25, 0.25, 0.25, 0.25));
+}
+
+TEST(WeightedSplitPolicyTest, ParsesAndValidatesTheSplit) {
+  auto split = ParseFixedSplit("worker-0:1,host:4242:2.5,worker-2:0");
+  ASSERT_THAT(split, IsOk());
+  EXPECT_EQ(split->size(), 3u);
+  EXPECT_EQ(split->at("host:4242"), 2.5) << "a name may hold ':' (the default host:pid)";
+  EXPECT_EQ(split->at("worker-2"), 0.0);
+  EXPECT_EQ(FixedSplitText(*split), "host:4242:2.5,worker-0:1,worker-2:0");
+  EXPECT_TRUE(ParseFixedSplit("")->empty());
+  for (const char* bad : {"worker-0", ":3", "a:", "a:x", "a:-1", "a:nan", "a:inf", "a:1,a:2",
+                          "a:1,,b:2"}) {
+    EXPECT_THAT(ParseFixedSplit(bad), StatusCodeIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
+  PolicyConfig c;
+  c.fixed_split = {{"a", 1}, {"b", 3}};
+  EXPECT_THAT(MakeSharePolicy(c), StatusCodeIs(absl::StatusCode::kInvalidArgument))
+      << "a fixed split needs the fixed policy";
+  c.kind = PolicyKind::kFixed;
+  auto made = MakeSharePolicy(c);
+  ASSERT_THAT(made, IsOk());
+  EXPECT_THAT((*made)->NextShares({Named("b"), Named("a")}), ElementsAre(0.75, 0.25));
+  EXPECT_THAT((*made)->Admits("c"), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  c.smoothing = 0.5;  // a smoothed fixed split is still the split, and still refuses strangers
+  made = MakeSharePolicy(c);
+  ASSERT_THAT(made, IsOk());
+  EXPECT_THAT((*made)->FirstShares({Named("b"), Named("a")}), ElementsAre(0.75, 0.25));
+  EXPECT_THAT((*made)->Admits("c"), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  c.smoothing = 1.0;
+  c.fixed_split = {{"a", 0}, {"b", 0}};
+  EXPECT_THAT(MakeSharePolicy(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(SmoothedPolicyTest, EmaAndDeadband) {
   // The paper's rule would move to 0.75 / 0.25 (speeds 300 and 100).
   WorkerObservation fast = Obs(300, 1), slow = Obs(100, 1);
