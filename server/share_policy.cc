@@ -80,10 +80,10 @@ absl::Status WeightedSplitPolicy::Admits(const std::string& name) const {
   if (weights_.count(name) > 0) return absl::OkStatus();
   std::vector<std::string> names;
   for (const auto& [n, unused] : weights_) names.push_back(n);
-  return absl::FailedPreconditionError(
-      absl::StrCat("worker '", name, "' has no weight in this job's fixed split (",
-                   absl::StrJoin(names, ", "), "); start it with one of those names (--name) or "
-                   "give it a weight in dbs_ps --fixed_split"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker '", name, "' has no weight in this job's fixed split (", absl::StrJoin(names, ", "),
+      "); start it with one of those names (--name) or "
+      "give it a weight in dbs_ps --fixed_split"));
 }
 
 absl::StatusOr<std::map<std::string, double>> ParseFixedSplit(const std::string& text) {
@@ -99,9 +99,9 @@ absl::StatusOr<std::map<std::string, double>> ParseFixedSplit(const std::string&
     double weight = 0.0;
     if (!absl::SimpleAtod(item.substr(colon + 1), &weight) || !std::isfinite(weight) ||
         weight < 0.0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fixed_split: the weight of '", name, "' must be a number >= 0, not '",
-          item.substr(colon + 1), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("fixed_split: the weight of '", name,
+                                                     "' must be a number >= 0, not '",
+                                                     item.substr(colon + 1), "'"));
     }
     if (!split.emplace(name, weight).second) {
       return absl::InvalidArgumentError(

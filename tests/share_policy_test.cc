@@ -139,8 +139,8 @@ TEST(WeightedSplitPolicyTest, ParsesAndValidatesTheSplit) {
   EXPECT_EQ(split->at("worker-2"), 0.0);
   EXPECT_EQ(FixedSplitText(*split), "host:4242:2.5,worker-0:1,worker-2:0");
   EXPECT_TRUE(ParseFixedSplit("")->empty());
-  for (const char* bad : {"worker-0", ":3", "a:", "a:x", "a:-1", "a:nan", "a:inf", "a:1,a:2",
-                          "a:1,,b:2"}) {
+  for (const char* bad :
+       {"worker-0", ":3", "a:", "a:x", "a:-1", "a:nan", "a:inf", "a:1,a:2", "a:1,,b:2"}) {
     EXPECT_THAT(ParseFixedSplit(bad), StatusCodeIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
   PolicyConfig c;
