@@ -215,25 +215,31 @@ def _curve_at(curve, b):
     return max(1e-9, t0 + (t1 - t0) * (b - b0) / (b1 - b0))
 
 
-def best_split_step(curves, global_batch):
+def _step_table(curve, global_batch):
+    """One curve's step time at every batch 0..global_batch, made non-decreasing."""
+    t, best = [], 0.0
+    for b in range(global_batch + 1):
+        best = max(best, _curve_at(curve, b))
+        t.append(best)
+    return t
+
+
+def _most_under(table, tau):
+    """The largest batch whose step takes at most tau."""
+    return max(b for b in range(len(table)) if table[b] <= tau)
+
+
+def best_split_step(curves, global_batch, tables=None):
     """The best any split of `global_batch` whole samples can do with these standalone
     step-time curves ([[batch, seconds per step], ...] per worker): the smallest slowest step.
     Each curve is read piecewise linearly between its points, made non-decreasing, and
     continued with its end segments' slopes (a batch of 0 costs nothing)."""
-    tables = []
-    for curve in curves:
-        t, best = [], 0.0
-        for b in range(global_batch + 1):
-            best = max(best, _curve_at(curve, b))  # non-decreasing
-            t.append(best)
-        tables.append(t)
+    tables = tables or [_step_table(c, global_batch) for c in curves]
     candidates = sorted({x for t in tables for x in t})
     lo, hi = 0, len(candidates) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        tau = candidates[mid]
-        fits = sum(max(b for b in range(global_batch + 1) if t[b] <= tau) for t in tables)
-        if fits >= global_batch:
+        if sum(_most_under(t, candidates[mid]) for t in tables) >= global_batch:
             hi = mid
         else:
             lo = mid + 1
@@ -244,9 +250,9 @@ def best_split_batches(curves, global_batch):
     """A split of `global_batch` whole samples whose slowest step, on these curves, is
     best_split_step's: each worker takes the most its curve fits under that step, and the
     excess is taken back from whichever worker is then slowest."""
-    tau = best_split_step(curves, global_batch)
-    tables = [[best_split_time(c, b) for b in range(global_batch + 1)] for c in curves]
-    batches = [max(b for b in range(global_batch + 1) if t[b] <= tau) for t in tables]
+    tables = [_step_table(c, global_batch) for c in curves]
+    tau = best_split_step(curves, global_batch, tables)
+    batches = [_most_under(t, tau) for t in tables]
     while sum(batches) > global_batch:
         i = max((k for k in range(len(batches)) if batches[k] > 0),
                 key=lambda k: tables[k][batches[k]])
@@ -256,7 +262,7 @@ def best_split_batches(curves, global_batch):
 
 def best_split_time(curve, b):
     """best_split_step's reading of one curve: non-decreasing step time at batch b."""
-    return max(_curve_at(curve, x) for x in range(b + 1))
+    return _step_table(curve, b)[b]
 
 
 def oracle_weights(label, cell, out):
