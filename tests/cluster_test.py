@@ -328,10 +328,12 @@ class ClusterTest(ProcessTestCase):
         # others, and the compute spread narrows (below).
         self.assertGreaterEqual(slow, 1, "the slow worker is not starved")
         self.assertLess(ratio, 0.5, "well below the others' batch, not starved")
-        # Fixed: the 3x worker computes ~3x as long (1.99 seen with other jobs loading both
-        # cores, which stretch the fast workers' compute too); DBS narrows the spread.
-        self.assertGreater(fixed_spread, 1.8)
-        self.assertLess(dbs_spread, fixed_spread / 1.5)
+        # Fixed: the 3x worker computes ~3x as long. The slowdown multiplies its CPU time, while
+        # the fast workers' wall-clock compute stretches when three workers and the server share
+        # two cores: 1.99 seen with other jobs loading both cores, 1.76 under AddressSanitizer on
+        # CI's 2 cores. DBS must take away at least half of the excess over 1 (observed 1.02-1.12).
+        self.assertGreater(fixed_spread, 1.5)
+        self.assertLess(dbs_spread - 1, (fixed_spread - 1) / 2)
         for e in fixed["epochs"]:
             self.assertEqual([w["batch_size"] for w in e["workers"]], [22, 21, 21])
 
