@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-bazel test --config=asan --test_env=DBS_SIM_CLUSTERS=60 -- //... -//tests:bench_small_test || status=1
+bazel test --config=asan --test_env=SIMULATION_TEST_CLUSTERS=60 -- //... -//tests:bench_small_test || status=1
 tsan_tests=$(bazel query 'kind(cc_test, //tests:*) except rdeps(//tests:*, @system//:torch)
                           except //tests:simulation_test' 2>/dev/null)
 if [[ -z $tsan_tests ]]; then

@@ -249,11 +249,11 @@ bool Converged(const SimulationConfig& c, const SimulationResult& r, int from, d
   return true;
 }
 
-// 300 random clusters per property. DBS_SIM_CLUSTERS=N checks the first N seeds instead:
+// 300 random clusters per property. SIMULATION_TEST_CLUSTERS=N checks the first N seeds instead:
 // deploy/run_sanitizers.sh runs 60 under AddressSanitizer, which looks for memory errors in the
 // same code paths at a fifth of the cost (the arithmetic, and so every result, is the same).
 int ClustersToCheck() {
-  const char* text = std::getenv("DBS_SIM_CLUSTERS");
+  const char* text = std::getenv("SIMULATION_TEST_CLUSTERS");
   int n = 0;
   if (text == nullptr || !absl::SimpleAtoi(text, &n) || n < 10) return 300;
   return n;
@@ -267,7 +267,7 @@ const int kClusters = ClustersToCheck();
 TEST(ControllerPropertyTest, ConvergesWithinThreeEpochsAndStaysOnRandomClusters) {
   int dbs_ok = 0, paper_ok = 0, epoch_only_ok = 0;
   double worst_over_best = 0.0;
-  for (uint64_t seed = 1; seed <= kClusters; ++seed) {
+  for (uint64_t seed = 1; seed <= static_cast<uint64_t>(kClusters); ++seed) {
     std::string what, why;
     SimulationConfig c = RandomCluster(seed, /*allow_drift=*/false, &what);
     c.policy = PolicyKind::kDbs;
@@ -313,7 +313,7 @@ TEST(ControllerPropertyTest, ConvergesWithinThreeEpochsUnderCpuLimits) {
   for (bool kernel_periods : {false, true}) {
     int dbs_ok = 0, wall_ok = 0, paper_ok = 0;
     double worst_over_best = 0.0, log_time_ratio = 0.0;
-    for (uint64_t seed = 1; seed <= kClusters; ++seed) {
+    for (uint64_t seed = 1; seed <= static_cast<uint64_t>(kClusters); ++seed) {
       std::string what, why;
       SimulationConfig c = RandomCfsCluster(seed, kernel_periods, &what);
       c.policy = PolicyKind::kDbs;
@@ -358,7 +358,7 @@ TEST(ControllerPropertyTest, ConvergesWithinThreeEpochsUnderCpuLimits) {
 // on every cluster, and stays.
 TEST(ControllerPropertyTest, EpochBoundaryControllerSettlesOnRandomClusters) {
   int latest = 0;
-  for (uint64_t seed = 1; seed <= kClusters; ++seed) {
+  for (uint64_t seed = 1; seed <= static_cast<uint64_t>(kClusters); ++seed) {
     std::string what, why;
     SimulationConfig c = RandomCluster(seed, /*allow_drift=*/false, &what);
     c.epochs = 16;
@@ -378,7 +378,7 @@ TEST(ControllerPropertyTest, EpochBoundaryControllerSettlesOnRandomClusters) {
 TEST(ControllerPropertyTest, FollowsSlowDrifts) {
   int drifting = 0;
   double worst_over_best = 0.0, worst_spread = 0.0;
-  for (uint64_t seed = 1; seed <= kClusters; ++seed) {
+  for (uint64_t seed = 1; seed <= static_cast<uint64_t>(kClusters); ++seed) {
     std::string what;
     SimulationConfig c = RandomCluster(seed, /*allow_drift=*/true, &what);
     if (what.find("drifting") == std::string::npos) continue;
