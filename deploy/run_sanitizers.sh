@@ -4,7 +4,7 @@
 #      for the benchmark harness's small run (bench_small_test: four more minutes of the binaries
 #      cluster_test drives, and dataplane_client, which only benchmarks use), and with
 #      simulation_test's property tests on their first 60 random clusters instead of 300 (the
-#      same code paths at a fifth of the time);
+#      same code paths at a fifth of the time); only the tests and what they need are built;
 #   2. the domain and adapter tests (every C++ test that does not need libtorch) under
 #      ThreadSanitizer (--config=tsan), with tests/tsan's canary first: it proves the build
 #      reports a real race and sees Debian's uninstrumented Abseil locks (docs/security.md).
@@ -12,7 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-bazel test --config=asan --test_env=SIMULATION_TEST_CLUSTERS=60 -- //... -//tests:bench_small_test || status=1
+bazel test --config=asan --build_tests_only --test_env=SIMULATION_TEST_CLUSTERS=60 -- //... \
+  -//tests:bench_small_test || status=1
 tsan_tests=$(bazel query 'kind(cc_test, //tests:*) except rdeps(//tests:*, @system//:torch)
                           except //tests:simulation_test' 2>/dev/null)
 if [[ -z $tsan_tests ]]; then
