@@ -1,7 +1,7 @@
 #!/bin/bash
 # Interleaved runs of one grid cell (B128 1:1:2:4 quota): DBS, DBS without mid-epoch re-plans,
 # and DBS's split held fixed, three rounds, nothing else running.
-cd /work/main
+cd "$(dirname "$0")/../../.."
 common="--quiet --workers=4 --model=cnn --epochs=5 --global_batch=128 --train_limit=4096 --test_limit=500 --lr=0.05 --seed=1 --cpu_quota=0.125,0.125,0.25,0.5"
 out=bench/results/replan_s23
 for r in 1 2 3; do
@@ -12,7 +12,7 @@ done
 python3 - <<'PY'
 import json, glob, statistics
 rows = {}
-for f in sorted(glob.glob('/work/main/bench/results/replan_s23/round*/*/summary.json')):
+for f in sorted(glob.glob('bench/results/replan_s23/round*/*/summary.json')):
     arm = f.split('/')[-2]; s = json.load(open(f))
     t = statistics.mean(e['train_seconds'] for e in s['epochs'][1:])
     rev = sum(e['revisions'] for e in s['epochs'][1:])
