@@ -183,6 +183,9 @@ def build_parser():
     ap.add_argument("--ps_shards", type=int, default=1,
                     help="split the model's values across this many dbs_ps processes "
                          "(dbs_ps --shard=i/k; docs/dataplane.md#shards)")
+    ap.add_argument("--noise_margin", type=float, default=None,
+                    help="dbs: standard deviations of each worker's step time added to its "
+                         "step-time curve (dbs_ps --noise_margin; default: dbs_ps's)")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="proportional: lowest speed over this many recent epochs")
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
@@ -277,7 +280,8 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--replan_threshold={args.replan_threshold}",
         f"--count_communication={args.count_communication}",
         f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}",
-        f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}"]
+        f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}"] + (
+        [] if args.noise_margin is None else [f"--noise_margin={args.noise_margin}"])
 
 
 def fixed_split_flag(text, workers):

@@ -1007,6 +1007,16 @@ class LauncherTest(ProcessTestCase):
         for label, pid in pids.items():
             self.assertFalse(alive(pid), f"{label} (pid {pid}) still running")
 
+    def test_the_noise_margin_reaches_the_server(self):
+        # --noise_margin is passed to dbs_ps as is: a value dbs_ps refuses stops the launch
+        # with dbs_ps's own message, before any worker starts.
+        rc, _, err, out_dir = self.launch("margin", "--workers=2", "--noise_margin=5",
+                                          timeout=60)
+        self.assertEqual(rc, 1)
+        self.assertIn("dbs_ps exited with code 2 before listening", err)
+        with open(os.path.join(out_dir, "ps.log")) as f:
+            self.assertIn("noise_margin must be in [0, 4] standard deviations", f.read())
+
     def test_ctrl_c_stops_every_process(self):
         out_dir = os.path.join(self.tmp, "interrupt")
         p = self.spawn([sys.executable, LAUNCHER, f"--ps_bin={PS}", f"--worker_bin={WORKER}",
