@@ -16,6 +16,7 @@ times and median.
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -39,7 +40,9 @@ def main():
     arms = []
     for a in args.arm:
         name, sep, flags = a.partition("=")
-        if not sep or not name:
+        # A name is a directory name: letters, digits, '_', '.', '-', not starting with '-'
+        # ('--arm=--policy=dbs' is flags without a name).
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", name):
             sys.exit(f"--arm must be NAME=FLAGS, not {a!r}")
         arms.append((name, shlex.split(flags)))
     if not arms or args.rounds < 1:

@@ -212,6 +212,39 @@ class BestSplitTest(unittest.TestCase):
         self.assertAlmostEqual(step([1, 4], [5, 0], 8), 2.0, places=6)
 
 
+class InterleaveTest(unittest.TestCase):
+    """bench/interleave.py: every arm once per round, in the order given, and their medians."""
+
+    def run_tool(self, *args):
+        return subprocess.run([PYTHON, os.path.join(RUNFILES, "bench", "interleave.py"), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=300)
+
+    def test_arms_alternate_round_by_round(self):
+        out = tempfile.mkdtemp(prefix="interleave_", dir=os.environ.get("TEST_TMPDIR"))
+        common = (f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')} "
+                  f"--worker_bin={os.path.join(RUNFILES, 'worker', 'dbs_worker')} "
+                  "--workers=2 --epochs=2 --global_batch=32 --train_limit=320 --test_limit=64")
+        r = self.run_tool(f"--out_dir={out}", "--rounds=2", f"--common={common}",
+                          "--arm=even=--policy=fixed", "--arm=three_to_one=--policy=fixed "
+                          "--fixed_split=3,1")
+        self.assertEqual(r.returncode, 0, r.stdout)
+        runs = [line.split()[:2] for line in r.stdout.splitlines() if line.startswith("round")]
+        self.assertEqual(runs, [["round1", "even"], ["round1", "three_to_one"],
+                                ["round2", "even"], ["round2", "three_to_one"]])
+        self.assertIn("last split by worker id [16, 16]", r.stdout)
+        with open(os.path.join(out, "round2", "three_to_one", "summary.json")) as f:
+            last = json.load(f)["epochs"][-1]["workers"]
+        self.assertEqual(sorted(w["batch_size"] for w in last), [8, 24])
+        medians = [line for line in r.stdout.splitlines() if "median" in line]
+        self.assertEqual([m.split()[0] for m in medians], ["even", "three_to_one"])
+
+    def test_an_arm_without_a_name_is_refused(self):
+        r = self.run_tool("--out_dir=/nonexistent", "--arm=--policy=dbs")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--arm must be NAME=FLAGS", r.stdout)
+
+
 class DataplaneSmallTest(unittest.TestCase):
     """bench/dataplane.py at one small size: dbs_ps with the C++ client, gloo beside it, in fp32
     summed in worker order and bf16 summed on arrival; the table, the record and the plot."""
