@@ -16,6 +16,7 @@
 #include "common/cli.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/malloc_tuning.h"
 #include "common/shard_range.h"
 #include "common/signal_watcher.h"
 #include "glog/logging.h"
@@ -260,6 +261,7 @@ int main(int argc, char** argv) {
       "ps_main.cc");
   FLAGS_logtostderr = true;
   dbs::SkipDeadlockDetection();
+  dbs::KeepFreedMemoryMapped();
   google::InitGoogleLogging(argv[0]);
   // Before any thread starts, so that only the watcher receives them.
   dbs::SignalWatcher::Block();

@@ -1,0 +1,30 @@
+#include "common/malloc_tuning.h"
+
+#ifdef DBS_TCMALLOC
+#include <gperftools/malloc_extension.h>
+#endif
+
+namespace dbs {
+
+#ifdef DBS_TCMALLOC
+
+bool UsingTcmalloc() { return true; }
+
+bool KeepFreedMemoryMapped() {
+  MallocExtension::instance()->SetMemoryReleaseRate(0.0);
+  return true;
+}
+
+std::optional<double> MemoryReleaseRate() {
+  return MallocExtension::instance()->GetMemoryReleaseRate();
+}
+
+#else
+
+bool UsingTcmalloc() { return false; }
+bool KeepFreedMemoryMapped() { return false; }
+std::optional<double> MemoryReleaseRate() { return std::nullopt; }
+
+#endif
+
+}  // namespace dbs
