@@ -32,7 +32,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cli.h"
-#include "common/malloc_tuning.h"
 #include "nlohmann/json.hpp"
 #include "worker/grpc_ps_client.h"
 #include "worker/sharded_ps_client.h"
@@ -126,7 +125,6 @@ int main(int argc, char** argv) {
       "floats through dbs_ps. Usually run by bench/dataplane.py.");
   absl::ParseCommandLine(argc, argv);
   dbs::SkipDeadlockDetection();
-  dbs::KeepFreedMemoryMapped();
   const int clients = absl::GetFlag(FLAGS_clients);
   const int64_t params = absl::GetFlag(FLAGS_params);
   const int warmup = absl::GetFlag(FLAGS_warmup);

@@ -16,7 +16,6 @@
 #include "common/clock.h"
 #include "common/cpu_limit.h"
 #include "common/files.h"
-#include "common/malloc_tuning.h"
 #include "common/signal_watcher.h"
 #include "common/status_macros.h"
 #include "worker/dataset.h"
@@ -292,7 +291,6 @@ int main(int argc, char** argv) {
                         "Example: dbs_worker --server=127.0.0.1:50051 --model=cnn",
                         "worker_main.cc", TorchrunFallbacks());
   dbs::SkipDeadlockDetection();
-  dbs::KeepFreedMemoryMapped();
   dbs::SignalWatcher::Block();
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) return Fail("dbs_worker", config.status(), dbs::kExitBadConfig);
