@@ -10,8 +10,9 @@ deploy/local_cluster.py with the common flags plus its own. Epoch time is the me
       --common="--workers=4 --epochs=5 --global_batch=64 --train_limit=2048 --slowdown=1,1,2,4" \\
       --arm="dbs=--policy=dbs" --arm="split=--policy=fixed --fixed_split=1,1,2,4"
 
-Writes OUT_DIR/roundR/ARM/ (the launcher's files) and prints one line per run, then each arm's
-times and median.
+Writes OUT_DIR/roundR/ARM/ (the launcher's files) and prints one line per run (with the time
+left), then each arm's times and median; OUT_DIR/interleave.json is the record of every run and
+each arm's median.
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,8 +50,11 @@ def main():
     if not arms or args.rounds < 1:
         sys.exit("give at least one --arm and --rounds >= 1")
     times = {name: [] for name, _ in arms}
+    record = {"common": args.common, "rounds": args.rounds,
+              "arms": [{"name": name, "flags": flags, "runs": []} for name, flags in arms]}
+    total, done, start = args.rounds * len(arms), 0, time.monotonic()
     for r in range(1, args.rounds + 1):
-        for name, flags in arms:
+        for k, (name, flags) in enumerate(arms):
             out = os.path.join(args.out_dir, f"round{r}", name)
             argv = [sys.executable, os.path.join(ROOT, "deploy", "local_cluster.py"), "--quiet",
                     f"--out_dir={out}"] + shlex.split(args.common) + flags
@@ -64,10 +69,23 @@ def main():
             revisions = sum(e["revisions"] for e in s["epochs"][1:])
             last = [w["batch_size"]
                     for w in sorted(s["epochs"][-1]["workers"], key=lambda w: w["id"])]
+            record["arms"][k]["runs"].append(
+                {"round": r, "epoch_seconds": t, "revisions": revisions, "last_split": last,
+                 "summary": os.path.relpath(os.path.join(out, "summary.json"), args.out_dir)})
+            done += 1
+            left = (time.monotonic() - start) / done * (total - done)
             print(f"round{r} {name:15s} epoch {t:.3f} s, revisions in epochs 1+: {revisions}, "
-                  f"last split by worker id {last}", flush=True)
-    for name, ts in times.items():
-        print(f"{name:15s} epochs {['%.3f' % t for t in ts]} median {statistics.median(ts):.3f}")
+                  f"last split by worker id {last} | run {done}/{total}, ETA {left:.0f} s",
+                  flush=True)
+    for arm in record["arms"]:
+        ts = times[arm["name"]]
+        arm["median_epoch_seconds"] = statistics.median(ts)
+        print(f"{arm['name']:15s} epochs {['%.3f' % t for t in ts]} "
+              f"median {arm['median_epoch_seconds']:.3f}")
+    path = os.path.join(args.out_dir, "interleave.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"record: {path}")
 
 
 if __name__ == "__main__":

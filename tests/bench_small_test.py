@@ -4,6 +4,7 @@ report is complete and self-consistent; the consistency check itself catches a b
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import unittest
@@ -238,6 +239,22 @@ class InterleaveTest(unittest.TestCase):
         self.assertEqual(sorted(w["batch_size"] for w in last), [8, 24])
         medians = [line for line in r.stdout.splitlines() if "median" in line]
         self.assertEqual([m.split()[0] for m in medians], ["even", "three_to_one"])
+        self.assertIn("run 4/4, ETA 0 s", r.stdout)
+        # The record: every run of each arm, in round order, and the median of its epoch times.
+        with open(os.path.join(out, "interleave.json")) as f:
+            record = json.load(f)
+        self.assertEqual([a["name"] for a in record["arms"]], ["even", "three_to_one"])
+        self.assertEqual(record["arms"][1]["flags"], ["--policy=fixed", "--fixed_split=3,1"])
+        for arm in record["arms"]:
+            self.assertEqual([run["round"] for run in arm["runs"]], [1, 2])
+            times = [run["epoch_seconds"] for run in arm["runs"]]
+            self.assertAlmostEqual(arm["median_epoch_seconds"], statistics.median(times))
+            for run in arm["runs"]:
+                with open(os.path.join(out, run["summary"])) as f:
+                    summary = json.load(f)
+                self.assertAlmostEqual(run["epoch_seconds"], statistics.mean(
+                    e["train_seconds"] for e in summary["epochs"][1:]))
+        self.assertEqual(sorted(record["arms"][1]["runs"][1]["last_split"]), [8, 24])
 
     def test_an_arm_without_a_name_is_refused(self):
         r = self.run_tool("--out_dir=/nonexistent", "--arm=--policy=dbs")
