@@ -49,7 +49,6 @@ def main():
         arms.append((name, shlex.split(flags)))
     if not arms or args.rounds < 1:
         sys.exit("give at least one --arm and --rounds >= 1")
-    times = {name: [] for name, _ in arms}
     record = {"common": args.common, "rounds": args.rounds,
               "arms": [{"name": name, "flags": flags, "runs": []} for name, flags in arms]}
     total, done, start = args.rounds * len(arms), 0, time.monotonic()
@@ -65,7 +64,6 @@ def main():
             with open(os.path.join(out, "summary.json")) as f:
                 s = json.load(f)
             t = epoch_time(s)
-            times[name].append(t)
             revisions = sum(e["revisions"] for e in s["epochs"][1:])
             last = [w["batch_size"]
                     for w in sorted(s["epochs"][-1]["workers"], key=lambda w: w["id"])]
@@ -78,7 +76,7 @@ def main():
                   f"last split by worker id {last} | run {done}/{total}, ETA {left:.0f} s",
                   flush=True)
     for arm in record["arms"]:
-        ts = times[arm["name"]]
+        ts = [run["epoch_seconds"] for run in arm["runs"]]
         arm["median_epoch_seconds"] = statistics.median(ts)
         print(f"{arm['name']:15s} epochs {['%.3f' % t for t in ts]} "
               f"median {arm['median_epoch_seconds']:.3f}")

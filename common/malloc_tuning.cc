@@ -8,8 +8,6 @@ namespace dbs {
 
 #ifdef DBS_TCMALLOC
 
-bool UsingTcmalloc() { return true; }
-
 bool KeepFreedMemoryMapped() {
   MallocExtension::instance()->SetMemoryReleaseRate(0.0);
   return true;
@@ -21,7 +19,6 @@ std::optional<double> MemoryReleaseRate() {
 
 #else
 
-bool UsingTcmalloc() { return false; }
 bool KeepFreedMemoryMapped() { return false; }
 std::optional<double> MemoryReleaseRate() { return std::nullopt; }
 

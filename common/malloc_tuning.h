@@ -5,9 +5,6 @@
 
 namespace dbs {
 
-// Whether this binary was linked with tcmalloc (//common:malloc's default).
-bool UsingTcmalloc();
-
 // Tells tcmalloc to keep the memory it frees mapped for reuse (a release rate of 0) rather than
 // hand it back to the kernel in the background: a step frees and allocates the same sizes every
 // time, and memory handed back is faulted in again, page by page, on the next step. The peak RSS
@@ -16,7 +13,8 @@ bool UsingTcmalloc();
 // was started in. Returns false (and does nothing) under another allocator.
 bool KeepFreedMemoryMapped();
 
-// tcmalloc's release rate now; nullopt under another allocator.
+// tcmalloc's release rate now; nullopt when the binary is not linked with tcmalloc (under
+// `--define=dbs_malloc=system`, as in the sanitizer builds).
 std::optional<double> MemoryReleaseRate();
 
 }  // namespace dbs
