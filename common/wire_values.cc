@@ -163,69 +163,9 @@ std::shared_ptr<const WirePayload> WirePayload::FromFloats(absl::Span<const floa
   return p;
 }
 
-absl::Status ForEachBlock(
-    const WirePayload& payload,
-    const std::function<absl::Status(size_t, absl::Span<const float>)>& block) {
-  const size_t bpv = BytesPerValue(payload.dtype);
-  float buf[kDecodeBlock];
-  uint8_t carry[4];
-  size_t carried = 0;
-  size_t filled = 0;
-  size_t index = 0;
-  auto flush = [&]() -> absl::Status {
-    if (filled == 0) return absl::OkStatus();
-    absl::Status s = block(index, absl::MakeConstSpan(buf, filled));
-    index += filled;
-    filled = 0;
-    return s;
-  };
-  for (absl::Span<const uint8_t> seg : payload.segments) {
-    const uint8_t* p = seg.data();
-    size_t n = seg.size();
-    if (carried > 0) {  // a value split across segments
-      const size_t take = std::min(bpv - carried, n);
-      std::memcpy(carry + carried, p, take);
-      carried += take;
-      p += take;
-      n -= take;
-      if (carried == bpv) {
-        DecodeValues(carry, payload.dtype, absl::MakeSpan(buf + filled, 1));
-        carried = 0;
-        if (++filled == kDecodeBlock) DBS_RETURN_IF_ERROR(flush());
-      }
-    }
-    // fp32 values aligned in the received bytes are handed out where they lie: no copy.
-    while (payload.dtype == WireDtype::kFp32 && filled == 0 && n >= bpv &&
-           reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-      const size_t k = std::min(n / bpv, kDecodeBlock);
-      DBS_RETURN_IF_ERROR(block(index, absl::MakeConstSpan(reinterpret_cast<const float*>(p), k)));
-      index += k;
-      p += k * bpv;
-      n -= k * bpv;
-    }
-    while (n >= bpv) {
-      const size_t k = std::min(n / bpv, kDecodeBlock - filled);
-      DecodeValues(p, payload.dtype, absl::MakeSpan(buf + filled, k));
-      filled += k;
-      p += k * bpv;
-      n -= k * bpv;
-      if (filled == kDecodeBlock) DBS_RETURN_IF_ERROR(flush());
-    }
-    if (n > 0) {
-      std::memcpy(carry, p, n);
-      carried = n;
-    }
-  }
-  if (carried > 0) return absl::InvalidArgumentError("the payload ends inside a value");
-  return flush();
-}
-
-absl::Status ForEachFp32Run(
-    const WirePayload& payload,
-    const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run) {
-  if (payload.dtype != WireDtype::kFp32) {
-    return absl::InternalError("ForEachFp32Run reads fp32 payloads only");
-  }
+absl::Status ForEachRun(const WirePayload& payload,
+                        const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run) {
+  const size_t width = BytesPerValue(payload.dtype);
   uint8_t carry[4];
   size_t carried = 0;
   size_t index = 0;
@@ -233,21 +173,21 @@ absl::Status ForEachFp32Run(
     const uint8_t* p = seg.data();
     size_t n = seg.size();
     if (carried > 0) {  // a value split across segments
-      const size_t take = std::min(4 - carried, n);
+      const size_t take = std::min(width - carried, n);
       std::memcpy(carry + carried, p, take);
       carried += take;
       p += take;
       n -= take;
-      if (carried == 4) {
+      if (carried == width) {
         DBS_RETURN_IF_ERROR(run(index++, carry, 1));
         carried = 0;
       }
     }
-    if (n >= 4) {
-      DBS_RETURN_IF_ERROR(run(index, p, n / 4));
-      index += n / 4;
-      p += n / 4 * 4;
-      n %= 4;
+    if (n >= width) {
+      DBS_RETURN_IF_ERROR(run(index, p, n / width));
+      index += n / width;
+      p += n / width * width;
+      n %= width;
     }
     if (n > 0) {
       std::memcpy(carry, p, n);
@@ -282,16 +222,11 @@ WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count) {
 
 absl::Status DecodePayload(const WirePayload& payload, absl::Span<float> out) {
   DBS_RETURN_IF_ERROR(payload.CheckCount(out.size()));
-  if (payload.dtype == WireDtype::kFp32) {
-    // One copy per received run, aligned or not, as DecodeValues copies fp32 (through
-    // ForEachBlock's block buffer an unaligned run was copied twice).
-    return ForEachFp32Run(payload, [&](size_t first, const uint8_t* bytes, size_t count) {
-      std::memcpy(out.data() + first, bytes, count * sizeof(float));
-      return absl::OkStatus();
-    });
-  }
-  return ForEachBlock(payload, [&](size_t first, absl::Span<const float> values) {
-    std::copy(values.begin(), values.end(), out.begin() + first);
+  // Each received run straight into its place in `out`: one pass, no buffer between (a bf16
+  // model of 10M values decoded through a block buffer spent 13% of the worker's CPU copying
+  // the buffer out).
+  return ForEachRun(payload, [&](size_t first, const uint8_t* bytes, size_t count) {
+    DecodeValues(bytes, payload.dtype, out.subspan(first, count));
     return absl::OkStatus();
   });
 }

@@ -2,9 +2,8 @@
 // concatenated, little-endian, in the job's wire dtype (fp32, bf16 or fp16).
 //
 // A received payload is a list of byte segments (the pieces of the message as the transport
-// delivered them, never copied into one buffer); values may straddle segments. Decoding goes
-// block by block through a small buffer that stays in the L1 cache, so each received byte is read
-// from memory once per pass. Free of gRPC; stateless; thread-safe.
+// delivered them, never copied into one buffer); values may straddle segments. They are read
+// where they lie, run by run. Free of gRPC; stateless; thread-safe.
 #ifndef DBS_COMMON_WIRE_VALUES_H_
 #define DBS_COMMON_WIRE_VALUES_H_
 
@@ -62,20 +61,12 @@ struct WirePayload {
 // no copy, the same keepalive.
 WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count);
 
-// Calls `block(first_index, values)` for consecutive blocks of the payload's decoded values
-// (at most kDecodeBlock each), stopping at the first non-OK status, which it returns. Aligned
-// fp32 values are handed out where they lie in the segments; others are decoded into a small
-// buffer that stays in the L1 cache.
-inline constexpr size_t kDecodeBlock = 2048;
-absl::Status ForEachBlock(
-    const WirePayload& payload,
-    const std::function<absl::Status(size_t, absl::Span<const float>)>& block);
-
-// For an fp32 payload: calls `run(first_index, bytes, count)` for each run of `count`
-// consecutive little-endian fp32 values where they lie in the segments (possibly unaligned:
-// read them with LoadFp32), a value split across segments as a run of its own. No copy.
-absl::Status ForEachFp32Run(const WirePayload& payload,
-                            const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run);
+// Calls `run(first_index, bytes, count)` for each run of `count` consecutive values in the
+// payload's dtype (little-endian) where they lie in the segments, possibly unaligned (read fp32
+// ones with LoadFp32), a value split across segments as a run of its own. Stops at the first
+// non-OK status, which it returns. No copy.
+absl::Status ForEachRun(const WirePayload& payload,
+                        const std::function<absl::Status(size_t, const uint8_t*, size_t)>& run);
 // Value `i` of such a run (an unaligned load).
 inline float LoadFp32(const uint8_t* run, size_t i) {
   float v;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,18 +116,52 @@ absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const Wire
 namespace {
 
 // The check and the sum over every pushed value, free functions over raw little-endian bytes
-// (unaligned loads), so that each is compiled for AVX2 too (multiversion.h).
-// Whether every one of the n values is finite and at most `limit` in magnitude; branch-free,
-// so that the compiler vectorizes it.
+// (unaligned loads), so that each is compiled for AVX2 too (multiversion.h), and branch-free, so
+// that the compiler vectorizes them.
+// Whether every one of the n fp32 values is finite and at most `limit` in magnitude.
 DBS_WIDE_VECTORS bool AllWithin(const uint8_t* values, size_t n, float limit) {
   int bad = 0;
   for (size_t i = 0; i < n; ++i) bad |= !(std::fabs(LoadFp32(values, i)) <= limit);
   return bad == 0;
 }
 
-// sum[i] += weight * values[i].
+// sum[i] += weight * values[i], fp32 values.
 DBS_WIDE_VECTORS void AddScaled(float* sum, const uint8_t* values, size_t n, float weight) {
   for (size_t i = 0; i < n; ++i) sum[i] += weight * LoadFp32(values, i);
+}
+
+uint16_t LoadBf16(const uint8_t* values, size_t i) {
+  uint16_t h;
+  std::memcpy(&h, values + 2 * i, sizeof h);
+  return h;
+}
+
+// The same check on bf16 values, on their bits: a bf16 value's magnitude grows with its bits
+// without the sign, infinities and NaNs above every finite value. `limit_bits`: the bits of
+// the largest bf16 value at most the limit.
+DBS_WIDE_VECTORS bool AllWithinBf16(const uint8_t* values, size_t n, uint16_t limit_bits) {
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= (LoadBf16(values, i) & 0x7fffu) > limit_bits;
+  return bad == 0;
+}
+
+// sum[i] += weight * values[i], bf16 values decoded on the way (a bf16 value is the top half of
+// the fp32 one, exactly): the same additions as decoding them first, in one pass.
+DBS_WIDE_VECTORS void AddScaledBf16(float* sum, const uint8_t* values, size_t n, float weight) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(LoadBf16(values, i)) << 16;
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    sum[i] += weight * v;
+  }
+}
+
+// The bits of the largest bf16 value at most `limit` (positive, finite): fp32's bits cut to
+// their top half, which rounds toward zero.
+uint16_t Bf16LimitBits(float limit) {
+  uint32_t bits;
+  std::memcpy(&bits, &limit, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 }  // namespace
@@ -136,43 +171,54 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
                                         bool check) {
   // Block by block: each block is checked while it is in the L1 cache, the culprit named only
   // when there is one, and then added. A bad value stops the sum at the start of its block.
-  // `data` holds the block's values as little-endian fp32 bytes.
-  auto block = [&](size_t first, size_t count, const uint8_t* data) {
-    if (check && !AllWithin(data, count, kMaxAbsGradient)) {
+  // `raw` holds the block's values as they arrived, little-endian in the payload's dtype:
+  // fp32 and bf16 are checked and summed where they lie, fp16 is decoded into `decoded` first.
+  static const uint16_t kBf16Limit = Bf16LimitBits(kMaxAbsGradient);
+  const WireDtype dtype = values.dtype;
+  float decoded[kSumBlock];
+  auto block = [&](size_t first, size_t count, const uint8_t* raw) {
+    const uint8_t* fp32 = raw;
+    if (dtype == WireDtype::kFp16) {
+      DecodeValues(raw, dtype, absl::MakeSpan(decoded, count));
+      fp32 = reinterpret_cast<const uint8_t*>(decoded);
+    }
+    const bool ok = !check || (dtype == WireDtype::kBf16 ? AllWithinBf16(raw, count, kBf16Limit)
+                                                         : AllWithin(fp32, count, kMaxAbsGradient));
+    if (!ok) {
       if (summed != nullptr) *summed = first;
+      if (dtype == WireDtype::kBf16) DecodeValues(raw, dtype, absl::MakeSpan(decoded, count));
+      const float* v = dtype == WireDtype::kFp32 ? nullptr : decoded;
       for (size_t i = 0;; ++i) {
-        const float v = LoadFp32(data, i);
-        if (!(std::fabs(v) <= kMaxAbsGradient)) {  // NaN fails too
+        const float x = v != nullptr ? v[i] : LoadFp32(raw, i);
+        if (!(std::fabs(x) <= kMaxAbsGradient)) {  // NaN fails too
           return absl::InvalidArgumentError(absl::StrCat(
-              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ", v,
+              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ", x,
               " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
         }
       }
     }
-    if (sum != nullptr) AddScaled(sum + offset + first, data, count, weight);
-    return absl::OkStatus();
-  };
-  // Values [from, from + count) of the piece; those before `skip` were summed already.
-  auto range = [&](size_t from, size_t count, const uint8_t* data) -> absl::Status {
-    for (size_t b = 0; b < count; b += kDecodeBlock) {
-      size_t lo = b, hi = std::min(count, b + kDecodeBlock);
-      if (from + hi <= skip) continue;
-      if (from + lo < skip) lo = skip - from;
-      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, data + 4 * lo));
+    if (sum != nullptr) {
+      if (dtype == WireDtype::kBf16) {
+        AddScaledBf16(sum + offset + first, raw, count, weight);
+      } else {
+        AddScaled(sum + offset + first, fp32, count, weight);
+      }
     }
     return absl::OkStatus();
   };
-  absl::Status status;
-  if (values.dtype == WireDtype::kFp32) {  // read where they lie
-    status = ForEachFp32Run(values, [&](size_t first, const uint8_t* run, size_t count) {
-      return range(first, count, run);
-    });
-  } else {  // decoded block by block into floats, which LoadFp32 reads as they lie
-    status = ForEachBlock(values, [&](size_t first, absl::Span<const float> v) {
-      return range(first, v.size(), reinterpret_cast<const uint8_t*>(v.data()));
-    });
-  }
-  if (status.ok() && summed != nullptr) *summed = values.bytes / BytesPerValue(values.dtype);
+  const size_t width = BytesPerValue(dtype);
+  // Values [from, from + count) of the piece; those before `skip` were summed already.
+  auto range = [&](size_t from, const uint8_t* data, size_t count) -> absl::Status {
+    for (size_t b = 0; b < count; b += kSumBlock) {
+      size_t lo = b, hi = std::min(count, b + kSumBlock);
+      if (from + hi <= skip) continue;
+      if (from + lo < skip) lo = skip - from;
+      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, data + width * lo));
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = ForEachRun(values, range);
+  if (status.ok() && summed != nullptr) *summed = values.bytes / width;
   return status;
 }
 

@@ -80,6 +80,9 @@ struct StepStats {
 // weighted sum of accepted gradients then stays finite, so accepting a push never needs to look
 // at the sum (the values are checked before the aggregator's lock is taken).
 inline constexpr float kMaxAbsGradient = 1e30f;
+// A pushed piece is checked and summed in blocks of this many values, each checked while it is
+// in the L1 cache and then added; a bad value stops the sum at the start of its block.
+inline constexpr size_t kSumBlock = 2048;
 
 // A push's gradient: the received message's payload (held, not copied), or, for tests and
 // in-process callers, a copy of plain floats in fp32.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -794,7 +795,7 @@ TEST_F(StreamedPushRulesTest, QuiescingLetsTheOpenUpdateEndAndOpensNoOther) {
 // A model larger than one checking block: values are checked as they are summed, block by block.
 class LargePieceTest : public ::testing::Test {
  protected:
-  static constexpr size_t kModel = 3 * kDecodeBlock + 5;
+  static constexpr size_t kModel = 3 * kSumBlock + 5;
   void SetUp() override {
     store_ = std::make_unique<ParameterStore>(
         std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
@@ -803,6 +804,10 @@ class LargePieceTest : public ::testing::Test {
         IsOk());
     agg_ = std::make_unique<StepAggregator>(store_.get());
     agg_->BeginEpoch(0, {{{0, 1}, {1, 1}}});
+  }
+  void Reset() {  // a fresh store and aggregator, as SetUp makes them
+    agg_.reset();
+    SetUp();
   }
   static GradientPush Header(int w, bool streamed = false) {
     GradientPush p{w, 0, 0, 1, 0.0, {}};
@@ -824,7 +829,7 @@ class LargePieceTest : public ::testing::Test {
 
 TEST_F(LargePieceTest, ABadValueInsideAPieceIsRefusedAndTheRetryAddsOnlyTheRest) {
   std::vector<absl::Status> taken;
-  const size_t bad = 2 * kDecodeBlock + 7;  // in the piece's third block
+  const size_t bad = 2 * kSumBlock + 7;  // in the piece's third block
   std::shared_ptr<const WirePayload> whole = Piece(0, 0, kModel);
   std::vector<float> poisoned(kModel);
   for (size_t i = 0; i < kModel; ++i) poisoned[i] = static_cast<float>(i + 1);
@@ -851,10 +856,109 @@ TEST_F(LargePieceTest, ABadValueInsideAPieceIsRefusedAndTheRetryAddsOnlyTheRest)
   }
 }
 
+// A piece in a 16-bit wire dtype, its bytes cut into segments of `cut` bytes (odd sizes put
+// values across segments and every run off its alignment), kept alive by the payload.
+std::shared_ptr<const WirePayload> HalfPiece(const std::vector<float>& values, WireDtype dtype,
+                                             size_t cut) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(1 + 2 * values.size());
+  EncodeValues(values, dtype, bytes->data() + 1);  // one byte in front: unaligned
+  auto p = std::make_shared<WirePayload>();
+  p->dtype = dtype;
+  for (size_t at = 0; at < 2 * values.size(); at += cut) {
+    p->segments.emplace_back(bytes->data() + 1 + at, std::min(cut, 2 * values.size() - at));
+  }
+  p->bytes = 2 * values.size();
+  p->keepalive = bytes;
+  return p;
+}
+
+TEST_F(LargePieceTest, HalfPrecisionPiecesSumBitForBitLikeTheirDecodedValues) {
+  // bf16 is checked and summed where it lies, fp16 decoded block by block first: either way
+  // the parameters are those of the same values pushed as fp32.
+  for (WireDtype dtype : {WireDtype::kBf16, WireDtype::kFp16}) {
+    for (size_t cut : {size_t{3}, size_t{4096}, size_t{1} << 20}) {
+      std::vector<std::vector<float>> grads(2, std::vector<float>(kModel));
+      std::mt19937 rng(7);
+      std::normal_distribution<float> normal(0.0f, 3.0f);
+      for (auto& g : grads) {
+        for (float& x : g) x = normal(rng);
+      }
+      std::vector<float> params[2];
+      for (int as_fp32 = 0; as_fp32 < 2; ++as_fp32) {
+        Reset();
+        std::vector<absl::Status> taken;
+        for (int w = 0; w < 2; ++w) {
+          std::vector<float> decoded(kModel);
+          std::shared_ptr<const WirePayload> half = HalfPiece(grads[w], dtype, cut);
+          ASSERT_THAT(DecodePayload(*half, absl::MakeSpan(decoded)), IsOk());
+          ASSERT_THAT(
+              agg_->PushChunk(Header(w), 0, as_fp32 ? WirePayload::FromFloats(decoded) : half,
+                              Record(&taken)),
+              IsOk());
+        }
+        Outcome a, b;
+        agg_->Push(Header(0, true), a.callback());
+        agg_->Push(Header(1, true), b.callback());
+        ASSERT_TRUE(b.result.has_value());
+        ASSERT_THAT(*b.result, IsOk());
+        params[as_fp32] = *store_->Snapshot()->values;
+      }
+      for (size_t i = 0; i < kModel; ++i) {
+        ASSERT_EQ(params[0][i], params[1][i])
+            << WireDtypeName(dtype) << " in segments of " << cut << " bytes, value " << i;
+      }
+    }
+  }
+}
+
+TEST_F(LargePieceTest, HalfPrecisionValuesBeyondTheLimitAreRefusedByName) {
+  // The largest bf16 value at most kMaxAbsGradient passes, the next one up does not, and
+  // neither do infinities and NaNs of either sign; fp16 has only infinities and NaNs to refuse.
+  uint32_t limit_bits;
+  std::memcpy(&limit_bits, &kMaxAbsGradient, sizeof limit_bits);
+  const float largest_bf16 = Bf16ToFloat(static_cast<uint16_t>(limit_bits >> 16));  // cut: down
+  ASSERT_LE(largest_bf16, kMaxAbsGradient);
+  ASSERT_GT(Bf16ToFloat(FloatToBf16(largest_bf16) + 1), kMaxAbsGradient);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    WireDtype dtype;
+    float value;
+    bool refused;
+  };
+  const Case cases[] = {
+      {WireDtype::kBf16, largest_bf16, false},
+      {WireDtype::kBf16, -largest_bf16, false},
+      {WireDtype::kBf16, Bf16ToFloat(FloatToBf16(largest_bf16) + 1), true},
+      {WireDtype::kBf16, -inf, true},
+      {WireDtype::kBf16, nan, true},
+      {WireDtype::kBf16, -nan, true},
+      {WireDtype::kFp16, 65504.0f, false},
+      {WireDtype::kFp16, inf, true},
+      {WireDtype::kFp16, -nan, true},
+  };
+  for (const Case& c : cases) {
+    Reset();
+    const size_t bad = kSumBlock + 9;
+    std::vector<float> g(kModel, 1.0f);
+    g[bad] = c.value;
+    std::vector<absl::Status> taken;
+    const absl::Status s =
+        agg_->PushChunk(Header(0), 0, HalfPiece(g, c.dtype, 1001), Record(&taken));
+    if (c.refused) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                              HasSubstr(absl::StrCat("worker 0's element ", bad, " is "))))
+          << WireDtypeName(c.dtype) << " " << c.value;
+    } else {
+      EXPECT_THAT(s, IsOk()) << WireDtypeName(c.dtype) << " " << c.value;
+    }
+  }
+}
+
 TEST_F(LargePieceTest, AHeldPieceIsCheckedWhenItsTurnComesAndEndsItsPush) {
   std::vector<absl::Status> first, second, lower;
-  std::vector<float> poisoned(kDecodeBlock + 1, 1.0f);
-  poisoned[kDecodeBlock] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> poisoned(kSumBlock + 1, 1.0f);
+  poisoned[kSumBlock] = std::numeric_limits<float>::quiet_NaN();
   // Worker 1's pieces wait for worker 0's values: accepted for now.
   ASSERT_THAT(agg_->PushChunk(Header(1), 0, WirePayload::FromFloats(poisoned), Record(&first)),
               IsOk());
@@ -862,11 +966,10 @@ TEST_F(LargePieceTest, AHeldPieceIsCheckedWhenItsTurnComesAndEndsItsPush) {
   ASSERT_THAT(agg_->PushChunk(Header(0), 0, Piece(0, 0, kModel), Record(&lower)), IsOk());
   ASSERT_EQ(first.size(), 1u);
   EXPECT_THAT(first[0], StatusIs(absl::StatusCode::kInvalidArgument,
-                                 HasSubstr(absl::StrCat("worker 1's element ", kDecodeBlock))));
+                                 HasSubstr(absl::StrCat("worker 1's element ", kSumBlock))));
   // Its first block was summed; the push resumes from there.
-  ASSERT_THAT(
-      agg_->PushChunk(Header(1), kDecodeBlock, Piece(1, kDecodeBlock, kModel), Record(&second)),
-      IsOk());
+  ASSERT_THAT(agg_->PushChunk(Header(1), kSumBlock, Piece(1, kSumBlock, kModel), Record(&second)),
+              IsOk());
   ASSERT_EQ(second.size(), 1u);
   EXPECT_THAT(second[0], IsOk());
   Outcome a, b;
@@ -876,7 +979,7 @@ TEST_F(LargePieceTest, AHeldPieceIsCheckedWhenItsTurnComesAndEndsItsPush) {
   ASSERT_THAT(*b.result, IsOk());
   const std::vector<float> p = *store_->Snapshot()->values;
   EXPECT_EQ(p[0], -(1.0f + 1.0f) / 2);  // worker 1's first block: the 1s it sent
-  EXPECT_EQ(p[kDecodeBlock], -(kDecodeBlock + 1.0f + 2.0f * (kDecodeBlock + 1)) / 2);
+  EXPECT_EQ(p[kSumBlock], -(kSumBlock + 1.0f + 2.0f * (kSumBlock + 1)) / 2);
 }
 
 }  // namespace

@@ -109,14 +109,14 @@ TEST(WireValuesTest, Fp32RunsReadTheValuesWhereTheyLieAlignedOrNot) {
     p.bytes = 4 * values.size();
     std::vector<float> got(values.size(), -1.0f);
     size_t runs = 0;
-    ASSERT_THAT(ForEachFp32Run(p,
-                               [&](size_t first, const uint8_t* run, size_t count) {
-                                 for (size_t i = 0; i < count; ++i) {
-                                   got[first + i] = LoadFp32(run, i);
-                                 }
-                                 ++runs;
-                                 return absl::OkStatus();
-                               }),
+    ASSERT_THAT(ForEachRun(p,
+                           [&](size_t first, const uint8_t* run, size_t count) {
+                             for (size_t i = 0; i < count; ++i) {
+                               got[first + i] = LoadFp32(run, i);
+                             }
+                             ++runs;
+                             return absl::OkStatus();
+                           }),
                 IsOk());
     EXPECT_EQ(got, values) << "in pieces of " << piece;
     EXPECT_LE(runs, 2 * p.segments.size());
@@ -124,7 +124,7 @@ TEST(WireValuesTest, Fp32RunsReadTheValuesWhereTheyLieAlignedOrNot) {
   WirePayload cut;
   cut.segments.emplace_back(reinterpret_cast<const uint8_t*>(bytes.data()) + 1, 6);
   cut.bytes = 6;
-  EXPECT_THAT(ForEachFp32Run(cut, [](size_t, const uint8_t*, size_t) { return absl::OkStatus(); }),
+  EXPECT_THAT(ForEachRun(cut, [](size_t, const uint8_t*, size_t) { return absl::OkStatus(); }),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inside a value")));
 }
 
