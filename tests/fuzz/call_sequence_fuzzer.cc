@@ -1,7 +1,9 @@
 // Fuzz target: any sequence of the calls a peer can make (register, register the model, fetch a
-// plan, push, report, leave, resume) plus time passing and the server's liveness checks, against
-// a real TrainingJob with three workers. Whatever the order, the server must not crash, and a job
-// that ends ok must have trained on every sample of every epoch exactly once.
+// plan, push (fp32 values, or raw bytes in any wire dtype), report, leave, resume) plus time
+// passing and the server's liveness checks, against a real TrainingJob with three workers. Whatever
+// the order, the server must not crash, and a job that ends ok must have trained on every sample of
+// every epoch exactly once.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -60,10 +62,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         j->scheduler()->AwaitPlan(worker, epoch, [](const absl::StatusOr<dbs::WorkerPlan>&) {});
         break;
       case 3:
-      case 4:
         j->aggregator()->Push({worker, epoch, step, in.Small(5), 1.0, grads[in.Small(4)]},
                               [](const absl::StatusOr<dbs::StepResult>&) {});
         break;
+      case 4: {
+        // A gradient as it comes off the wire: 0-5 raw bytes in any wire dtype, cut into two
+        // segments anywhere (any bit pattern: NaN, infinities, beyond the limit; of the model's
+        // size or not).
+        auto bytes = std::make_shared<std::vector<uint8_t>>(in.Small(6));
+        for (uint8_t& b : *bytes) b = in.Next();
+        auto payload = std::make_shared<dbs::WirePayload>();
+        payload->dtype = static_cast<dbs::WireDtype>(in.Small(3));
+        const size_t cut = std::min<size_t>(in.Small(6), bytes->size());
+        if (cut > 0) payload->segments.emplace_back(bytes->data(), cut);
+        if (cut < bytes->size()) {
+          payload->segments.emplace_back(bytes->data() + cut, bytes->size() - cut);
+        }
+        payload->bytes = bytes->size();
+        payload->keepalive = bytes;
+        std::shared_ptr<const dbs::WirePayload> wire = payload;
+        j->aggregator()->Push({worker, epoch, step, in.Small(5), 1.0, wire},
+                              [](const absl::StatusOr<dbs::StepResult>&) {});
+        break;
+      }
       case 5: {
         dbs::EpochTiming t;
         t.worker_id = worker;

@@ -105,6 +105,27 @@ int main(int argc, char** argv) {
       seq += std::string{static_cast<char>(w + 1), 1, static_cast<char>(s + 1), 3, 2, 0};
   }
   Write(dir + "/call_sequence/ordered", seq);
+  // The same job with its pushes as raw wire bytes (op 4: size, bytes, dtype, cut, samples):
+  // step 0 in bf16 after a refused bf16 NaN, step 1 (2, 1 and 1 samples) in fp16, each value 0.5.
+  std::string wire(seq.begin(), seq.begin() + 1 + 3 * 7 + 4);
+  wire += std::string{1, 1, 1, 4, 2, static_cast<char>(0xc0), 0x7f, 1, 1, 2};  // NaN: refused
+  for (char s = 0; s < 2; ++s) {
+    const char high = s == 0 ? 0x3f : 0x38;  // 0.5 in bf16, in fp16
+    for (char w = 0; w < 3; ++w) {
+      const char samples = s == 1 && w > 0 ? 1 : 2;
+      wire += std::string{static_cast<char>(w + 1),
+                          1,
+                          static_cast<char>(s + 1),
+                          4,
+                          2,
+                          0,
+                          high,
+                          static_cast<char>(s + 1),
+                          static_cast<char>(w),
+                          samples};
+    }
+  }
+  Write(dir + "/call_sequence/wire_pushes", wire);
   Write(dir + "/call_sequence/noise", std::string("\x07\x13\x02\x55\x09\x31\x08\x04\x05\x06", 10));
   return 0;
 }
