@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/multiversion.h"
 #include "common/status_macros.h"
 
 namespace dbs {
@@ -104,6 +105,13 @@ void EncodeHalves(absl::Span<const float> values, uint8_t* out) {
   }
 }
 
+// bf16's encode on its own, compiled for AVX2 too (multiversion.h): the rounding's few integer
+// operations per value made it compute-bound on SSE2 (10M values: 5.3 ms, 4.2 ms with AVX2,
+// medians of six runs each; its decode, a shift, is bound by memory either way).
+DBS_WIDE_VECTORS void EncodeBf16(absl::Span<const float> values, uint8_t* out) {
+  EncodeHalves<FloatToBf16>(values, out);
+}
+
 template <float (*kFromHalf)(uint16_t)>
 void DecodeHalves(const uint8_t* in, absl::Span<float> out) {
   float* const v = out.data();
@@ -123,7 +131,7 @@ void EncodeValues(absl::Span<const float> values, WireDtype dtype, uint8_t* out)
       std::memcpy(out, values.data(), values.size() * sizeof(float));
       return;
     case WireDtype::kBf16:
-      return EncodeHalves<FloatToBf16>(values, out);
+      return EncodeBf16(values, out);
     case WireDtype::kFp16:
       return EncodeHalves<FloatToFp16>(values, out);
   }
