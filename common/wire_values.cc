@@ -105,9 +105,9 @@ void EncodeHalves(absl::Span<const float> values, uint8_t* out) {
   }
 }
 
-// bf16's encode on its own, compiled for AVX2 too (multiversion.h): the rounding's few integer
-// operations per value made it compute-bound on SSE2 (10M values: 5.3 ms, 4.2 ms with AVX2,
-// medians of six runs each; its decode, a shift, is bound by memory either way).
+// bf16's encode on its own, compiled for AVX2 too (multiversion.h): SSE2 cannot narrow 32-bit
+// lanes to 16 bits, so its copy takes about twice the instructions
+// (bench/results/bf16_s25/README.md). The decode, a shift, is bound by memory either way.
 DBS_WIDE_VECTORS void EncodeBf16(absl::Span<const float> values, uint8_t* out) {
   EncodeHalves<FloatToBf16>(values, out);
 }

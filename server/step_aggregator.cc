@@ -186,10 +186,9 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
                                                          : AllWithin(fp32, count, kMaxAbsGradient));
     if (!ok) {
       if (summed != nullptr) *summed = first;
-      if (dtype == WireDtype::kBf16) DecodeValues(raw, dtype, absl::MakeSpan(decoded, count));
-      const float* v = dtype == WireDtype::kFp32 ? nullptr : decoded;
       for (size_t i = 0;; ++i) {
-        const float x = v != nullptr ? v[i] : LoadFp32(raw, i);
+        const float x =
+            dtype == WireDtype::kBf16 ? Bf16ToFloat(LoadBf16(raw, i)) : LoadFp32(fp32, i);
         if (!(std::fabs(x) <= kMaxAbsGradient)) {  // NaN fails too
           return absl::InvalidArgumentError(absl::StrCat(
               "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ", x,
