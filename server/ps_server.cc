@@ -1,16 +1,20 @@
 #include "server/ps_server.h"
 
+#include <optional>
 #include <ostream>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/secrets.h"
 #include "common/shard_range.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/checkpoint.h"
+#include "server/liveness_monitor.h"
 #include "server/run_summary.h"
 
 namespace dbs {
@@ -86,7 +90,10 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
   job_->scheduler()->SetTokenKey(token_key);
   if (config.num_shards > 1 && config.shard == 0) {
     shard_log_ = std::make_unique<ShardLog>(config.num_shards, TrainingSettings(config.job));
-    shard_service_ = std::make_unique<ShardServiceImpl>(shard_log_.get(), config.job_token);
+    shard_service_ = std::make_unique<ShardServiceImpl>(
+        shard_log_.get(), config.job_token, [job = job_.get()](int shard, const MissingPushes& m) {
+          return job->RemoveMissingAtShard(shard, m.epoch, m.step, m.workers);
+        });
     job_->SetShardLog(shard_log_.get());
     // A follower lost mid-job takes its range of the model with it: stop as if told to, so that
     // the workers wait and retry, and every shard can be restarted from their newest common
@@ -357,6 +364,22 @@ absl::Status PsServer::Listen() {
 
 absl::Status PsServer::Run(std::ostream& out) {
   if (follower()) {
+    // A worker that died between its pushes to the shards leaves this shard's step waiting
+    // while the leader's waits for nobody: tell the leader (ShardFollower::Missing).
+    LivenessMonitor liveness({absl::ZeroDuration(), config_.job.worker_timeout}, clock_);
+    std::string last_told;  // logged when the answer changes: reports repeat while it waits
+    while (!follower_->WaitFor(config_.supervise_every)) {
+      const std::optional<MissingPushes> missing = follower_->Missing(&liveness);
+      if (!missing.has_value() || link_ == nullptr) continue;
+      const absl::Status told = link_->ReportMissing(*missing, absl::Seconds(10));
+      std::string said =
+          absl::StrCat("step ", missing->step + 1, " of epoch ", missing->epoch + 1, " has waited ",
+                       absl::FormatDuration(config_.job.worker_timeout), " here for worker(s) ",
+                       absl::StrJoin(missing->workers, ", "),
+                       ", whose pushes the leader had; told the leader: ", told.ToString());
+      if (said != last_told) LOG(WARNING) << said;
+      last_told = std::move(said);
+    }
     const absl::Status result = follower_->Wait();
     server_->GetHealthCheckService()->SetServingStatus(false);
     out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "

@@ -88,6 +88,11 @@ absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
   return checkpoints_;
 }
 
+bool ShardLog::Follows(int shard) const {
+  absl::MutexLock lock(&mu_);
+  return joined_.count(shard) > 0;
+}
+
 absl::Status ShardLog::Admit() const {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(joined_.size()) == num_shards_ - 1) return absl::OkStatus();
@@ -215,23 +220,7 @@ void ShardFollower::ApplyEvent(const ShardEventData& e) {
 }
 
 void ShardFollower::ApplyStep(const ShardEventData& e) {
-  // The leader removed workers that missed this step. Those that did push it here stay in
-  // this shard's step (their values arrived; nothing accepted is lost); the others are evicted
-  // as the leader evicted them, and the step completes once the survivors have pushed.
-  bool evicted = false;
-  for (int attempt = 0; attempt < 3 && !e.dead.empty() && !evicted; ++attempt) {
-    const StepProgress p = aggregator_->Progress();
-    if (p.epoch != e.epoch || p.step != e.step) break;
-    std::set<int> missing;
-    for (int id : p.waiting_for) {
-      if (e.dead.count(id) > 0) missing.insert(id);
-    }
-    if (missing.empty()) break;
-    if (aggregator_->Evict(e.epoch, e.step, missing)) {
-      aggregator_->CompleteEviction(PlanChange{e.quotas, {}});
-      evicted = true;
-    }
-  }
+  const bool evicted = !e.dead.empty() && EvictDead(e);
   if (!evicted && (e.changed || !e.dead.empty()) &&
       !aggregator_->ReviseFrom(e.epoch, e.step, e.quotas)) {
     LOG(ERROR) << "shard follower: could not apply the leader's re-plan at epoch " << e.epoch
@@ -239,7 +228,66 @@ void ShardFollower::ApplyStep(const ShardEventData& e) {
   }
   if (e.checkpoint) SaveAfter(e.epoch, e.step);
   absl::MutexLock lock(&mu_);
-  if (e.epoch == epoch_) done_ = std::max(done_, e.step + 1);
+  // An eviction comes before the step completes on the leader (a later event says so).
+  if (e.epoch == epoch_) done_ = std::max(done_, e.dead.empty() ? e.step + 1 : e.step);
+}
+
+bool ShardFollower::EvictDead(const ShardEventData& e) {
+  // The leader removed workers that missed its step `e.step`. Those that did push it here stay
+  // in this shard's step (their values arrived; nothing accepted is lost); the others are
+  // evicted as the leader evicted them, and the step completes once the survivors have pushed.
+  // A step before it (a shard's step that pushes the leader had never reached: MissingPushes)
+  // completes without them at once, and the next expects the leader's survivors.
+  const absl::Time deadline = absl::Now() + wait_;
+  while (true) {
+    const StepProgress p = aggregator_->Progress();
+    if (p.epoch != e.epoch || p.step > e.step || p.step + 1 < e.step) return false;
+    std::set<int> missing;
+    for (int id : p.waiting_for) {
+      if (e.dead.count(id) > 0) missing.insert(id);
+    }
+    if (p.step == e.step) {
+      if (missing.empty()) return false;
+      if (aggregator_->Evict(e.epoch, e.step, missing)) {
+        aggregator_->CompleteEviction(PlanChange{e.quotas, {}});
+        return true;
+      }
+    } else if (!missing.empty()) {
+      StepQuotas later;
+      std::map<int, int> next = aggregator_->Quota(e.epoch, e.step);
+      if (!next.empty()) {
+        for (int id : e.dead) next.erase(id);
+        later.push_back(std::move(next));
+      }
+      later.insert(later.end(), e.quotas.begin(), e.quotas.end());
+      if (aggregator_->Evict(p.epoch, p.step, missing)) {
+        LOG(WARNING) << "worker(s) " << absl::StrJoin(missing, ", ") << " pushed step "
+                     << p.step + 1 << " of epoch " << p.epoch + 1
+                     << " to the leader but never here: removed; this shard's range steps "
+                        "without their gradient";
+        aggregator_->CompleteEviction(PlanChange{std::move(later), {}});
+        return true;
+      }
+    }
+    // A push arrived meanwhile: the step completes (or the eviction is retried).
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+std::optional<MissingPushes> ShardFollower::Missing(LivenessMonitor* liveness) {
+  const StepProgress p = aggregator_->Progress();
+  bool leader_done = false;
+  {
+    absl::MutexLock lock(&mu_);
+    leader_done =
+        !ended_ && p.epoch >= 0 && p.epoch == epoch_ && p.step < done_ && p.step < p.num_steps;
+  }
+  // The clock starts when this check first sees the leader past the step with pushes here.
+  const std::set<int> late = liveness->Overdue(
+      leader_done ? StepWait{p.epoch, p.step, p.pushed, p.waiting_for} : StepWait{});
+  if (late.empty()) return std::nullopt;
+  return MissingPushes{p.epoch, p.step, late};
 }
 
 void ShardFollower::SaveAfter(int epoch, int step) {

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/plan.h"
+#include "server/liveness_monitor.h"
 #include "server/step_aggregator.h"
 
 namespace dbs {
@@ -49,6 +51,17 @@ struct ShardEventData {
   bool checkpoint = false;
   int64_t version = 0;  // kResume: the parameters' version (-1: a new job, nothing to restore)
   absl::Status status;  // kEnd
+};
+
+// A follower's step that has waited the worker timeout for pushes the leader had: (epoch,
+// step) is complete on the leader, so `workers` pushed it there and died (or lost their link)
+// before their push reached this shard. The leader removes them (TrainingJob::
+// RemoveMissingAtShard), since its own barrier waits for nobody: every worker waits for this
+// shard's answer.
+struct MissingPushes {
+  int epoch = 0;
+  int step = 0;
+  std::set<int> workers;
 };
 
 // Where a checkpoint stands (a follower's, as it tells the leader).
@@ -80,6 +93,8 @@ class ShardLog {
   // (SetOnLost) runs, unless the job has ended.
   void Part(int shard);
   void SetOnLost(std::function<void(int shard)> on_lost);
+  // True while shard `shard` follows (its stream is open).
+  bool Follows(int shard) const;
   // OK once every follower has joined (workers may register); UNAVAILABLE naming the missing.
   absl::Status Admit() const;
   // Waits at most `timeout` for every follower to join; then the checkpoints each holds (by
@@ -156,12 +171,21 @@ class ShardFollower {
   // The key the leader signs worker tokens with (Scheduler::SetTokenKey). Call before serving.
   void SetTokenKey(std::string key);
 
+  // Call periodically with this shard's own monitor (the job's worker timeout): the pushes to
+  // tell the leader about, once this shard's step has waited for them for the worker timeout
+  // since the leader completed that step. None while the leader has not (it removes a worker
+  // that missed a step by itself).
+  std::optional<MissingPushes> Missing(LivenessMonitor* liveness);
+
   // Blocks until the job has ended (or the leader was lost); returns how.
   absl::Status Wait();
   bool WaitFor(absl::Duration timeout);
 
  private:
   void ApplyStep(const ShardEventData& e);
+  // Evicts here the workers the leader removed at `e`'s step (or at the step after this shard's
+  // current one: see MissingPushes); true when it did.
+  bool EvictDead(const ShardEventData& e);
   // Writes this shard's checkpoint once its barrier has completed `step` of `epoch` (its pushes
   // may still be arriving).
   void SaveAfter(int epoch, int step);

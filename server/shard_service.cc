@@ -169,9 +169,46 @@ grpc::ServerWriteReactor<v1::ShardEvent>* ShardServiceImpl::Follow(
   return new FollowReactor(log_, request->shard());
 }
 
+grpc::ServerUnaryReactor* ShardServiceImpl::ReportMissing(grpc::CallbackServerContext* ctx,
+                                                          const v1::MissingPushes* request,
+                                                          v1::MissingPushesReply*) {
+  if (!job_token_.empty() && !ConstantTimeEquals(ClientMetadata(ctx, kJobTokenKey), job_token_)) {
+    return FinishUnary(ctx, absl::UnauthenticatedError(
+                                "ReportMissing needs the job's secret (dbs_ps --job_token)"));
+  }
+  if (!log_->Follows(request->shard())) {
+    return FinishUnary(ctx, absl::FailedPreconditionError(absl::StrCat(
+                                "shard ", request->shard(), " does not follow this leader")));
+  }
+  MissingPushes missing;
+  missing.epoch = request->epoch();
+  missing.step = request->step();
+  missing.workers.insert(request->workers().begin(), request->workers().end());
+  return FinishUnary(ctx, on_missing_(request->shard(), missing));
+}
+
+absl::Status LeaderLink::ReportMissing(const MissingPushes& missing, absl::Duration timeout) {
+  auto stub = v1::ShardService::NewStub(Channel());
+  v1::MissingPushes req;
+  req.set_shard(config_.shard);
+  req.set_epoch(missing.epoch);
+  req.set_step(missing.step);
+  for (int id : missing.workers) req.add_workers(id);
+  grpc::ClientContext ctx;
+  if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::MissingPushesReply reply;
+  return FromGrpcStatus(stub->ReportMissing(&ctx, req, &reply));
+}
+
+std::shared_ptr<grpc::Channel> LeaderLink::Channel() {
+  absl::MutexLock lock(&mu_);
+  if (channel_ == nullptr) channel_ = grpc::CreateChannel(config_.leader, config_.credentials);
+  return channel_;
+}
+
 absl::Status LeaderLink::Run() {
-  auto channel = grpc::CreateChannel(config_.leader, config_.credentials);
-  auto stub = v1::ShardService::NewStub(channel);
+  auto stub = v1::ShardService::NewStub(Channel());
   v1::FollowRequest req;
   req.set_shard(config_.shard);
   req.set_num_shards(config_.num_shards);

@@ -4,6 +4,7 @@
 #ifndef DBS_SERVER_SHARD_SERVICE_H_
 #define DBS_SERVER_SHARD_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -20,16 +21,22 @@ namespace dbs {
 
 class ShardServiceImpl final : public v1::ShardService::CallbackService {
  public:
-  // `log` must outlive the service. With a `job_token`, Follow requires it.
-  ShardServiceImpl(ShardLog* log, std::string job_token)
-      : log_(log), job_token_(std::move(job_token)) {}
+  // What the leader does with a follower's MissingPushes (TrainingJob::RemoveMissingAtShard).
+  using OnMissing = std::function<absl::Status(int shard, const MissingPushes& missing)>;
+  // `log` must outlive the service. With a `job_token`, every call requires it.
+  ShardServiceImpl(ShardLog* log, std::string job_token, OnMissing on_missing)
+      : log_(log), job_token_(std::move(job_token)), on_missing_(std::move(on_missing)) {}
 
   grpc::ServerWriteReactor<v1::ShardEvent>* Follow(grpc::CallbackServerContext* ctx,
                                                    const v1::FollowRequest* request) override;
+  grpc::ServerUnaryReactor* ReportMissing(grpc::CallbackServerContext* ctx,
+                                          const v1::MissingPushes* request,
+                                          v1::MissingPushesReply* reply) override;
 
  private:
   ShardLog* const log_;
   const std::string job_token_;
+  const OnMissing on_missing_;
 };
 
 struct FollowConfig {
@@ -52,11 +59,16 @@ class LeaderLink {
       : config_(std::move(config)), follower_(follower) {}
   absl::Status Run();
   void Cancel();
+  // Tells the leader about `missing` (ShardService.ReportMissing), waiting at most `timeout`.
+  absl::Status ReportMissing(const MissingPushes& missing, absl::Duration timeout);
 
  private:
+  std::shared_ptr<grpc::Channel> Channel();
+
   const FollowConfig config_;
   ShardFollower* const follower_;
   absl::Mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -784,6 +784,12 @@ bool StepAggregator::Quiesce(absl::Duration timeout) {
   return !updating_;
 }
 
+std::map<int, int> StepAggregator::Quota(int epoch, int step) const {
+  absl::MutexLock lock(&mu_);
+  if (epoch != epoch_ || step < 0 || step >= static_cast<int>(quotas_.size())) return {};
+  return quotas_[step];
+}
+
 StepProgress StepAggregator::Progress() const {
   absl::MutexLock lock(&mu_);
   StepProgress p;

@@ -158,6 +158,9 @@ class StepAggregator {
   // `epoch`: the steps after it use `later_quotas`. Applied while `step` is being collected or
   // once it has completed (before anyone pushes the next); false otherwise.
   bool ReviseFrom(int epoch, int step, StepQuotas later_quotas);
+  // The samples each worker contributes to step `step` of `epoch` as planned now; empty for a
+  // step past the epoch's last or of another epoch.
+  std::map<int, int> Quota(int epoch, int step) const;
 
   // Called after every completed step, before the workers are answered; a re-plan it returns
   // (ignored after the last step of an epoch) applies from the next step and travels with the

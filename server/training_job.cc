@@ -109,17 +109,26 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
     if (leavers.count(id) > 0) dead.insert(id);  // left: no need to wait for it
   }
   if (dead.empty()) return {};
-  if (!aggregator_->Evict(p.epoch, p.step, dead)) return {};  // it moved on meanwhile
+  if (!RemoveAtStep(p, dead,
+                    absl::StrCat("worker(s) ", absl::StrJoin(dead, ", "), " left or missed step ",
+                                 p.step + 1, " of epoch ", p.epoch + 1, " by ",
+                                 absl::FormatDuration(liveness_.worker_timeout())))) {
+    return {};  // it moved on meanwhile
+  }
+  return dead;
+}
+
+bool TrainingJob::RemoveAtStep(const StepProgress& p, const std::set<int>& dead,
+                               absl::string_view why) {
+  if (!aggregator_->Evict(p.epoch, p.step, dead)) return false;
   absl::StatusOr<PlanChange> removal = scheduler_->RemoveWorkers(dead, p.epoch, p.step);
   if (!removal.ok()) {
     Abort(absl::UnavailableError(absl::StrCat("cannot continue without worker(s) ",
                                               absl::StrJoin(dead, ", "), ": ",
                                               removal.status().message())));
-    return dead;
+    return true;
   }
-  LOG(WARNING) << "worker(s) " << absl::StrJoin(dead, ", ") << " left or missed step " << p.step + 1
-               << " of epoch " << p.epoch + 1 << " by "
-               << absl::FormatDuration(liveness_.worker_timeout())
+  LOG(WARNING) << why
                << ": removed; the step completes with the other gradients and their samples "
                   "go to the survivors";
   if (shard_log_ != nullptr) {
@@ -137,7 +146,62 @@ std::set<int> TrainingJob::CheckDeadWorkers() {
     absl::MutexLock lock(&mu_);
     replan_.Reset();
   }
-  return dead;
+  return true;
+}
+
+absl::Status TrainingJob::RemoveMissingAtShard(int shard, int epoch, int step,
+                                               const std::set<int>& workers) {
+  if (shard_log_ == nullptr) {
+    return absl::FailedPreconditionError("this server is not the leader of a sharded job");
+  }
+  if (workers.empty()) return absl::InvalidArgumentError("no worker named");
+  const StepProgress p = aggregator_->Progress();
+  const std::string who = absl::StrJoin(workers, ", ");
+  if (p.epoch != epoch || p.step != step + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the leader is at step ", p.step, " of epoch ", p.epoch,
+                     ", not at the step after step ", step, " of epoch ", epoch));
+  }
+  const std::string why =
+      absl::StrCat("worker(s) ", who, " pushed step ", step + 1, " of epoch ", epoch + 1,
+                   " here but not to shard ", shard, " within ",
+                   absl::FormatDuration(liveness_.worker_timeout()),
+                   " (it died between its pushes: that shard's step waits for it, and step ",
+                   step + 2, " here for nobody)");
+  if (p.step < p.num_steps) {
+    // Nobody can have pushed this step: every worker waits for that shard's answer to the last.
+    if (p.pushed > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(p.pushed, " worker(s) pushed step ", p.step, " already"));
+    }
+    for (int id : workers) {
+      if (std::find(p.waiting_for.begin(), p.waiting_for.end(), id) == p.waiting_for.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", id, " is not one the step waits for"));
+      }
+    }
+    if (!RemoveAtStep(p, workers, why)) {
+      return absl::FailedPreconditionError("the step moved on meanwhile");
+    }
+    return absl::OkStatus();
+  }
+  // The epoch's steps are done here; it waits for reports, which nobody can send yet.
+  int reported = 0;
+  const std::vector<int> unreported = scheduler_->Unreported(epoch, &reported);
+  for (int id : workers) {
+    if (reported > 0 || std::find(unreported.begin(), unreported.end(), id) == unreported.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", id, " is not one the epoch's reports wait for"));
+    }
+  }
+  LOG(WARNING) << why << ": removed; the epoch completes with the others' reports";
+  ShardEventData e;
+  e.kind = ShardEventData::Kind::kStep;
+  e.epoch = epoch;
+  e.step = p.step;
+  e.dead = workers;
+  shard_log_->Append(std::move(e));
+  return scheduler_->DropUnreported(epoch, workers);
 }
 
 std::set<int> TrainingJob::DropMissingReports(int epoch, int num_steps,

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
@@ -52,6 +53,13 @@ class TrainingJob : public SchedulerListener {
   // Removes the workers a step has waited on for longer than the worker timeout (see
   // JobConfig::worker_timeout). Call periodically; returns the ids removed.
   std::set<int> CheckDeadWorkers();
+  // A sharded job's leader: follower `shard` says its step (`epoch`, `step`) has waited the
+  // worker timeout for `workers`, whose pushes of it reached this shard (see MissingPushes).
+  // They are removed at the step after it, which none of them can have pushed (nor anyone
+  // else: every worker waits for that shard's answer), or from the epoch's reports after its
+  // last step, and the followers are told. FAILED_PRECONDITION, changing nothing, unless this
+  // shard is at that next step with no push of it and waits for each of `workers` there.
+  absl::Status RemoveMissingAtShard(int shard, int epoch, int step, const std::set<int>& workers);
   // Ends the job early (a signal, a fatal error): releases every waiting worker.
   void Abort(const absl::Status& status);
 
@@ -117,6 +125,9 @@ class TrainingJob : public SchedulerListener {
   bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
+  // Removes `dead` at the current step `p` (none of them pushed it), logging `why`, and tells the
+  // followers; false when the step moved on meanwhile.
+  bool RemoveAtStep(const StepProgress& p, const std::set<int>& dead, absl::string_view why);
   absl::Notification finished_;
   JobObserver* observer_ = nullptr;
   ShardLog* shard_log_ = nullptr;

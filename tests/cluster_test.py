@@ -610,7 +610,7 @@ class ShardedJobTest(ProcessTestCase):
         try:
             outs = [p.communicate(timeout=120) for p in servers]
         except subprocess.TimeoutExpired:
-            # Say where each server stood (once seen on CI, not reproduced in 18 runs here).
+            # Say where each server stood.
             tails = []
             for k, p in enumerate(servers):
                 p.kill()
@@ -619,7 +619,10 @@ class ShardedJobTest(ProcessTestCase):
             self.fail("the sharded job did not end within 120 s:\n" + "\n".join(tails))
         for p, (out, err) in zip(servers, outs):
             self.assertEqual(p.returncode, 0, err.decode()[-3000:])
-        self.assertIn("removed; the step completes with the other gradients", outs[0][1].decode())
+        # Killed between its pushes to the two shards, it is removed from the step after (or
+        # from the epoch's reports) once the follower says its step waits for it.
+        self.assertRegex(outs[0][1].decode(),
+                         r"removed; the (step completes with the other gradients|epoch completes)")
         self.assertIn("dbs_ps shard 1/2: the job finished", outs[1][0].decode())
         with open(summary) as f:
             s = json.load(f)

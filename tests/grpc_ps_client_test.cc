@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
 #include "common/clock.h"
+#include "common/shard_range.h"
 #include "common/status_matchers.h"
 #include "common/waiting_reactor.h"
 #include "gmock/gmock.h"
@@ -144,13 +147,19 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
 // ranges while its chunks still go out (the server updates and sends each range as soon as both
 // gradients for it are in), and both end every step with the same parameters: plain SGD on the
 // sample-weighted mean of their gradients.
-TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
+// Two workers, B = 4, the fixed split: two samples each per step.
+ServerConfig TwoWorkerConfig() {
   ServerConfig c;
   c.host = "127.0.0.1";
   c.port = 0;
   c.job.scheduler.expected_workers = 2;
   c.job.scheduler.global_batch = 4;
   c.job.policy = PolicyKind::kFixed;
+  return c;
+}
+
+TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
+  ServerConfig c = TwoWorkerConfig();
   c.job.optimizer.sgd.lr = 1.0;
   c.job.optimizer.sgd.momentum = 0.0;
   const RealClock clock;
@@ -208,6 +217,104 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
   EXPECT_EQ(*version, 3);
   EXPECT_EQ(pulled, params[0]);
   (*server)->Stop(absl::CancelledError("test over"));
+}
+
+// A worker that dies between its pushes to the two shards of a job: its push of step 0 reached
+// the leader, which completed the step, but never the follower, whose step waits for it while
+// the leader's next step waits for nobody (every worker waits for the follower's answer). Before,
+// the job hung until the stall timeout. The follower tells the leader once the worker timeout
+// has passed; the leader removes the worker at its step 1, and both shards go on without it.
+TEST(GrpcPsClientShardTest, AWorkerThatDiesBetweenItsPushesToTheShardsIsRemovedFromBoth) {
+  ServerConfig c = TwoWorkerConfig();
+  c.job.worker_timeout = absl::Milliseconds(300);
+  c.job.stall_timeout = absl::Seconds(20);  // without the follower's report: the job ends here
+  c.supervise_every = absl::Milliseconds(10);
+  c.linger = absl::ZeroDuration();
+  c.num_shards = 2;
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> leader = PsServer::Start(c, &clock);
+  ASSERT_THAT(leader, IsOk());
+  c.shard = 1;
+  c.leader = "127.0.0.1:" + std::to_string((*leader)->port());
+  absl::StatusOr<std::unique_ptr<PsServer>> follower = PsServer::Start(c, &clock);
+  ASSERT_THAT(follower, IsOk());
+  std::ostringstream out[2];
+  std::thread runners[2] = {std::thread([&] { (*leader)->Run(out[0]).IgnoreError(); }),
+                            std::thread([&] { (*follower)->Run(out[1]).IgnoreError(); })};
+  // Each worker reaches each shard through a client of its own, as ShardedPsClient does.
+  constexpr size_t kValues = 64;  // 16 or more a shard
+  const ModelLayout layout = {{"w", {kValues}, false}};
+  const ValueRange range[2] = {ShardRange(kValues, 2, 0), ShardRange(kValues, 2, 1)};
+  GrpcClientConfig to[2];
+  to[0].address = c.leader;
+  to[1].address = "127.0.0.1:" + std::to_string((*follower)->port());
+  std::vector<std::unique_ptr<GrpcPsClient>> clients[2];  // [worker][shard]
+  int ids[2] = {0, 0};
+  WorkerPlan plans[2];
+  std::vector<float> params[2] = {std::vector<float>(kValues), std::vector<float>(kValues)};
+  const std::vector<float> initial(kValues, 1.0f), gradient(kValues, 0.5f);
+  for (int w = 0; w < 2; ++w) {
+    for (int s = 0; s < 2; ++s) clients[w].push_back(std::make_unique<GrpcPsClient>(to[s]));
+    absl::StatusOr<RegistrationResult> r =
+        clients[w][0]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
+    ASSERT_THAT(r, IsOk());
+    ids[w] = r->worker_id;
+    clients[w][1]->AdoptRegistration(clients[w][0]->token(), clients[w][0]->wire_dtype());
+  }
+  for (int w = 0; w < 2; ++w) {
+    for (int s = 0; s < 2; ++s) {
+      const ValueRange r = range[s];
+      ASSERT_THAT(
+          clients[w][s]->RegisterModel(ids[w], ShardLayout(layout, r),
+                                       absl::MakeConstSpan(initial).subspan(r.begin, r.size()),
+                                       absl::MakeSpan(params[w]).subspan(r.begin, r.size())),
+          IsOk());
+    }
+    absl::StatusOr<WorkerPlan> plan = clients[w][0]->GetEpochPlan(ids[w], 0);
+    ASSERT_THAT(plan, IsOk());
+    plans[w] = *plan;
+  }
+  // Pushes worker w's step to shard s.
+  auto push = [&](int w, int s, int step) {
+    const ValueRange r = range[s];
+    return clients[w][s]->PushGradient(ids[w], 0, step, plans[w].BatchAt(step), 0.0, 0.0,
+                                       absl::MakeConstSpan(gradient).subspan(r.begin, r.size()),
+                                       absl::MakeSpan(params[w]).subspan(r.begin, r.size()));
+  };
+  absl::StatusOr<StepOutcome> victim, survivor_at_leader;
+  std::thread dying([&] { victim = push(1, 0, 0); });  // never reaches the follower
+  std::thread lead([&] { survivor_at_leader = push(0, 0, 0); });
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<StepOutcome> survivor_at_follower = push(0, 1, 0);
+  const absl::Duration waited = absl::Now() - start;
+  dying.join();
+  lead.join();
+  ASSERT_THAT(victim, IsOk());
+  ASSERT_THAT(survivor_at_leader, IsOk());
+  ASSERT_THAT(survivor_at_follower, IsOk());
+  EXPECT_GE(waited, c.job.worker_timeout) << "the follower waited the worker timeout first";
+  EXPECT_EQ(survivor_at_leader->global_samples, 4);
+  EXPECT_EQ(survivor_at_follower->global_samples, plans[0].BatchAt(0))
+      << "the follower's step 0 without worker 1's gradient";
+  EXPECT_EQ((*leader)->job()->scheduler()->History().back().dead, std::set<int>{ids[1]});
+  for (PsServer* server : {leader->get(), follower->get()}) {
+    const StepProgress p = server->job()->aggregator()->Progress();
+    EXPECT_EQ(p.step, 1);
+    EXPECT_EQ(p.waiting_for, std::vector<int>{ids[0]});
+  }
+  // Step 1 completes on both shards with the survivor alone.
+  absl::StatusOr<StepOutcome> next[2];
+  std::thread follow([&] { next[1] = push(0, 1, 1); });
+  next[0] = push(0, 0, 1);
+  follow.join();
+  for (const auto& n : next) {
+    ASSERT_THAT(n, IsOk());
+    EXPECT_EQ(n->global_samples, plans[0].BatchAt(1));
+  }
+  EXPECT_THAT(out[1].str(), ::testing::IsEmpty()) << "the follower is still following";
+  (*leader)->Stop(absl::CancelledError("test over"));
+  (*follower)->Stop(absl::CancelledError("test over"));
+  for (std::thread& t : runners) t.join();
 }
 
 // GET `path` from the status endpoint at 127.0.0.1:`port`: the whole HTTP answer.

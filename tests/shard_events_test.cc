@@ -3,10 +3,13 @@
 #include "server/shard_events.h"
 
 #include <atomic>
+#include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/secrets.h"
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
@@ -247,6 +250,90 @@ TEST_F(ShardFollowerTest, AnEvictedWorkerWhosePushArrivedHereStaysInThisStep) {
   ASSERT_TRUE(out[1].result.has_value());
   EXPECT_EQ((*out[1].result)->global_samples, 6);
   EXPECT_EQ(agg_->Progress().waiting_for, (std::vector<int>{0, 1}));  // step 1: the survivors
+}
+
+// Worker 2 pushed step 0 to the leader and died before its push reached this shard: the leader
+// completed the step and waits for nobody (everyone waits for this shard's answer).
+TEST_F(ShardFollowerTest, PushesOnlyTheLeaderGotAreReportedAfterTheWorkerTimeout) {
+  FakeClock clock;
+  LivenessMonitor liveness({absl::ZeroDuration(), absl::Seconds(5)}, &clock);
+  std::vector<Outcome> out(3);
+  agg_->Push(Push(0, 0, 2), out[0].callback());
+  agg_->Push(Push(1, 0, 2), out[1].callback());
+  EXPECT_EQ(follower_->Missing(&liveness), std::nullopt);
+  clock.Advance(absl::Seconds(60));
+  // The leader has not completed the step: it removes worker 2 itself (it missed the step).
+  EXPECT_EQ(follower_->Missing(&liveness), std::nullopt);
+  follower_->Apply(Step(0));
+  EXPECT_EQ(follower_->Missing(&liveness), std::nullopt) << "the clock starts now";
+  clock.Advance(absl::Seconds(4));
+  EXPECT_EQ(follower_->Missing(&liveness), std::nullopt);
+  clock.Advance(absl::Seconds(1));
+  const std::optional<MissingPushes> missing = follower_->Missing(&liveness);
+  ASSERT_TRUE(missing.has_value());
+  EXPECT_EQ(missing->epoch, 0);
+  EXPECT_EQ(missing->step, 0);
+  EXPECT_EQ(missing->workers, (std::set<int>{2}));
+  // Its push arrives after all: the step completes and nothing is missing.
+  agg_->Push(Push(2, 0, 2), out[2].callback());
+  ASSERT_TRUE(out[0].result.has_value());
+  EXPECT_EQ(follower_->Missing(&liveness), std::nullopt);
+}
+
+TEST_F(ShardFollowerTest, TheLeadersRemovalAtTheNextStepCompletesThisShardsStepWithoutThem) {
+  std::vector<Outcome> out(3);
+  agg_->Push(Push(0, 0, 2), out[0].callback());
+  agg_->Push(Push(1, 0, 2), out[1].callback());
+  follower_->Apply(Step(0));  // worker 2's push of step 0 reached the leader only
+  // Told, the leader removed worker 2 at its step 1, which nobody had pushed: step 1 without
+  // it, its samples in the steps after.
+  ShardEventData evict = Step(1);
+  evict.dead = {2};
+  evict.changed = true;
+  evict.quotas = {{{0, 3}, {1, 3}}, {{0, 1}, {1, 1}}};
+  follower_->Apply(evict);
+  ASSERT_TRUE(out[0].result.has_value());
+  ASSERT_THAT(out[0].result->status(), IsOk());
+  EXPECT_EQ((*out[0].result)->global_samples, 4) << "this shard's step 0 without worker 2";
+  StepProgress p = agg_->Progress();
+  EXPECT_EQ(p.step, 1);
+  EXPECT_EQ(p.num_steps, 4);
+  EXPECT_EQ(p.waiting_for, (std::vector<int>{0, 1}));
+  EXPECT_EQ(agg_->Quota(0, 1), (std::map<int, int>{{0, 2}, {1, 2}}));
+  EXPECT_EQ(agg_->Quota(0, 2), (std::map<int, int>{{0, 3}, {1, 3}}));
+  Outcome late;
+  agg_->Push(Push(2, 1, 2), late.callback());
+  ASSERT_TRUE(late.result.has_value());
+  EXPECT_FALSE(late.result->ok());
+  // The survivors' step 1 completes here; step 2 still waits for the leader to complete step 1
+  // (the removal did not say it had).
+  std::vector<Outcome> next(2);
+  agg_->Push(Push(0, 1, 2), next[0].callback());
+  agg_->Push(Push(1, 1, 2), next[1].callback());
+  ASSERT_TRUE(next[1].result.has_value());
+  EXPECT_EQ((*next[1].result)->global_samples, 4);
+  EXPECT_THAT(follower_->Gate(0, 2),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("has not heard from the leader")));
+  follower_->Apply(Step(1));
+  EXPECT_THAT(follower_->Gate(0, 2), IsOk());
+}
+
+TEST_F(ShardFollowerTest, AtTheEpochsEndTheLastStepCompletesWithoutThem) {
+  std::vector<Outcome> out(3);
+  for (int step = 0; step < 2; ++step) {
+    for (int id = 0; id < 3; ++id) agg_->Push(Push(id, step, 2), out[id].callback());
+    follower_->Apply(Step(step));
+  }
+  agg_->Push(Push(0, 2, 2), out[0].callback());
+  agg_->Push(Push(1, 2, 2), out[1].callback());
+  follower_->Apply(Step(2));
+  ShardEventData evict = Step(3);  // the leader waits for reports: it drops worker 2's
+  evict.dead = {2};
+  follower_->Apply(evict);
+  ASSERT_TRUE(out[0].result.has_value());
+  EXPECT_EQ((*out[0].result)->global_samples, 4);
+  EXPECT_EQ(agg_->Progress().step, 3);
+  EXPECT_EQ(agg_->Progress().num_steps, 3);
 }
 
 TEST_F(ShardFollowerTest, WithTheLeadersKeyOnlyATokenItSignedIsWaitedFor) {

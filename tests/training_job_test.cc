@@ -2,7 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <map>
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,15 +17,22 @@
 namespace dbs {
 namespace {
 
+using ::testing::HasSubstr;
+
+// Two workers, one epoch of B = 4: two steps of 2 + 2 samples.
+JobConfig TwoWorkerConfig() {
+  JobConfig config;
+  config.scheduler.expected_workers = 2;
+  config.scheduler.epochs = 1;
+  config.scheduler.global_batch = 4;
+  config.stall_timeout = absl::Minutes(5);
+  return config;
+}
+
 class TrainingJobTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    JobConfig config;
-    config.scheduler.expected_workers = 2;
-    config.scheduler.epochs = 1;
-    config.scheduler.global_batch = 4;
-    config.stall_timeout = absl::Minutes(5);
-    job_ = *TrainingJob::Create(config, &clock_);
+    job_ = *TrainingJob::Create(TwoWorkerConfig(), &clock_);
     for (const char* name : {"a", "b"}) {
       ASSERT_THAT(job_->scheduler()->Register({name, 8, 2, "cpu"}), IsOk());
     }
@@ -89,6 +99,110 @@ TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {
   EXPECT_FALSE(job->CheckStall());
   EXPECT_FALSE(job->WaitFor(absl::ZeroDuration()));
   job->Abort(absl::CancelledError("done"));
+}
+
+// The leader of a two-shard job of two workers (TwoWorkerConfig), whose follower reports
+// pushes it never got (a worker died between its pushes to the shards).
+class ShardLeaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const JobConfig config = TwoWorkerConfig();
+    job_ = *TrainingJob::Create(config, &clock_);
+    log_ = std::make_unique<ShardLog>(2, TrainingSettings(config));
+    job_->SetShardLog(log_.get());
+    ASSERT_THAT(log_->Join(1, 2, TrainingSettings(config)), IsOk());
+    for (const char* name : {"a", "b"}) {
+      ASSERT_THAT(job_->scheduler()->Register({name, 8, 2, "cpu"}), IsOk());
+    }
+    ASSERT_THAT(job_->store()->Register({{"w", {1}}}, std::vector<float>{0.0f}), IsOk());
+  }
+
+  void Push(int worker, int step) {
+    GradientPush p{worker, 0, step, 2, 0.0, grad_};
+    job_->aggregator()->Push(p, [](const absl::StatusOr<StepResult>&) {});
+  }
+
+  ShardEventData LastEvent() {
+    ShardEventData e;
+    for (int64_t i = 0; log_->Next(1, i, &e, [] {}); ++i) {
+    }
+    return e;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TrainingJob> job_;
+  std::unique_ptr<ShardLog> log_;
+  std::vector<float> grad_ = {1.0f};
+};
+
+TEST_F(ShardLeaderTest, PushesAFollowerNeverGotAreRemovedAtTheNextStep) {
+  Push(0, 0);
+  Push(1, 0);
+  ASSERT_EQ(job_->aggregator()->Progress().step, 1);
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 1, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("not at the step after step 1 of epoch 0")));
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {7}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("worker 7 is not one the step waits for")));
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no worker")));
+  EXPECT_EQ(job_->aggregator()->Progress().waiting_for, (std::vector<int>{0, 1}))
+      << "a refused report changes nothing";
+  ASSERT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {1}), IsOk());
+  const ShardEventData e = LastEvent();
+  EXPECT_EQ(e.kind, ShardEventData::Kind::kStep);
+  EXPECT_EQ(e.step, 1);
+  EXPECT_EQ(e.dead, (std::set<int>{1}));
+  EXPECT_TRUE(e.changed);
+  // Worker 1's 2 samples of step 1 go to an extra step for worker 0.
+  ASSERT_EQ(e.quotas.size(), 1u);
+  EXPECT_EQ(e.quotas[0], (std::map<int, int>{{0, 2}}));
+  const StepProgress p = job_->aggregator()->Progress();
+  EXPECT_EQ(p.waiting_for, (std::vector<int>{0}));
+  EXPECT_EQ(p.num_steps, 3);
+  // Reported again (the follower repeats while its step waits): nothing more to do.
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  Push(0, 1);
+  Push(0, 2);
+  EXPECT_EQ(job_->aggregator()->Progress().step, 3);
+  EXPECT_EQ(job_->scheduler()->History().back().dead, (std::set<int>{1}));
+}
+
+TEST_F(ShardLeaderTest, AReportIsRefusedOnceTheNextStepHasAPush) {
+  Push(0, 0);
+  Push(1, 0);
+  Push(0, 1);  // worker 0 had every shard's answer: the follower's step is not waiting
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pushed step 1 already")));
+  EXPECT_EQ(job_->aggregator()->Progress().waiting_for, (std::vector<int>{1}));
+}
+
+TEST_F(ShardLeaderTest, AfterTheLastStepTheyAreDroppedFromTheReports) {
+  for (int step = 0; step < 2; ++step) {
+    Push(0, step);
+    Push(1, step);
+  }
+  ASSERT_THAT(job_->RemoveMissingAtShard(1, 0, 1, {1}), IsOk());
+  const ShardEventData e = LastEvent();
+  EXPECT_EQ(e.kind, ShardEventData::Kind::kStep);
+  EXPECT_EQ(e.step, 2);
+  EXPECT_EQ(e.dead, (std::set<int>{1}));
+  EXPECT_FALSE(job_->scheduler()->History().back().complete);
+  EpochTiming t;
+  t.worker_id = 0;
+  t.epoch = 0;
+  t.samples = 4;
+  t.test_samples = 1;
+  ASSERT_THAT(job_->scheduler()->Report(t), IsOk());
+  EXPECT_TRUE(job_->scheduler()->History().back().complete) << "worker 1's report is not awaited";
+  EXPECT_EQ(job_->scheduler()->History().back().dead, (std::set<int>{1}));
+}
+
+TEST_F(TrainingJobTest, OnlyAShardedJobsLeaderHearsOfMissingPushes) {
+  EXPECT_THAT(job_->RemoveMissingAtShard(1, 0, 0, {1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not the leader")));
 }
 
 }  // namespace
