@@ -1,6 +1,7 @@
 // Fuzz target: any sequence of the calls a peer can make (register, register the model, fetch a
-// plan, push (fp32 values, or raw bytes in any wire dtype), report, leave, resume) plus time
-// passing and the server's liveness checks, against a real TrainingJob with three workers. Whatever
+// plan, push (fp32 values, or raw bytes in any wire dtype), report, leave, resume, a follower
+// shard's report of pushes it never got) plus time passing and the server's liveness checks,
+// against a real TrainingJob with three workers, the leader of a two-shard job. Whatever
 // the order, the server must not crash, and a job that ends ok must have trained on every sample of
 // every epoch exactly once.
 #include <algorithm>
@@ -41,9 +42,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   config.policy = static_cast<dbs::PolicyKind>(in.Small(3));
   config.worker_timeout = absl::Seconds(10);
   config.stall_timeout = absl::Seconds(100);
+  // The leader of a two-shard job whose follower has joined, so that a follower's report of
+  // pushes it never got (ShardService.ReportMissing) is one of the calls.
+  dbs::ShardLog log(2, dbs::TrainingSettings(config));
+  if (!log.Join(1, 2, dbs::TrainingSettings(config)).ok()) std::abort();
   auto job = dbs::TrainingJob::Create(config, &clock);
   if (!job.ok()) std::abort();
   dbs::TrainingJob* j = job->get();
+  j->SetShardLog(&log);
   const std::vector<float> grads[] = {{0.5f}, {-1.0f}, {3e38f}, {1e-30f}};
   int ops = 0;
   while (!in.empty() && ++ops < 400) {
@@ -108,6 +114,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         clock.Advance(absl::Seconds(in.Small(30)));
         j->CheckDeadWorkers();
         j->CheckStall();
+        (void)j->RemoveMissingAtShard(1, epoch, step, {worker});
         break;
       default:
         (void)j->Run();

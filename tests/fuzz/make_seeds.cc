@@ -126,6 +126,18 @@ int main(int argc, char** argv) {
     }
   }
   Write(dir + "/call_sequence/wire_pushes", wire);
+  // The ordered job's step 0, then a follower's report that worker 2's push of it never reached
+  // the follower (op 8, no time passing): worker 2 is removed at step 1 (2 of its 4 samples), and
+  // the survivors push step 1 (2 and 1 samples) and the extra step 2 (1 and 0).
+  std::string report(seq.begin(), seq.begin() + 1 + 3 * 7 + 4 + 3 * 6);
+  report += std::string{3, 1, 1, 8, 0};
+  for (char s = 1; s < 3; ++s) {
+    for (char w = 0; w < 2; ++w) {
+      const char samples = static_cast<char>(2 - w - (s - 1));
+      report += std::string{static_cast<char>(w + 1), 1, static_cast<char>(s + 1), 3, samples, 0};
+    }
+  }
+  Write(dir + "/call_sequence/shard_report", report);
   Write(dir + "/call_sequence/noise", std::string("\x07\x13\x02\x55\x09\x31\x08\x04\x05\x06", 10));
   return 0;
 }
