@@ -239,6 +239,7 @@ bool ShardFollower::EvictDead(const ShardEventData& e) {
   // A step before it (a shard's step that pushes the leader had never reached: MissingPushes)
   // completes without them at once, and the next expects the leader's survivors.
   const absl::Time deadline = absl::Now() + wait_;
+  int refused = 0;  // an eviction refused with nobody's push in between: the job is over
   while (true) {
     const StepProgress p = aggregator_->Progress();
     if (p.epoch != e.epoch || p.step > e.step || p.step + 1 < e.step) return false;
@@ -270,6 +271,7 @@ bool ShardFollower::EvictDead(const ShardEventData& e) {
       }
     }
     // A push arrived meanwhile: the step completes (or the eviction is retried).
+    if (!missing.empty() && ++refused >= 3) return false;
     if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(1));
   }
