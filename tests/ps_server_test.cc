@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_matchers.h"
@@ -480,6 +481,52 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   EXPECT_EQ(answers[2].values().version(), 1);
   // lr 1, no momentum: the parameters are minus the gradient.
   EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
+}
+
+// ShardService.ReportMissing (a follower's report of pushes only the leader got) is a call a
+// stranger could make: it needs the job's secret and a shard that follows, and a report the job
+// cannot act on changes nothing.
+TEST(PsServerTest, AReportOfMissingPushesNeedsTheSecretAndAShardThatFollows) {
+  ServerConfig c = SmallConfig();
+  c.num_shards = 2;
+  c.job_token = "the-job-secret";
+  const RealClock clock;
+  absl::StatusOr<std::unique_ptr<PsServer>> leader = PsServer::Start(c, &clock);
+  ASSERT_THAT(leader, IsOk());
+  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*leader)->port()), grpc::InsecureChannelCredentials()));
+  v1::MissingPushes req;
+  req.set_shard(1);
+  req.set_epoch(0);
+  req.set_step(0);
+  req.add_workers(0);
+  auto report = [&](const std::string& secret) {
+    grpc::ClientContext ctx;
+    if (!secret.empty()) ctx.AddMetadata(kJobTokenKey, secret);
+    v1::MissingPushesReply reply;
+    return FromGrpcStatus(stub->ReportMissing(&ctx, req, &reply));
+  };
+  EXPECT_THAT(report(""),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("needs the job's secret")));
+  EXPECT_THAT(report("a-guess"), StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  EXPECT_THAT(report(c.job_token), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            HasSubstr("shard 1 does not follow this leader")));
+  ServerConfig f = c;
+  f.shard = 1;
+  f.leader = "127.0.0.1:" + std::to_string((*leader)->port());
+  absl::StatusOr<std::unique_ptr<PsServer>> follower = PsServer::Start(f, &clock);
+  ASSERT_THAT(follower, IsOk());
+  absl::Status told = report(c.job_token);
+  for (int i = 0; i < 3000 && absl::StrContains(told.message(), "does not follow"); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));  // the follower connects on a thread of its own
+    told = report(c.job_token);
+  }
+  // Following, but no worker has registered: the job is at no step, so nothing is removed.
+  EXPECT_THAT(told, StatusIs(absl::StatusCode::kFailedPrecondition,
+                             HasSubstr("not at the step after step 0 of epoch 0")));
+  EXPECT_EQ((*leader)->job()->aggregator()->Progress().epoch, -1);
+  (*follower)->Stop(absl::CancelledError("test over"));
+  (*leader)->Stop(absl::CancelledError("test over"));
 }
 
 TEST(ReceiveWindowArgsTest, ZeroLeavesGRPCsWindowAndABoundTurnsTheProbeOff) {
