@@ -14,6 +14,8 @@ epoch; then the worst and median cell against the targets.
 
   /usr/bin/python3 bench/run_bench.py --grid            # the full grid, about 30 minutes here
   /usr/bin/python3 bench/run_bench.py --grid --small    # 2 tiny cells, checks the harness (CI)
+  /usr/bin/python3 bench/run_bench.py --grid --grid_rounds=3   # each cell's policies 3 times,
+                                                               # interleaved (about 3x as long)
   /usr/bin/python3 bench/grid.py OUT_DIR/grid           # rebuild and check the report
 """
 
@@ -43,7 +45,8 @@ SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_
                 "proportional_over_ideal", "proportional_over_best", "proportional_settled_spread",
                 "proportional_settled_compute_spread", "noise_floor", "dbs_compute_over_ideal",
                 "dbs_sync_share", "dbs_over_ideal_with_comm", "dbs_over_split_best",
-                "dbs_over_split_dbs", "split_best_over_ideal")
+                "dbs_over_split_dbs", "split_best_over_ideal", "dbs_over_sgd_paired",
+                "proportional_over_sgd_paired")
 
 
 def log(msg):
@@ -156,6 +159,26 @@ class Grid:
             summary = json.load(f)
         return summary, time.time() - t0
 
+    def run_rounds(self, cell, emu, train_limit):
+        """Runs the policies --grid_rounds times, in rounds that alternate their order (fixed,
+        paper, DBS; then DBS, paper, fixed; ...), so that the machine's drift over the cell reaches
+        every policy alike. Each policy's figures come from its median run by epoch time
+        (cell["runs"]); every run is in cell["rounds"], in the order they ran."""
+        rounds = self.args.grid_rounds
+        cell["rounds"] = []
+        for r in range(rounds):
+            for policy in (POLICIES if r % 2 == 0 else POLICIES[::-1]):
+                label = policy if rounds == 1 else f"{policy}_r{r + 1}"
+                summary, seconds = self.run_policy(cell, emu, policy, train_limit, label, ())
+                cell["rounds"].append({
+                    "round": r + 1, "policy": policy,
+                    "summary": os.path.relpath(
+                        os.path.join(self.out, cell["name"], label, "summary.json"), self.out),
+                    "command_seconds": seconds, "epoch_seconds": steady_epoch_seconds(summary)})
+        for policy in POLICIES:
+            cell["runs"][policy] = median_run([x for x in cell["rounds"]
+                                               if x["policy"] == policy])
+
     def run(self):
         results = {"config": {k: v for k, v in vars(self.args).items()},
                    "policies": POLICIES, "targets": TARGETS, "cells": []}
@@ -174,9 +197,8 @@ class Grid:
             cell["standalone_speeds"], cell["standalone_curves"] = self.standalone(
                 cell, emu, train_limit)
             cell["runs"] = {}
-            runs = [(policy, policy, ()) for policy in POLICIES]
-            if self.args.grid_oracles:
-                runs += [("fixed", label, None) for label in ORACLES]
+            self.run_rounds(cell, emu, train_limit)
+            runs = [("fixed", label, None) for label in ORACLES] if self.args.grid_oracles else []
             for policy, label, extra in runs:
                 if extra is None:  # an oracle: a fixed split by weights, known only now
                     extra = ("--fixed_split=" + ",".join(
@@ -190,7 +212,10 @@ class Grid:
             cell.update(figures)
             results["cells"].append(cell)
             elapsed = time.time() - start
-            log(f"[{k + 1}/{len(cells)}] {cell['name']}: DBS/S-SGD {figures['dbs_over_sgd']:.3f}, "
+            paired = (f" (paired by round {figures['dbs_over_sgd_paired']:.3f})"
+                      if "dbs_over_sgd_paired" in figures else "")
+            log(f"[{k + 1}/{len(cells)}] {cell['name']}: DBS/S-SGD "
+                f"{figures['dbs_over_sgd']:.3f}{paired}, "
                 f"DBS/ideal {figures['dbs_over_ideal']:.3f}, paper/S-SGD "
                 f"{figures['proportional_over_sgd']:.3f}, DBS balance from epoch {SETTLE_EPOCH} "
                 f"{figures['dbs_settled_spread']:.2f} | {elapsed:.0f} s, ETA "
@@ -282,6 +307,17 @@ def epoch_seconds(e):
     return e.get("train_seconds") or e["wall_seconds"]
 
 
+def steady_epoch_seconds(summary):
+    """A run's epoch time: the mean training time of epochs 1+ (epoch 0 measures)."""
+    return statistics.mean(epoch_seconds(e) for e in summary["epochs"][1:] or summary["epochs"])
+
+
+def median_run(runs):
+    """The run with the median epoch time (the faster of the middle two for an even count)."""
+    ordered = sorted(runs, key=lambda x: x["epoch_seconds"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def balance(e):
     """(raw compute spread, balance) of one epoch over the workers that trained.
 
@@ -364,7 +400,7 @@ def cell_figures(cell, out):
                                                                 cell["global_batch"])
     for policy, s in runs.items():
         steady = s["epochs"][1:] or s["epochs"]
-        f[f"{policy}_epoch_seconds"] = statistics.mean(epoch_seconds(e) for e in steady)
+        f[f"{policy}_epoch_seconds"] = steady_epoch_seconds(s)
         f[f"{policy}_wall_epoch_seconds"] = statistics.mean(e["wall_seconds"] for e in steady)
         spreads = [balance(e) for e in s["epochs"]]
         f[f"{policy}_compute_spread"] = [raw for raw, _ in spreads]
@@ -404,6 +440,17 @@ def cell_figures(cell, out):
         if f"{label}_epoch_seconds" in f:
             f[f"dbs_over_{label}"] = f["dbs_epoch_seconds"] / f[f"{label}_epoch_seconds"]
             f[f"{label}_over_ideal"] = f[f"{label}_epoch_seconds"] / f["ideal_epoch_seconds"]
+    # --grid_rounds: each round's DBS and paper against that round's fixed split, run minutes
+    # apart at most, so the machine's drift between rounds cancels out of the ratio.
+    by_round = {}
+    for x in cell.get("rounds", []):
+        with open(os.path.join(out, x["summary"])) as fh:
+            by_round.setdefault(x["round"], {})[x["policy"]] = steady_epoch_seconds(json.load(fh))
+    if len(by_round) > 1:
+        for policy in ("dbs", "proportional"):
+            ratios = [r[policy] / r["fixed"] for _, r in sorted(by_round.items())]
+            f[f"{policy}_over_sgd_by_round"] = ratios
+            f[f"{policy}_over_sgd_paired"] = statistics.median(ratios)
     sgd = f["fixed_epoch_seconds"]
     for policy in ("dbs", "proportional"):
         f[f"{policy}_over_sgd"] = f[f"{policy}_epoch_seconds"] / sgd
@@ -578,6 +625,24 @@ def build(out):
                     f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
                     f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
                     f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
+        round_cells = [c for c in cells if "dbs_over_sgd_by_round" in c]
+        if round_cells:
+            lines += ["", "## Rounds", "",
+                      f"Each cell ran its policies {results['config']['grid_rounds']} times, in "
+                      "rounds that alternate their order (fixed, paper, DBS; then DBS, paper, "
+                      "fixed). The tables above take each policy's median run by epoch time; "
+                      "here each round's DBS and paper are divided by that round's fixed split "
+                      "(paired: the machine's drift between rounds cancels), and `paired` is the "
+                      "median of those ratios.", "",
+                      "| cell | DBS/S-SGD by round | paired | paper/S-SGD by round | paired |",
+                      "| --- | --- | --- | --- | --- |"]
+            for c in round_cells:
+                lines.append(
+                    f"| {c['name']} | "
+                    f"{' '.join(f'{x:.3f}' for x in c['dbs_over_sgd_by_round'])} | "
+                    f"**{c['dbs_over_sgd_paired']:.3f}** | "
+                    f"{' '.join(f'{x:.3f}' for x in c['proportional_over_sgd_by_round'])} | "
+                    f"{c['proportional_over_sgd_paired']:.3f} |")
         lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
                   ""]
         for c in cells:

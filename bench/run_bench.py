@@ -215,6 +215,8 @@ def run_grid(args):
         args.grid_steps, args.grid_epochs, args.grid_test_limit = 12, 3, 128
         args.grid_speed_samples = 128
         args.grid_curve_samples = 64
+    if args.grid_rounds < 1:
+        sys.exit(f"--grid_rounds must be at least 1, not {args.grid_rounds}")
     ps = args.ps_bin or os.path.join(args.bin_dir, "server", "dbs_ps")
     worker = args.worker_bin or os.path.join(args.bin_dir, "worker", "dbs_worker")
     for b in (ps, worker):
@@ -281,6 +283,10 @@ def main(argv=None):
                     help="samples per batch size of each worker's standalone curve")
     ap.add_argument("--grid_dbs_flags", default="",
                     help="extra launcher flags for the dbs runs, e.g. '--replan_window_steps=0'")
+    ap.add_argument("--grid_rounds", type=int, default=1,
+                    help="run each cell's policies this many times, in rounds that alternate "
+                         "their order; figures come from each policy's median run, and the "
+                         "report adds DBS/S-SGD paired round by round (odd counts are best)")
     ap.add_argument("--grid_oracles", action="store_true",
                     help="also run two fixed splits in every cell (dbs_ps --fixed_split): the "
                          "best split of the standalone curves and DBS's own last split, so DBS "
