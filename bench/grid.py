@@ -358,8 +358,9 @@ def outside_compute_cpu(out, cell, policy):
     """Each worker's CPU seconds per step outside its computation (communication, mostly), from
     the workers' own records of epochs 1+, in launch order; None for records without it."""
     per_worker = []
+    run_dir = os.path.dirname(cell["runs"][policy]["summary"])  # dbs_r2 with --grid_rounds
     for i in range(len(cell["standalone_speeds"])):
-        path = os.path.join(out, cell["name"], policy, f"worker-{i}.json")
+        path = os.path.join(out, run_dir, f"worker-{i}.json")
         try:
             with open(path) as fh:
                 epochs = json.load(fh)["epochs"][1:]

@@ -201,6 +201,8 @@ class GridRoundsTest(unittest.TestCase):
         for got, want in zip(cell["dbs_over_sgd_by_round"], expected):
             self.assertAlmostEqual(got, want)
         self.assertAlmostEqual(cell["dbs_over_sgd_paired"], statistics.median(expected))
+        # The workers' CPU outside compute is read from DBS's median run's own records.
+        self.assertEqual(len(cell["dbs_comm_cpu_ms_per_step"]), 4)
         md = open(os.path.join(grid_dir, "grid.md")).read()
         self.assertIn("## Rounds", md)
         self.assertEqual(grid_module.check(grid_dir), [])
