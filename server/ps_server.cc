@@ -129,7 +129,12 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
 }
 
 PsServer::~PsServer() {
+  // The link's thread runs the follower's callbacks, which touch server_: it ends first.
+  StopLink();
   if (server_ != nullptr) Shutdown(absl::CancelledError("the server object was destroyed"));
+}
+
+void PsServer::StopLink() {
   if (link_ != nullptr) link_->Cancel();
   if (link_thread_.joinable()) link_thread_.join();
 }
@@ -388,6 +393,7 @@ absl::Status PsServer::Run(std::ostream& out) {
         << std::flush;
     // The workers have their last answers: the leader ends the job only after every report.
     job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
+    StopLink();  // before server_ goes: the link's callbacks use it
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     server_.reset();
     http_.reset();

@@ -114,6 +114,8 @@ class PsServer {
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   void WriteSummary(std::ostream& out);
   void Shutdown(const absl::Status& result);
+  // Cancels the link to the leader and joins its thread (a follower; nothing otherwise).
+  void StopLink();
 
   absl::Status StartHttp();
 
