@@ -17,6 +17,8 @@ epoch; then the worst and median cell against the targets.
   /usr/bin/python3 bench/run_bench.py --grid --grid_rounds=3   # each cell's policies 3 times,
                                                                # interleaved (about 3x as long)
   /usr/bin/python3 bench/grid.py OUT_DIR/grid           # rebuild and check the report
+  /usr/bin/python3 bench/grid.py --combine OUT DIR/grid DIR2/grid ...
+      # one worst/median report over the cells of several grid runs (e.g. one per batch size)
 """
 
 import csv
@@ -720,7 +722,63 @@ def check(out):
     return problems
 
 
+def combine(out, dirs):
+    """One report over the cells of several grid runs: every cell's headline figures, then the
+    worst and median cell against the targets (summarize). A cell named twice is refused."""
+    cells, sources = [], {}
+    for d in dirs:
+        with open(os.path.join(d, "grid.json")) as f:
+            for c in json.load(f)["cells"]:
+                if "runs" not in c:
+                    continue
+                if c["name"] in sources:
+                    sys.exit(f"cell {c['name']} is in both {sources[c['name']]} and {d}")
+                sources[c["name"]] = d
+                cells.append(c)
+    if not cells:
+        sys.exit("no cells that ran in " + ", ".join(dirs))
+    summary = summarize(cells)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "grid_combined.json"), "w") as f:
+        json.dump({"summary": summary, "sources": sources}, f, indent=2)
+
+    def fig(c, key):
+        return f"{c[key]:.3f}" if isinstance(c.get(key), (int, float)) else "n/a"
+
+    lines = ["# Scenario grid, combined", "",
+             f"{len(cells)} cells from: " + ", ".join(f"`{d}`" for d in dirs), "",
+             "| cell | DBS/S-SGD | paired by round | DBS/ideal | best split run/ideal | "
+             "DBS/best split run | balance from epoch 2 | paper/S-SGD |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in sorted(cells, key=lambda c: (c["global_batch"], c["speeds"], c["emulation"])):
+        lines.append(f"| {c['name']} | {fig(c, 'dbs_over_sgd')} | {fig(c, 'dbs_over_sgd_paired')}"
+                     f" | {fig(c, 'dbs_over_ideal')} | {fig(c, 'split_best_over_ideal')} | "
+                     f"{fig(c, 'dbs_over_split_best')} | {fig(c, 'dbs_settled_spread')} | "
+                     f"{fig(c, 'proportional_over_sgd')} |")
+    lines += ["", "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
+    for key in SUMMARY_KEYS:
+        if key in summary:
+            v = summary[key]
+            lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
+                         f"{v['worst_cell']} |")
+    lines += ["", "| target | at most | worst | cells missing |", "| --- | --- | --- | --- |"]
+    for t in summary["targets"]:
+        lines.append(f"| {t['figure']} | {t['limit']} | {t['worst']:.3f} | "
+                     f"{', '.join(t['cells_missing']) or 'none'} |")
+    lines += ["", "Cells where DBS was slower than the fixed split: "
+              f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}."]
+    with open(os.path.join(out, "grid_combined.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return summary
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--combine"]:
+        if len(sys.argv) < 4:
+            sys.exit("usage: bench/grid.py --combine OUT GRID_DIR [GRID_DIR ...]")
+        combine(sys.argv[2], sys.argv[3:])
+        print(os.path.join(sys.argv[2], "grid_combined.md"))
+        sys.exit(0)
     build(sys.argv[1])
     found = check(sys.argv[1])
     for p in found:

@@ -208,6 +208,16 @@ class GridRoundsTest(unittest.TestCase):
         self.assertEqual(grid_module.check(grid_dir), [])
         self.assertEqual(grid_module.median_run([{"epoch_seconds": t} for t in (3, 1, 2)]),
                          {"epoch_seconds": 2})
+        # --combine: one report over several grid runs' cells; a cell found twice is refused.
+        combined = os.path.join(out, "combined")
+        summary = grid_module.combine(combined, [grid_dir])
+        self.assertEqual(summary["cells_run"], 1)
+        self.assertAlmostEqual(summary["dbs_over_sgd"]["worst"], cell["dbs_over_sgd"])
+        self.assertAlmostEqual(summary["dbs_over_ideal"]["median"], cell["dbs_over_ideal"])
+        md = open(os.path.join(combined, "grid_combined.md")).read()
+        self.assertIn(f"| {cell['name']} | {cell['dbs_over_sgd']:.3f} |", md)
+        with self.assertRaises(SystemExit):
+            grid_module.combine(combined, [grid_dir, grid_dir])
 
 
 class BestSplitTest(unittest.TestCase):
