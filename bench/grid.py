@@ -578,22 +578,11 @@ def build(out):
                + f" | {c['dbs_over_ideal_with_comm']:.3f} |"
                if "dbs_over_ideal_with_comm" in c else "n/a | n/a |"))
     if summary.get("cells_run"):
-        lines += ["", "## Worst and median cell", "",
-                  "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
-        for key in SUMMARY_KEYS:
-            if key not in summary:
-                continue
-            v = summary[key]
-            lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
-                         f"{v['worst_cell']} |")
+        lines += ["", "## Worst and median cell", ""] + summary_table(summary)
         lines += ["", f"Cells where DBS was slower than the fixed split: "
                   f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}; the paper's rule: "
                   f"{', '.join(summary['proportional_slower_than_fixed']) or 'none'}.", "",
-                  "## Targets", "", "| figure | at most | worst cell | cells missing |",
-                  "| --- | --- | --- | --- |"]
-        for t in summary["targets"]:
-            lines.append(f"| {t['figure']} | {t['limit']} | {t['worst']:.3f} | "
-                         f"{', '.join(t['cells_missing']) or 'none'} |")
+                  "## Targets", ""] + targets_table(summary)
         lines += ["", "Noise floor: the balance the fixed split (which never moves) shows from "
                   f"epoch {SETTLE_EPOCH} on, each worker's step time divided by its own mean: "
                   "what measurement noise alone does to a perfectly static split. Cells that "
@@ -663,6 +652,26 @@ def build(out):
     with open(os.path.join(out, "grid.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return summary
+
+
+def summary_table(summary):
+    """The worst, median and best cell of every summary figure, as markdown table lines."""
+    lines = ["| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
+    for key in SUMMARY_KEYS:
+        if key in summary:
+            v = summary[key]
+            lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
+                         f"{v['worst_cell']} |")
+    return lines
+
+
+def targets_table(summary):
+    """Each target's limit, its worst cell's figure and the cells missing it."""
+    lines = ["| figure | at most | worst cell | cells missing |", "| --- | --- | --- | --- |"]
+    for t in summary["targets"]:
+        lines.append(f"| {t['figure']} | {t['limit']} | {t['worst']:.3f} | "
+                     f"{', '.join(t['cells_missing']) or 'none'} |")
+    return lines
 
 
 def fmt_traj(batches):
@@ -755,16 +764,7 @@ def combine(out, dirs):
                      f" | {fig(c, 'dbs_over_ideal')} | {fig(c, 'split_best_over_ideal')} | "
                      f"{fig(c, 'dbs_over_split_best')} | {fig(c, 'dbs_settled_spread')} | "
                      f"{fig(c, 'proportional_over_sgd')} |")
-    lines += ["", "| figure | worst | median | best | worst cell |", "| --- | --- | --- | --- | --- |"]
-    for key in SUMMARY_KEYS:
-        if key in summary:
-            v = summary[key]
-            lines.append(f"| {key} | {v['worst']:.3f} | {v['median']:.3f} | {v['best']:.3f} | "
-                         f"{v['worst_cell']} |")
-    lines += ["", "| target | at most | worst | cells missing |", "| --- | --- | --- | --- |"]
-    for t in summary["targets"]:
-        lines.append(f"| {t['figure']} | {t['limit']} | {t['worst']:.3f} | "
-                     f"{', '.join(t['cells_missing']) or 'none'} |")
+    lines += [""] + summary_table(summary) + [""] + targets_table(summary)
     lines += ["", "Cells where DBS was slower than the fixed split: "
               f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}."]
     with open(os.path.join(out, "grid_combined.md"), "w") as f:
