@@ -9,6 +9,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/simulation.h"
@@ -87,6 +90,13 @@ int TraceCluster(uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "DBS against S-SGD beyond one machine: the real scheduler on a simulated clock.\n"
+      "Usage: dbs_simulator [--speeds=...] [--workers=4,8,...] [--json_out=FILE]\n"
+      "       dbs_simulator --trace_cluster=SEED [--trace_cfs=short|kernel]");
+  absl::SetFlagsUsageConfig({.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "bench/simulator_main.cc");
+  }});
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_trace_cluster) > 0)
     return TraceCluster(absl::GetFlag(FLAGS_trace_cluster));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/plan_replay.h"
 
 namespace dbs {
 namespace {
@@ -90,7 +91,8 @@ json WorkerInfo(const std::vector<WorkerRegistration>& workers) {
                    {"device", w.device},
                    {"cpu_limit_cores", w.cpu_limit_cores},
                    {"train_samples", w.train_samples},
-                   {"test_samples", w.test_samples}});
+                   {"test_samples", w.test_samples},
+                   {"max_batch", w.max_batch}});
   }
   return out;
 }
@@ -130,7 +132,8 @@ json EpochWorkers(const EpochRecord& r) {
                    {"wait_seconds", t.wait_seconds},
                    {"eval_seconds", t.eval_seconds},
                    {"test_samples", t.test_samples},
-                   {"test_correct", t.test_correct}});
+                   {"test_correct", t.test_correct},
+                   {"measured", MeasurementJson(MeasurementOf(r, id).value_or(Measurement{}))}});
   }
   return out;
 }
@@ -153,6 +156,9 @@ json EpochJson(const RunInfo& run, const EpochRecord& r) {
   e["test_loss"] = TestLoss(r);
   e["compute_seconds_max_over_min"] = ComputeSpread(r).ratio();
   e["workers"] = EpochWorkers(r);
+  json decisions = json::array();
+  for (const PlanDecision& d : r.decisions) decisions.push_back(DecisionJson(d));
+  e["decisions"] = std::move(decisions);
   return e;
 }
 
@@ -168,6 +174,7 @@ nlohmann::json BuildSummary(const RunInfo& run) {
   out["epochs_planned"] = run.scheduler.epochs;
   out["global_batch"] = run.scheduler.global_batch;
   out["seed"] = run.scheduler.seed;
+  out["controller"] = PolicyConfigJson(run.controller);
   out["worker_info"] = WorkerInfo(run.workers);
   json epochs = json::array();
   double final_accuracy = 0.0, final_loss = 0.0;

@@ -35,6 +35,7 @@ SampleAudit AuditEpoch(const EpochRecord& record, const std::set<std::pair<int, 
 
 struct RunInfo {
   std::string policy;
+  PolicyConfig controller;  // the share policy's settings, for replaying its decisions
   std::string optimizer;
   SchedulerConfig scheduler;
   std::vector<WorkerRegistration> workers;  // by id

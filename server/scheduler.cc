@@ -146,24 +146,29 @@ int MostFrequentBatch(const StepRanges& steps) {
 
 }  // namespace
 
+std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id) {
+  auto report = r.reports.find(id);
+  if (report == r.reports.end()) return std::nullopt;
+  Measurement m;
+  m.samples = report->second.samples;
+  m.compute_seconds = report->second.compute_seconds;
+  auto layout = r.layout.find(id);
+  if (layout != r.layout.end()) {
+    for (const auto& ranges : layout->second) m.steps += CountSamples(ranges) > 0 ? 1 : 0;
+  }
+  auto times = r.step_times.find(id);
+  if (times != r.step_times.end()) m.by_batch = times->second;
+  return m;
+}
+
 WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
   WorkerObservation o;
   o.name = workers_[id].name;
   o.max_batch = workers_[id].max_batch;
   for (int e = std::max(0, upto - kHistoryEpochs); e < upto; ++e) {
-    const EpochRecord& r = records_[e];
-    auto report = r.reports.find(id);
-    if (report == r.reports.end()) continue;
-    Measurement m;
-    m.samples = report->second.samples;
-    m.compute_seconds = report->second.compute_seconds;
-    auto layout = r.layout.find(id);
-    if (layout != r.layout.end()) {
-      for (const auto& ranges : layout->second) m.steps += CountSamples(ranges) > 0 ? 1 : 0;
+    if (std::optional<Measurement> m = MeasurementOf(records_[e], id)) {
+      o.history.push_back(*std::move(m));
     }
-    auto times = r.step_times.find(id);
-    if (times != r.step_times.end()) m.by_batch = times->second;
-    o.history.push_back(std::move(m));
   }
   if (upto > 0) {
     const EpochRecord& last = records_[upto - 1];
@@ -190,12 +195,10 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   const std::vector<int> active = ActiveLocked();
   const int n = static_cast<int>(active.size());
   if (n == 0) return absl::FailedPreconditionError("no workers left");
-  std::vector<double> shares;
-  {
-    std::vector<WorkerObservation> obs;
-    for (int id : active) obs.push_back(ObserveLocked(id, epoch));
-    shares = epoch == 0 ? policy_->FirstShares(obs) : policy_->NextShares(obs);
-  }
+  std::vector<WorkerObservation> obs;
+  for (int id : active) obs.push_back(ObserveLocked(id, epoch));
+  const std::vector<double> shares =
+      epoch == 0 ? policy_->FirstShares(obs) : policy_->NextShares(obs);
   DBS_ASSIGN_OR_RETURN(EpochAllocation alloc,
                        AllocateEpoch(workers_[0].train_samples, workers_[0].test_samples,
                                      config_.global_batch, shares));
@@ -203,6 +206,15 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   record.epoch = epoch;
   record.start = clock_->Now();
   record.num_steps = alloc.num_steps;
+  PlanDecision& decision = record.decisions.emplace_back();
+  for (int k = 0; k < n; ++k) {
+    decision.workers.push_back({active[k],
+                                obs[k].current_batch,
+                                obs[k].previous_share,
+                                false,
+                                {},
+                                k < static_cast<int>(shares.size()) ? shares[k] : 0.0});
+  }
   const uint64_t seed = EpochSeed(config_.seed, epoch);
   for (int k = 0; k < n; ++k) {
     const int id = active[k];
@@ -503,8 +515,15 @@ absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
     obs.push_back(std::move(o));
   }
   const std::vector<double> shares = policy_->NextShares(obs);
+  PlanDecision& decision = rec.decisions.emplace_back();
+  decision.from_step = from_step;
+  for (size_t k = 0; k < workers.size(); ++k) {
+    decision.workers.push_back({workers[k], obs[k].current_batch, obs[k].previous_share, true,
+                                obs[k].history.back(), k < shares.size() ? shares[k] : 0.0});
+  }
   if (LargestRemainder(config_.global_batch, shares) ==
       std::vector<int64_t>(current.begin(), current.end())) {
+    decision.applied = false;
     return absl::FailedPreconditionError("the policy keeps the current split");
   }
   for (size_t k = 0; k < workers.size(); ++k) rec.plans[workers[k]].share = shares[k];

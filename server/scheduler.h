@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,6 +41,25 @@ struct SchedulerConfig {
   uint64_t seed = 1;
 };
 
+// One decision of the share policy about an epoch, with the inputs that are not in the epochs'
+// records: the epoch's plan (from_step 0) or a mid-epoch re-plan (from_step > 0, each worker's
+// window of newest steps). The history a worker's observation held is the measurements of the
+// epochs before (MeasurementOf), so a decision can be replayed from the run's
+// summary (server/plan_replay.h). Kept for the run's summary only, not in checkpoints.
+struct PlanDecision {
+  struct Input {
+    int id = 0;
+    int current_batch = 0;
+    double previous_share = 0.0;
+    bool has_window = false;
+    Measurement window;  // re-plans only
+    double share = 0.0;  // the policy's answer
+  };
+  int from_step = 0;
+  std::vector<Input> workers;  // in the order the policy saw them
+  bool applied = true;         // false: a re-plan that kept the current split
+};
+
 // Everything recorded about one epoch.
 struct EpochRecord {
   int epoch = 0;
@@ -56,11 +76,17 @@ struct EpochRecord {
   std::map<int, std::map<int, BatchTime>> step_times;
   int num_steps = 0;  // as revised
   int revision = 0;
+  std::vector<PlanDecision> decisions;  // in order; not restored from a checkpoint
   bool complete = false;
 
   // Samples a worker is (now) to train on in the epoch.
   int64_t SamplesOf(int worker_id) const;
 };
+
+// What worker `id` was measured doing in epoch `r`, as the share policy sees it (the samples and
+// compute of its report, its steps with samples, its step times by batch); nullopt when it did
+// not report the epoch.
+std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id);
 
 // Limits on what a registering peer may declare.
 inline constexpr size_t kMaxNameLength = 256;

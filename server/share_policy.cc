@@ -215,19 +215,22 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& c) {
   return absl::OkStatus();
 }
 
+BalancingOptions BalancingOptionsOf(const PolicyConfig& c) {
+  BalancingOptions o;
+  o.global_batch = c.global_batch;
+  o.min_batch = c.min_batch;
+  o.max_batch = c.max_batch;
+  o.noise_margin = c.noise_margin;
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& c) {
   if (absl::Status valid = ValidatePolicyConfig(c); !valid.ok()) return valid;
   std::unique_ptr<SharePolicy> inner;
   switch (c.kind) {
-    case PolicyKind::kDbs: {
-      BalancingOptions o;
-      o.global_batch = c.global_batch;
-      o.min_batch = c.min_batch;
-      o.max_batch = c.max_batch;
-      o.noise_margin = c.noise_margin;
-      inner = std::make_unique<BalancingPolicy>(o);
+    case PolicyKind::kDbs:
+      inner = std::make_unique<BalancingPolicy>(BalancingOptionsOf(c));
       break;
-    }
     case PolicyKind::kProportional:
       inner = std::make_unique<ProportionalPolicy>(c.speed_window);
       break;

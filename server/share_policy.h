@@ -177,6 +177,9 @@ std::string FixedSplitText(const std::map<std::string, double>& split);
 absl::Status ValidatePolicyConfig(const PolicyConfig& config);
 // INVALID_ARGUMENT when ValidatePolicyConfig refuses the configuration.
 absl::StatusOr<std::unique_ptr<SharePolicy>> MakeSharePolicy(const PolicyConfig& config);
+// The dbs policy's options for `config` (what MakeSharePolicy gives it).
+struct BalancingOptions;
+BalancingOptions BalancingOptionsOf(const PolicyConfig& config);
 
 }  // namespace dbs
 

@@ -563,6 +563,7 @@ absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id,
 RunInfo TrainingJob::Run() const {
   RunInfo run;
   run.policy = PolicyName(config_.policy);
+  run.controller = PolicyConfigOf(config_);
   run.optimizer = optimizer_description_;
   run.scheduler = config_.scheduler;
   run.workers = scheduler_->Workers();

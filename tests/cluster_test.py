@@ -22,6 +22,7 @@ if not os.path.isdir(RUNFILES):
     RUNFILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PS = os.path.join(RUNFILES, "server", "dbs_ps")
 WORKER = os.path.join(RUNFILES, "worker", "dbs_worker")
+REPLAY = os.path.join(RUNFILES, "bench", "dbs_replay")
 LAUNCHER = os.path.join(RUNFILES, "deploy", "local_cluster.py")
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -129,6 +130,25 @@ class ProcessTestCase(unittest.TestCase):
                              start_new_session=True, **kw)
         self.procs.append(p)
         return p
+
+    def check_replay(self, summary_path, min_replans):
+        """dbs_replay computes every decision of the run again from its summary: the summary holds
+        the controller's whole input. Returns the decisions (JSON)."""
+        out_json = os.path.join(self.tmp, "replay.json")
+        r = subprocess.run([REPLAY, f"--summary={summary_path}", f"--json_out={out_json}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, f"replay differs or failed:\n{r.stdout}\n{r.stderr}")
+        with open(out_json) as f:
+            decisions = json.load(f)["decisions"]
+        with open(summary_path) as f:
+            epochs = len(json.load(f)["epochs"])
+        plans = [d for d in decisions if d["from_step"] == 0]
+        replans = [d for d in decisions if d["from_step"] > 0]
+        self.assertEqual(len(plans), epochs, r.stdout)
+        self.assertGreaterEqual(len(replans), min_replans, r.stdout)
+        self.assertTrue(all(d["same"] and d["recorded"] == d["replayed"] for d in decisions))
+        self.assertIn(f"{len(decisions)} of {len(decisions)} decisions replayed the same", r.stdout)
+        return decisions
 
     def start_ps(self, flags, tag="ps"):
         """Starts dbs_ps on a free loopback port it picks itself; returns (process, port)."""
@@ -303,6 +323,12 @@ class ClusterTest(ProcessTestCase):
                 self.assertTrue(os.path.exists(os.path.join(out_dir, f"worker-{i}.json")))
 
         dbs, fixed = runs["dbs"], runs["fixed"]
+        # Every plan of both runs replays from the summary; the fixed split's are all equal.
+        for policy in ("fixed", "dbs"):
+            decisions = self.check_replay(
+                os.path.join(self.tmp, policy, "summary.json"), 0)
+            if policy == "fixed":
+                self.assertEqual({tuple(d["recorded"]) for d in decisions}, {(22, 21, 21)})
         self.assertGreaterEqual(dbs["final_test_accuracy"], self.MIN_ACCURACY)
         self.assertGreaterEqual(fixed["final_test_accuracy"], self.MIN_ACCURACY)
         # Same global batches at every step: DBS converges like S-SGD.
@@ -394,6 +420,22 @@ class BadInputTest(ProcessTestCase):
         self.assertEqual(rc, 2)
         self.assertIn("unknown model 'resnet'", err)
 
+    def test_replay_refuses_what_is_not_a_summary(self):
+        not_json = os.path.join(self.tmp, "x.json")
+        with open(not_json, "w") as f:
+            f.write("{not json")
+        old = os.path.join(self.tmp, "old.json")
+        with open(old, "w") as f:
+            json.dump({"format": "dbs.run_summary.v1", "epochs": []}, f)
+        for argv, message in (([], "--summary is required"),
+                              ([f"--summary={self.tmp}/none.json"], "cannot read"),
+                              ([f"--summary={not_json}"], "is not JSON"),
+                              ([f"--summary={old}"], "written before decisions were recorded")):
+            r = subprocess.run([REPLAY] + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(message, r.stderr)
+
     def test_help_lists_the_flags_of_each_binary(self):
         rc, out, err = self.run_cmd([PS, "--help"], 30)
         self.assertEqual(rc, 0)
@@ -404,6 +446,10 @@ class BadInputTest(ProcessTestCase):
         self.assertEqual(rc, 0)
         for flag in ("--server", "--max_batch", "--data_dir"):
             self.assertIn(flag, out)
+        _, out, err = self.run_cmd([REPLAY, "--help"], 30)  # Abseil's --help exits 1
+        for flag in ("--summary", "--verbose", "--noise_margin"):
+            self.assertIn(flag, out + err)
+        self.assertNotIn("No flags matched", out + err)
 
     def test_cuda_request_without_cuda_says_why(self):
         if os.environ.get("LIBTORCH_DIR"):
@@ -713,6 +759,10 @@ class MidEpochReplanTest(ProcessTestCase):
             s = json.load(f)
         self.assertTrue(s["epochs"][0]["audit"]["every_sample_once"])
         self.assertGreaterEqual(s["epochs"][0]["revisions"], 1)
+        # The re-plans replay from the summary too (their windows are recorded).
+        replans = [d for d in self.check_replay(summary, 1) if d["from_step"] > 0]
+        self.assertGreaterEqual(len([d for d in replans if d["applied"]]),
+                                s["epochs"][0]["revisions"])
 
 
 class ElasticJoinTest(ProcessTestCase):

@@ -1,0 +1,253 @@
+#include "server/plan_replay.h"
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/run_summary.h"
+#include "server/scheduler.h"
+
+namespace dbs {
+namespace {
+
+using nlohmann::json;
+
+class NoListener : public SchedulerListener {
+ public:
+  void OnEpochPlanned(int, int, const std::map<int, WorkerPlan>&) override {}
+  void OnEpochCompleted(const EpochRecord&) override {}
+  void OnJobFinished(const absl::Status&) override {}
+  void OnWorkerLeft(int) override {}
+};
+
+// A job driven through a real Scheduler: three workers whose step takes overhead + batch / speed
+// seconds with a deterministic wobble, re-planned every 8 steps, as the server would.
+class RecordedJob {
+ public:
+  static constexpr int kWindow = 8;
+
+  explicit RecordedJob(PolicyConfig pc) : pc_(pc) {
+    SchedulerConfig c;
+    c.expected_workers = 3;
+    c.epochs = 4;
+    c.global_batch = pc.global_batch;
+    c.seed = 3;
+    scheduler_ = std::make_unique<Scheduler>(c, *MakeSharePolicy(pc), &clock_, &listener_);
+    for (const char* name : {"a", "b", "c"}) {
+      WorkerRegistration r{name, 2400, 300, "cpu"};
+      r.max_batch = name[0] == 'c' ? 40 : 0;
+      EXPECT_THAT(scheduler_->Register(r), IsOk());
+    }
+  }
+
+  double StepSeconds(int id, int64_t batch) {
+    static constexpr double kOverhead[] = {0.004, 0.002, 0.001};
+    static constexpr double kSpeed[] = {1000, 2500, 5000};
+    seed_ = seed_ * 6364136223846793005ULL + 1442695040888963407ULL;
+    const double wobble = 1.0 + 0.1 * (static_cast<double>(seed_ >> 40) / (1 << 24) - 0.5);
+    return (kOverhead[id] + batch / kSpeed[id]) * wobble;
+  }
+
+  // Runs every epoch, counting the re-plans asked for and applied.
+  void Run() {
+    for (int epoch = 0; epoch < 4; ++epoch) {
+      std::map<int, Measurement> window;
+      for (int step = 0;; ++step) {
+        const EpochRecord rec = scheduler_->History()[epoch];
+        if (step >= rec.num_steps) break;
+        std::map<int, std::pair<int64_t, double>> times;
+        for (const auto& [id, steps] : rec.layout) {
+          const int64_t b = CountSamples(steps[step]);
+          if (b == 0) continue;
+          const double t = StepSeconds(id, b);
+          times[id] = {b, t};
+          Measurement& m = window[id];
+          m.samples += b;
+          m.steps += 1;
+          m.compute_seconds += t;
+          m.by_batch[static_cast<int>(b)].Add(t);
+        }
+        scheduler_->RecordStep(epoch, times);
+        if ((step + 1) % kWindow == 0 && step + 1 < rec.num_steps) {
+          for (const auto& [id, plan] : rec.plans) window.try_emplace(id);
+          absl::StatusOr<PlanChange> r = scheduler_->Rebalance(epoch, step + 1, window);
+          ++replans_asked;
+          replans_applied += r.ok() ? 1 : 0;
+          window.clear();
+        }
+      }
+      const EpochRecord rec = scheduler_->History()[epoch];
+      for (const auto& [id, plan] : rec.plans) {
+        EpochTiming t;
+        t.worker_id = id;
+        t.epoch = epoch;
+        t.samples = rec.SamplesOf(id);
+        t.test_samples = plan.test_range.size();
+        t.test_correct = t.test_samples / 2;
+        for (const auto& [b, bt] :
+             rec.step_times.count(id) ? rec.step_times.at(id) : std::map<int, BatchTime>{}) {
+          t.compute_seconds += bt.seconds;
+        }
+        ASSERT_THAT(scheduler_->Report(t), IsOk());
+      }
+    }
+  }
+
+  // The run's summary, written and read back as text.
+  json Summary() const {
+    RunInfo run;
+    run.policy = PolicyName(pc_.kind);
+    run.controller = pc_;
+    run.scheduler = scheduler_->config();
+    run.workers = scheduler_->Workers();
+    run.epochs = scheduler_->History();
+    return json::parse(BuildSummary(run).dump());
+  }
+
+  int replans_asked = 0;
+  int replans_applied = 0;
+
+ private:
+  PolicyConfig pc_;
+  FakeClock clock_;
+  NoListener listener_;
+  std::unique_ptr<Scheduler> scheduler_;
+  uint64_t seed_ = 11;
+};
+
+PolicyConfig Dbs() {
+  PolicyConfig pc;
+  pc.kind = PolicyKind::kDbs;
+  pc.global_batch = 96;
+  pc.min_batch = 1;
+  return pc;
+}
+
+TEST(PlanReplayTest, EveryDecisionOfARunReplaysToTheSameSharesFromItsSummary) {
+  RecordedJob job(Dbs());
+  ASSERT_NO_FATAL_FAILURE(job.Run());
+  ASSERT_GT(job.replans_applied, 0) << "the job must re-plan mid-epoch for this test to mean much";
+  const json summary = job.Summary();
+  absl::StatusOr<std::vector<RecordedDecision>> decisions = DecisionsOf(summary);
+  ASSERT_THAT(decisions, IsOk()) << decisions.status();
+  ASSERT_EQ(decisions->size(), 4u + job.replans_asked);
+  absl::StatusOr<PolicyConfig> pc = PolicyConfigFromJson(summary.at("controller"));
+  ASSERT_THAT(pc, IsOk()) << pc.status();
+  auto policy = *MakeSharePolicy(*pc);
+  int applied = 0, plans = 0;
+  for (const RecordedDecision& d : *decisions) {
+    EXPECT_EQ(Replay(*policy, d), d.shares) << "epoch " << d.epoch << " step " << d.from_step;
+    plans += d.from_step == 0;
+    applied += d.from_step > 0 && d.applied;
+    ASSERT_EQ(d.ids, (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(d.observations[2].max_batch, 40);
+    EXPECT_EQ(d.observations[0].name, "a");
+    // The history: the epochs before, plus the window for a re-plan.
+    EXPECT_EQ(d.observations[0].history.size(),
+              static_cast<size_t>(d.epoch) + (d.from_step > 0 ? 1 : 0));
+  }
+  EXPECT_EQ(plans, 4);
+  EXPECT_EQ(applied, job.replans_applied);
+  // The replay is the policy's answer, not an echo: the paper's rule answers otherwise.
+  PolicyConfig other = *pc;
+  other.kind = PolicyKind::kProportional;
+  auto proportional = *MakeSharePolicy(other);
+  int differ = 0;
+  for (const RecordedDecision& d : *decisions) differ += Replay(*proportional, d) != d.shares;
+  EXPECT_GT(differ, 0);
+}
+
+TEST(PlanReplayTest, EpochsWithoutDecisionsStillGiveTheirMeasurements) {
+  RecordedJob job(Dbs());
+  ASSERT_NO_FATAL_FAILURE(job.Run());
+  json summary = job.Summary();
+  const size_t first = summary["epochs"][0]["decisions"].size();
+  summary["epochs"][0].erase("decisions");  // as for epochs restored from a checkpoint
+  absl::StatusOr<std::vector<RecordedDecision>> decisions = DecisionsOf(summary);
+  ASSERT_THAT(decisions, IsOk());
+  ASSERT_EQ(decisions->size(), 4u + job.replans_asked - first);
+  auto policy = *MakeSharePolicy(Dbs());
+  for (const RecordedDecision& d : *decisions) {
+    EXPECT_GE(d.epoch, 1);
+    EXPECT_EQ(Replay(*policy, d), d.shares);
+  }
+}
+
+TEST(PlanReplayTest, RoundTripsMeasurementsAndSettings) {
+  Measurement m;
+  m.samples = 100;
+  m.steps = 3;
+  m.compute_seconds = 0.1 / 3;
+  m.by_batch[32].Add(0.011);
+  m.by_batch[36].Add(1.0 / 7);
+  absl::StatusOr<Measurement> back = MeasurementFromJson(json::parse(MeasurementJson(m).dump()));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->samples, 100);
+  EXPECT_EQ(back->steps, 3);
+  EXPECT_EQ(back->compute_seconds, m.compute_seconds);
+  EXPECT_EQ(back->by_batch, m.by_batch);
+
+  PolicyConfig pc;
+  pc.kind = PolicyKind::kFixed;
+  pc.global_batch = 77;
+  pc.noise_margin = 0.5;
+  pc.smoothing = 0.25;
+  pc.fixed_split = {{"x", 2.0}, {"y:z", 1.0}};
+  absl::StatusOr<PolicyConfig> c = PolicyConfigFromJson(json::parse(PolicyConfigJson(pc).dump()));
+  ASSERT_THAT(c, IsOk()) << c.status();
+  EXPECT_EQ(c->kind, PolicyKind::kFixed);
+  EXPECT_EQ(c->global_batch, 77);
+  EXPECT_EQ(c->noise_margin, 0.5);
+  EXPECT_EQ(c->smoothing, 0.25);
+  EXPECT_EQ(c->fixed_split, pc.fixed_split);
+}
+
+TEST(PlanReplayTest, MalformedSummariesAreRefusedByField) {
+  RecordedJob job(Dbs());
+  ASSERT_NO_FATAL_FAILURE(job.Run());
+  const json good = job.Summary();
+  const auto refused = [](const json& s, const std::string& field) {
+    absl::StatusOr<std::vector<RecordedDecision>> d = DecisionsOf(s);
+    EXPECT_THAT(d, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr(field)));
+  };
+  refused(json::array(), "format");
+  refused(json{{"format", 1}}, "format");
+  json s = good;
+  s.erase("worker_info");
+  refused(s, "worker_info");
+  s = good;
+  s["epochs"][1]["decisions"][0]["workers"][0]["id"] = 9;
+  refused(s, "no worker 9");
+  s = good;
+  s["epochs"][1]["decisions"][0]["workers"][1]["current_batch"] = "12";
+  refused(s, "current_batch");
+  s = good;
+  s["epochs"][0]["workers"][0]["measured"]["step_times"][0]["seconds"] = nullptr;
+  refused(s, "seconds");
+  s = good;
+  s["epochs"][1]["decisions"][0]["applied"] = 1;
+  refused(s, "applied");
+  s = good;
+  s["epochs"][0]["workers"][0]["measured"]["step_times"].push_back(
+      s["epochs"][0]["workers"][0]["measured"]["step_times"][0]);
+  refused(s, "twice");
+
+  json c = good.at("controller");
+  c["noise_margin"] = 9.0;
+  EXPECT_THAT(PolicyConfigFromJson(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  c = good.at("controller");
+  c["policy"] = "fastest";
+  EXPECT_THAT(PolicyConfigFromJson(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  c.erase("policy");
+  EXPECT_THAT(PolicyConfigFromJson(c), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace dbs
