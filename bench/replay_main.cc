@@ -43,8 +43,7 @@ std::string Batches(const std::vector<int64_t>& b) { return absl::StrJoin(b, " "
 
 void PrintModels(const dbs::BalancingPolicy& policy, const dbs::RecordedDecision& d) {
   const dbs::BalancingPlan plan = policy.Plan(d.observations);
-  std::vector<dbs::StepTimeModel> models;
-  for (const dbs::WorkerObservation& o : d.observations) models.push_back(policy.ModelOf(o));
+  const std::vector<dbs::StepTimeModel> models = policy.Models(d.observations);
   const std::vector<double> margins = policy.NoiseMargins(d.observations, models);
   std::printf("    %s: slowest step now %.2f ms, planned %.2f ms\n",
               plan.held ? "held (balanced within the hold spread)" : "moved",

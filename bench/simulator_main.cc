@@ -34,6 +34,10 @@ ABSL_FLAG(std::string, trace_cfs, "",
           "With --trace_cluster: the random cluster of workers under CPU limits (RandomCfsCluster) "
           "with this seed and 'short' (1 ms / limit) or 'kernel' (100 ms) periods; dbs also "
           "without the limit-aware step cost ('dbs/wall').");
+ABSL_FLAG(int, trace_replan_window_steps, -1,
+          "With --trace_cluster: mid-epoch re-planning window (-1: the policy's default; 0: "
+          "epoch boundaries only, as the property test of the epoch-boundary controller).");
+ABSL_FLAG(int, trace_epochs, 0, "With --trace_cluster: epochs to simulate (0: the cluster's).");
 ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
           "dbs: standard deviations of each worker's per-step time added to its predicted step.");
 
@@ -50,6 +54,8 @@ int TraceCluster(uint64_t seed) {
   dbs::SimulationConfig c = cfs ? dbs::RandomCfsCluster(seed, periods == "kernel", &what)
                                 : dbs::RandomCluster(seed, absl::GetFlag(FLAGS_trace_drift), &what);
   c.noise_margin = absl::GetFlag(FLAGS_noise_margin);
+  c.replan_window_steps = absl::GetFlag(FLAGS_trace_replan_window_steps);
+  if (absl::GetFlag(FLAGS_trace_epochs) > 0) c.epochs = absl::GetFlag(FLAGS_trace_epochs);
   const std::vector<int> best = dbs::BestSplit(c, 0);
   std::printf("cluster %llu: %s\n", static_cast<unsigned long long>(seed), what.c_str());
   for (size_t i = 0; i < c.workers.size(); ++i) {

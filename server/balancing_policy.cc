@@ -97,7 +97,7 @@ double Root(const StepTimeModel& model, double tau, double current, int streak_u
 
 }  // namespace
 
-StepTimeModel BalancingPolicy::ModelOf(const WorkerObservation& w) const {
+StepTimeModel BalancingPolicy::ModelOf(const WorkerObservation& w, double relative_noise) const {
   std::vector<StepTimePoint> points;
   const size_t n = w.history.size();
   const size_t first = n > static_cast<size_t>(options_.history) ? n - options_.history : 0;
@@ -112,7 +112,17 @@ StepTimeModel BalancingPolicy::ModelOf(const WorkerObservation& w) const {
                         m.compute_seconds});
     }
   }
-  return StepTimeModel::Fit(points, options_.model);
+  StepTimeModelOptions o = options_.model;
+  o.relative_noise = relative_noise;
+  return StepTimeModel::Fit(points, o);
+}
+
+std::vector<StepTimeModel> BalancingPolicy::Models(
+    absl::Span<const WorkerObservation> workers) const {
+  const std::vector<double> noise = RelativeNoise(workers);
+  std::vector<StepTimeModel> models;
+  for (size_t i = 0; i < workers.size(); ++i) models.push_back(ModelOf(workers[i], noise[i]));
+  return models;
 }
 
 BalancingPolicy::StepNoise BalancingPolicy::StepNoiseOf(const WorkerObservation& w) const {
@@ -130,10 +140,9 @@ BalancingPolicy::StepNoise BalancingPolicy::StepNoiseOf(const WorkerObservation&
   return out;
 }
 
-std::vector<double> BalancingPolicy::NoiseMargins(absl::Span<const WorkerObservation> workers,
-                                                  const std::vector<StepTimeModel>& models) const {
-  std::vector<double> margins(workers.size(), 0.0);
-  if (!(options_.noise_margin > 0)) return margins;
+std::vector<double> BalancingPolicy::RelativeNoise(
+    absl::Span<const WorkerObservation> workers) const {
+  std::vector<double> sd(workers.size(), 0.0);
   std::vector<StepNoise> noise;
   StepNoise pooled;
   for (const WorkerObservation& w : workers) {
@@ -141,16 +150,25 @@ std::vector<double> BalancingPolicy::NoiseMargins(absl::Span<const WorkerObserva
     pooled.relative_squares += noise.back().relative_squares;
     pooled.dof += noise.back().dof;
   }
-  if (!(pooled.dof > 0)) return margins;
+  if (!(pooled.dof > 0)) return sd;
   // Each worker's relative variance, shrunk toward the cluster's: a few dozen steps estimate a
   // standard deviation only to 10-20%, and workers equally noisy must not get unequal margins.
   const double prior = pooled.relative_squares / pooled.dof;
   for (size_t i = 0; i < workers.size(); ++i) {
+    sd[i] = std::sqrt((noise[i].relative_squares + options_.noise_prior_dof * prior) /
+                      (noise[i].dof + options_.noise_prior_dof));
+  }
+  return sd;
+}
+
+std::vector<double> BalancingPolicy::NoiseMargins(absl::Span<const WorkerObservation> workers,
+                                                  const std::vector<StepTimeModel>& models) const {
+  std::vector<double> margins(workers.size(), 0.0);
+  if (!(options_.noise_margin > 0)) return margins;
+  const std::vector<double> sd = RelativeNoise(workers);
+  for (size_t i = 0; i < workers.size(); ++i) {
     if (models[i].empty() || workers[i].current_batch <= 0) continue;
-    const double variance = (noise[i].relative_squares + options_.noise_prior_dof * prior) /
-                            (noise[i].dof + options_.noise_prior_dof);
-    margins[i] =
-        options_.noise_margin * std::sqrt(variance) * models[i].Predict(workers[i].current_batch);
+    margins[i] = options_.noise_margin * sd[i] * models[i].Predict(workers[i].current_batch);
   }
   return margins;
 }
@@ -160,9 +178,16 @@ namespace {
 // One planning pass over a set of observations; each step of BalancingPolicy::Plan is a method.
 class Planner {
  public:
+  // `models` judge the current split and the rounding; `movers` (the same curves with segments
+  // flatter than noise pooled) choose where a worker moves.
   Planner(const BalancingOptions& o, absl::Span<const WorkerObservation> workers,
-          std::vector<StepTimeModel> models)
-      : o_(o), w_(workers), n_(workers.size()), B_(o.global_batch), models_(std::move(models)) {}
+          std::vector<StepTimeModel> models, std::vector<StepTimeModel> movers)
+      : o_(o),
+        w_(workers),
+        n_(workers.size()),
+        B_(o.global_batch),
+        models_(std::move(models)),
+        movers_(std::move(movers)) {}
 
   // Gives a worker never measured the mean speed of the others; false when none was measured.
   bool ProbeUnmeasured() {
@@ -175,9 +200,9 @@ class Planner {
     }
     if (measured == 0) return false;
     bool all = true;
-    for (StepTimeModel& m : models_) {
-      if (!m.empty()) continue;
-      m = StepTimeModel::FromKnots({{speed_sum / measured, 1.0}}, o_.model);
+    for (size_t i = 0; i < n_; ++i) {
+      if (!models_[i].empty()) continue;
+      models_[i] = movers_[i] = StepTimeModel::FromKnots({{speed_sum / measured, 1.0}}, o_.model);
       all = false;
     }
     double sum = 0.0;
@@ -252,9 +277,9 @@ class Planner {
 
   // Where worker i's step takes tau, within its bounds.
   double Target(size_t i, double tau) const {
-    const double b = have_current_ ? Root(models_[i], tau, cur_[i], Streak(runs_[i], true),
+    const double b = have_current_ ? Root(movers_[i], tau, cur_[i], Streak(runs_[i], true),
                                           Streak(runs_[i], false))
-                                   : models_[i].BatchFor(tau);
+                                   : movers_[i].BatchFor(tau);
     return std::clamp(b, tlo_[i], thi_[i]);
   }
 
@@ -334,7 +359,7 @@ class Planner {
   const absl::Span<const WorkerObservation> w_;
   const size_t n_;
   const double B_;
-  std::vector<StepTimeModel> models_;
+  std::vector<StepTimeModel> models_, movers_;
   std::vector<double> cur_;
   bool have_current_ = false;
   std::vector<std::vector<double>> moves_, runs_;
@@ -348,11 +373,14 @@ BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers)
   BalancingPlan plan;
   plan.gains.assign(n, 1.0);
   if (n == 0) return plan;
-  std::vector<StepTimeModel> models;
+  std::vector<StepTimeModel> models, movers = Models(workers);
   for (const WorkerObservation& w : workers) models.push_back(ModelOf(w));
   const std::vector<double> margins = NoiseMargins(workers, models);
-  for (size_t i = 0; i < n; ++i) models[i] = models[i].WithMargin(margins[i]);
-  Planner p(options_, workers, std::move(models));
+  for (size_t i = 0; i < n; ++i) {
+    models[i] = models[i].WithMargin(margins[i]);
+    movers[i] = movers[i].WithMargin(margins[i]);
+  }
+  Planner p(options_, workers, std::move(models), std::move(movers));
   if (!p.ProbeUnmeasured()) {
     plan.batches.assign(n, static_cast<double>(options_.global_batch) / n);
     return plan;

@@ -68,8 +68,11 @@ class BalancingPolicy : public SharePolicy {
   std::vector<double> NextShares(absl::Span<const WorkerObservation> workers) const override;
 
   BalancingPlan Plan(absl::Span<const WorkerObservation> workers) const;
-  // The model of one worker from its newest `options.history` measurements.
-  StepTimeModel ModelOf(const WorkerObservation& worker) const;
+  // The model of one worker from its newest `options.history` measurements; `relative_noise`
+  // (RelativeNoise) lets it pool neighbouring batches whose times differ by less than noise.
+  StepTimeModel ModelOf(const WorkerObservation& worker, double relative_noise = 0.0) const;
+  // The models Plan uses, before the noise margins: each worker's ModelOf with its RelativeNoise.
+  std::vector<StepTimeModel> Models(absl::Span<const WorkerObservation> workers) const;
 
   // The spread of one worker's per-step times relative to their mean, pooled within each batch
   // size over its newest `options.noise_measurements` measurements: the sum of squared relative
@@ -79,9 +82,11 @@ class BalancingPolicy : public SharePolicy {
     double dof = 0.0;
   };
   StepNoise StepNoiseOf(const WorkerObservation& worker) const;
-  // Each worker's noise margin in seconds: noise_margin standard deviations of its per-step
-  // time at its current batch, the relative deviation shrunk toward the cluster's pooled one
-  // with the weight of `noise_prior_dof` steps. 0 for a worker without a batch or a model.
+  // Each worker's relative standard deviation of its per-step time, shrunk toward the cluster's
+  // pooled one with the weight of `noise_prior_dof` steps; all 0 when nothing was measured.
+  std::vector<double> RelativeNoise(absl::Span<const WorkerObservation> workers) const;
+  // Each worker's noise margin in seconds: noise_margin standard deviations (RelativeNoise) of
+  // its per-step time at its current batch. 0 for a worker without a batch or a model.
   std::vector<double> NoiseMargins(absl::Span<const WorkerObservation> workers,
                                    const std::vector<StepTimeModel>& models) const;
 

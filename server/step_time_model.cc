@@ -14,8 +14,9 @@ struct Weighted {
 };
 
 // Pools points at the same batch, then makes the curve non-decreasing (pool adjacent
-// violators); returns the knots by increasing batch.
-std::vector<std::pair<double, double>> Isotonic(std::vector<Weighted> pts) {
+// violators, a rise of less than `z` standard errors counting as a violation when the per-step
+// relative deviation `noise` is known); returns the knots by increasing batch.
+std::vector<std::pair<double, double>> Isotonic(std::vector<Weighted> pts, double noise, double z) {
   std::sort(pts.begin(), pts.end(),
             [](const Weighted& a, const Weighted& b) { return a.batch < b.batch; });
   struct Block {
@@ -34,7 +35,11 @@ std::vector<std::pair<double, double>> Isotonic(std::vector<Weighted> pts) {
     while (blocks.size() >= 2) {
       const Block& last = blocks.back();
       const Block& prev = blocks[blocks.size() - 2];
-      if (last.wt / last.w >= prev.wt / prev.w) break;
+      const double t_last = last.wt / last.w, t_prev = prev.wt / prev.w;
+      // The standard error of the difference of the two means (each step's time deviates by
+      // `noise` of the mean; a block's weight counts its steps, older ones less).
+      const double error = noise * std::sqrt(t_last * t_last / last.w + t_prev * t_prev / prev.w);
+      if (t_last >= t_prev + z * error) break;
       Block merged{prev.w + last.w, prev.wb + last.wb, prev.wt + last.wt};
       blocks.pop_back();
       blocks.back() = merged;
@@ -70,7 +75,8 @@ StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
       w.weight *= std::ldexp(1.0, -std::min(60, now - seq));  // half as much per measurement
       pts.push_back(w);
     }
-    return FromKnots(Isotonic(std::move(pts)), options);
+    return FromKnots(Isotonic(std::move(pts), options.relative_noise, options.significance),
+                     options);
   };
   for (const auto& [seq, group] : by_sequence) {
     if (!kept.empty()) {

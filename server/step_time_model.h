@@ -18,7 +18,9 @@
 //   2. pooling: points at the same batch are averaged, weighted by their step counts and by
 //      recency (each older measurement counts half as much as the next);
 //   3. isotonic regression (pool adjacent violators), so time never falls as the batch grows,
-//      and a minimum slope so the inverse is unique.
+//      where, given the per-step noise, a rise within noise counts as a violation too (a flat
+//      segment between noisy neighbours is not evidence of a cheap stretch); then a minimum
+//      slope so the inverse is unique.
 // Outside the measured range the curve continues with the slope of its end segment (never less
 // than `min_relative_slope` of the end point's time per sample); with a single point it is the
 // line through the origin, i.e. the paper's proportional rule.
@@ -49,6 +51,13 @@ struct StepTimeModelOptions {
   // Floor of every segment's slope and of the extrapolation slopes, relative to the time per
   // sample at the nearest end of the measured range.
   double min_relative_slope = 0.1;
+  // The relative standard deviation of one step's time (0: unknown). With it, adjacent batches
+  // whose mean times rise by less than `significance` standard errors of their difference are
+  // pooled like violators: a segment that flat says nothing about the slope (its points, a
+  // sample or two apart, differ by less than their noise), and a planner that read it as a
+  // cheap stretch would move many samples for a small gain.
+  double relative_noise = 0.0;
+  double significance = 2.0;
 };
 
 class StepTimeModel {

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/batch_allocator.h"
 #include "server/run_summary.h"
 #include "server/scheduler.h"
 
@@ -207,6 +211,37 @@ TEST(PlanReplayTest, RoundTripsMeasurementsAndSettings) {
   EXPECT_EQ(c->noise_margin, 0.5);
   EXPECT_EQ(c->smoothing, 0.25);
   EXPECT_EQ(c->fixed_split, pc.fixed_split);
+}
+
+// A real run (4 workers slowed 8, 8, 4, 2x, B = 128; docs/controller.md): its epoch-4 plan
+// read a noise-flat segment of worker 1's curve as cheap samples and moved it from 12 to 5, the
+// next window putting it back at 9. The controller now pools segments flatter than noise before
+// it moves a worker (StepTimeModelOptions::relative_noise).
+TEST(PlanReplayTest, ANoiseFlatSegmentNoLongerMovesAWorkerFarFromARealRun) {
+  std::ifstream in("tests/testdata/flat_segment_run_summary.json");
+  ASSERT_TRUE(in) << "tests/testdata/flat_segment_run_summary.json";
+  std::stringstream text;
+  text << in.rdbuf();
+  const json summary = json::parse(text.str());
+  absl::StatusOr<std::vector<RecordedDecision>> decisions = DecisionsOf(summary);
+  ASSERT_THAT(decisions, IsOk()) << decisions.status();
+  absl::StatusOr<PolicyConfig> pc = PolicyConfigFromJson(summary.at("controller"));
+  ASSERT_THAT(pc, IsOk());
+  auto policy = *MakeSharePolicy(*pc);
+  const RecordedDecision* plan = nullptr;
+  for (const RecordedDecision& d : *decisions) {
+    if (d.epoch == 3 && d.from_step == 0) plan = &d;
+  }
+  ASSERT_NE(plan, nullptr);
+  std::vector<int64_t> current;
+  for (const WorkerObservation& o : plan->observations) current.push_back(o.current_batch);
+  ASSERT_EQ(current, (std::vector<int64_t>{72, 12, 33, 11}));
+  ASSERT_EQ(LargestRemainder(128, plan->shares), (std::vector<int64_t>{78, 5, 34, 11}));
+  const std::vector<int64_t> now = LargestRemainder(128, Replay(*policy, *plan));
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_LE(std::abs(now[i] - current[i]), 3)
+        << "worker " << i << ": " << current[i] << " -> " << now[i];
+  }
 }
 
 TEST(PlanReplayTest, MalformedSummariesAreRefusedByField) {

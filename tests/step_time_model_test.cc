@@ -52,6 +52,53 @@ TEST(StepTimeModelTest, TimeNeverFallsAsTheBatchGrows) {
   EXPECT_LE(m.Predict(16), m.Predict(24));
 }
 
+// From a real run (docs/controller.md, "Replaying its decisions"): a slow worker measured over
+// windows of 8 steps at 10 and 12 samples (24.0 and 24.2 ms) and over an epoch at 32 (58 ms),
+// its steps deviating by 17%. The rise from 10 to 12 is far within noise; read literally it says
+// samples cost 0.18 ms there (the slope's floor) against 1.7 ms beyond.
+TEST(StepTimeModelTest, ASegmentFlatterThanNoiseIsPooled) {
+  const std::vector<StepTimePoint> points = {
+      {0, 32, 32, 32 * 0.058}, {1, 10, 8, 8 * 0.0240}, {2, 12, 8, 8 * 0.0242}};
+  const StepTimeModel literal = StepTimeModel::Fit(points);
+  ASSERT_EQ(literal.knots().size(), 3u);
+  // 0.1 ms a sample, raised to the floor: a tenth of the cheapest time per sample (at 32).
+  EXPECT_NEAR(literal.SlopeAbove(10), 0.1 * 0.058 / 32, 1e-12);
+
+  StepTimeModelOptions noisy;
+  noisy.relative_noise = 0.17;
+  const StepTimeModel pooled = StepTimeModel::Fit(points, noisy);
+  ASSERT_EQ(pooled.knots().size(), 2u);
+  // Weighted by steps and recency (the window at 10 is one measurement older: half weight).
+  const double b = (4 * 10 + 8 * 12) / 12.0, t = (4 * 0.0240 + 8 * 0.0242) / 12;
+  EXPECT_NEAR(pooled.knots()[0].first, b, 1e-9);
+  EXPECT_NEAR(pooled.knots()[0].second, t, 1e-12);
+  EXPECT_NEAR(pooled.SlopeAbove(b), (0.058 - t) / (32 - b), 1e-9);
+  // Below the pooled point the end slope continues: taking samples away saves what they cost.
+  EXPECT_NEAR(pooled.SlopeBelow(b), pooled.SlopeAbove(b), 1e-12);
+}
+
+// A rise far beyond noise is the curve's shape (a quota's knee: one more sample doubles the
+// step), never pooled.
+TEST(StepTimeModelTest, ARiseBeyondNoiseIsKept) {
+  StepTimeModelOptions noisy;
+  noisy.relative_noise = 0.10;
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 20, 16, 16 * 0.010}, {1, 21, 16, 16 * 0.020}}, noisy);
+  ASSERT_EQ(m.knots().size(), 2u);
+  EXPECT_NEAR(m.Predict(20), 0.010, 1e-12);
+  EXPECT_NEAR(m.Predict(21), 0.020, 1e-12);
+  // 3% over 16 steps each (8 for the older) is within 2 standard errors of their difference
+  // (8.7%): pooled.
+  EXPECT_EQ(
+      StepTimeModel::Fit({{0, 20, 16, 16 * 0.010}, {1, 21, 16, 16 * 0.0103}}, noisy).knots().size(),
+      1u);
+  // The same rise over 400 steps each is beyond them (1.75%): kept.
+  EXPECT_EQ(StepTimeModel::Fit({{0, 20, 400, 400 * 0.010}, {1, 21, 400, 400 * 0.0103}}, noisy)
+                .knots()
+                .size(),
+            2u);
+}
+
 TEST(StepTimeModelTest, AChangeOfSpeedMovesTheWholeCurve) {
   // A knee: 1 ms per sample to 20, then 8 ms per sample; then the worker is slowed 3x and
   // measured again at 16.
