@@ -159,6 +159,7 @@ json EpochJson(const RunInfo& run, const EpochRecord& r) {
   json decisions = json::array();
   for (const PlanDecision& d : r.decisions) decisions.push_back(DecisionJson(d));
   e["decisions"] = std::move(decisions);
+  e["decisions_left_out"] = r.decisions_left_out;
   return e;
 }
 

@@ -76,7 +76,10 @@ struct EpochRecord {
   std::map<int, std::map<int, BatchTime>> step_times;
   int num_steps = 0;  // as revised
   int revision = 0;
-  std::vector<PlanDecision> decisions;  // in order; not restored from a checkpoint
+  // In order; not restored from a checkpoint. Re-plans beyond the first
+  // kMaxDecisionsPerEpoch - 1 of an epoch are only counted, so a long epoch's record stays small.
+  std::vector<PlanDecision> decisions;
+  int decisions_left_out = 0;
   bool complete = false;
 
   // Samples a worker is (now) to train on in the epoch.
@@ -87,6 +90,9 @@ struct EpochRecord {
 // compute of its report, its steps with samples, its step times by batch); nullopt when it did
 // not report the epoch.
 std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id);
+
+// Decisions an epoch's record keeps (its plan and the first re-plans).
+inline constexpr int kMaxDecisionsPerEpoch = 64;
 
 // Limits on what a registering peer may declare.
 inline constexpr size_t kMaxNameLength = 256;

@@ -244,6 +244,39 @@ TEST(PlanReplayTest, ANoiseFlatSegmentNoLongerMovesAWorkerFarFromARealRun) {
   }
 }
 
+// A long epoch re-planned often keeps its plan and the first re-plans, and counts the rest.
+TEST(PlanReplayTest, AnEpochKeepsABoundedNumberOfDecisions) {
+  SchedulerConfig c;
+  c.expected_workers = 2;
+  c.epochs = 1;
+  c.global_batch = 64;
+  FakeClock clock;
+  NoListener listener;
+  PolicyConfig pc;
+  pc.kind = PolicyKind::kFixed;
+  pc.global_batch = 64;
+  Scheduler s(c, *MakeSharePolicy(pc), &clock, &listener);
+  ASSERT_THAT(s.Register({"a", 64000, 100, "cpu"}), IsOk());
+  ASSERT_THAT(s.Register({"b", 64000, 100, "cpu"}), IsOk());
+  Measurement window;
+  window.samples = 32;
+  window.steps = 1;
+  window.compute_seconds = 0.01;
+  window.by_batch[32].Add(0.01);
+  const int asked = kMaxDecisionsPerEpoch + 6;
+  for (int step = 1; step <= asked; ++step) {
+    // The fixed split never moves: every re-plan is a decision that kept it.
+    EXPECT_THAT(s.Rebalance(0, step, {{0, window}, {1, window}}),
+                StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  }
+  const EpochRecord r = s.History()[0];
+  ASSERT_EQ(r.decisions.size(), static_cast<size_t>(kMaxDecisionsPerEpoch));
+  EXPECT_EQ(r.decisions_left_out, asked - (kMaxDecisionsPerEpoch - 1));
+  EXPECT_EQ(r.decisions.front().from_step, 0);
+  EXPECT_EQ(r.decisions.back().from_step, kMaxDecisionsPerEpoch - 1);
+  EXPECT_FALSE(r.decisions.back().applied);
+}
+
 TEST(PlanReplayTest, MalformedSummariesAreRefusedByField) {
   RecordedJob job(Dbs());
   ASSERT_NO_FATAL_FAILURE(job.Run());
