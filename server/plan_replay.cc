@@ -130,19 +130,20 @@ json DecisionJson(const PlanDecision& d) {
   return {{"from_step", d.from_step}, {"applied", d.applied}, {"workers", std::move(workers)}};
 }
 
-absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
-  if (!summary.is_object() || !summary.contains("format") ||
-      summary.at("format") != json("dbs.run_summary.v1")) {
-    return absl::InvalidArgumentError("not a run summary: \"format\" must be dbs.run_summary.v1");
-  }
-  DBS_ASSIGN_OR_RETURN(const json* info, Array(summary, "worker_info", "summary"));
-  DBS_ASSIGN_OR_RETURN(const json* epochs, Array(summary, "epochs", "summary"));
-  struct Worker {
-    std::string name;
-    int max_batch = 0;
-  };
-  std::map<int, Worker> workers;
-  for (const json& w : *info) {
+namespace {
+
+// What the summary says of each registered worker (by id) that an observation carries.
+struct WorkerInfo {
+  std::string name;
+  int max_batch = 0;
+};
+using WorkerTable = std::map<int, WorkerInfo>;
+// Each epoch's measurements by worker id, by epoch number.
+using Measured = std::map<int, std::map<int, Measurement>>;
+
+absl::StatusOr<WorkerTable> WorkersOf(const json& info) {
+  WorkerTable workers;
+  for (const json& w : info) {
     DBS_ASSIGN_OR_RETURN(const int id, SmallInteger(w, "id", "worker_info entry"));
     if (!w.contains("name") || !w.at("name").is_string()) {
       return Missing("worker_info entry", "name", "a string");
@@ -152,8 +153,61 @@ absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
       DBS_ASSIGN_OR_RETURN(workers[id].max_batch, SmallInteger(w, "max_batch", "worker_info"));
     }
   }
-  // Each epoch's measurements by worker id, by epoch number.
-  std::map<int, std::map<int, Measurement>> measured;
+  return workers;
+}
+
+// One decision about `epoch`, each worker's history rebuilt as Scheduler::ObserveLocked builds
+// it: the measurements of the epochs before, then the window of a re-plan.
+absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const WorkerTable& workers,
+                                            const Measured& measured) {
+  const std::string where = absl::StrCat("epoch ", epoch, " decision");
+  RecordedDecision r;
+  r.epoch = epoch;
+  DBS_ASSIGN_OR_RETURN(r.from_step, SmallInteger(d, "from_step", where));
+  if (!d.contains("applied") || !d.at("applied").is_boolean()) {
+    return Missing(where, "applied", "true or false");
+  }
+  r.applied = d.at("applied").get<bool>();
+  DBS_ASSIGN_OR_RETURN(const json* inputs, Array(d, "workers", where));
+  const std::string at = where + "'s worker";
+  for (const json& in : *inputs) {
+    DBS_ASSIGN_OR_RETURN(const int id, SmallInteger(in, "id", at));
+    auto w = workers.find(id);
+    if (w == workers.end()) return absl::InvalidArgumentError(absl::StrCat(at, ": no worker ", id));
+    WorkerObservation o;
+    o.name = w->second.name;
+    o.max_batch = w->second.max_batch;
+    DBS_ASSIGN_OR_RETURN(o.current_batch, SmallInteger(in, "current_batch", at));
+    DBS_ASSIGN_OR_RETURN(o.previous_share, Number(in, "previous_share", at));
+    for (int k = std::max(0, epoch - Scheduler::kHistoryEpochs); k < epoch; ++k) {
+      auto before = measured.find(k);
+      if (before == measured.end()) continue;
+      auto m = before->second.find(id);
+      if (m != before->second.end()) o.history.push_back(m->second);
+    }
+    if (in.contains("window")) {
+      DBS_ASSIGN_OR_RETURN(Measurement window, MeasurementFromJson(in.at("window")));
+      o.history.push_back(std::move(window));
+    }
+    DBS_ASSIGN_OR_RETURN(const double share, Number(in, "share", at));
+    r.ids.push_back(id);
+    r.observations.push_back(std::move(o));
+    r.shares.push_back(share);
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
+  if (!summary.is_object() || !summary.contains("format") ||
+      summary.at("format") != json("dbs.run_summary.v1")) {
+    return absl::InvalidArgumentError("not a run summary: \"format\" must be dbs.run_summary.v1");
+  }
+  DBS_ASSIGN_OR_RETURN(const json* info, Array(summary, "worker_info", "summary"));
+  DBS_ASSIGN_OR_RETURN(const json* epochs, Array(summary, "epochs", "summary"));
+  DBS_ASSIGN_OR_RETURN(const WorkerTable workers, WorkersOf(*info));
+  Measured measured;
   std::vector<RecordedDecision> out;
   for (const json& e : *epochs) {
     DBS_ASSIGN_OR_RETURN(const int epoch, SmallInteger(e, "epoch", "epoch"));
@@ -161,41 +215,7 @@ absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
     if (e.contains("decisions")) {
       DBS_ASSIGN_OR_RETURN(const json* decisions, Array(e, "decisions", where));
       for (const json& d : *decisions) {
-        RecordedDecision r;
-        r.epoch = epoch;
-        DBS_ASSIGN_OR_RETURN(r.from_step, SmallInteger(d, "from_step", where + " decision"));
-        if (!d.contains("applied") || !d.at("applied").is_boolean()) {
-          return Missing(where + " decision", "applied", "true or false");
-        }
-        r.applied = d.at("applied").get<bool>();
-        DBS_ASSIGN_OR_RETURN(const json* inputs, Array(d, "workers", where + " decision"));
-        for (const json& in : *inputs) {
-          const std::string at = where + " decision's worker";
-          DBS_ASSIGN_OR_RETURN(const int id, SmallInteger(in, "id", at));
-          auto w = workers.find(id);
-          if (w == workers.end()) {
-            return absl::InvalidArgumentError(absl::StrCat(at, ": no worker ", id));
-          }
-          WorkerObservation o;
-          o.name = w->second.name;
-          o.max_batch = w->second.max_batch;
-          DBS_ASSIGN_OR_RETURN(o.current_batch, SmallInteger(in, "current_batch", at));
-          DBS_ASSIGN_OR_RETURN(o.previous_share, Number(in, "previous_share", at));
-          for (int k = std::max(0, epoch - Scheduler::kHistoryEpochs); k < epoch; ++k) {
-            auto before = measured.find(k);
-            if (before == measured.end()) continue;
-            auto m = before->second.find(id);
-            if (m != before->second.end()) o.history.push_back(m->second);
-          }
-          if (in.contains("window")) {
-            DBS_ASSIGN_OR_RETURN(Measurement window, MeasurementFromJson(in.at("window")));
-            o.history.push_back(std::move(window));
-          }
-          DBS_ASSIGN_OR_RETURN(const double share, Number(in, "share", at));
-          r.ids.push_back(id);
-          r.observations.push_back(std::move(o));
-          r.shares.push_back(share);
-        }
+        DBS_ASSIGN_OR_RETURN(RecordedDecision r, DecisionOf(d, epoch, workers, measured));
         out.push_back(std::move(r));
       }
     }
