@@ -86,7 +86,8 @@ class BalancingPolicy : public SharePolicy {
   // pooled one with the weight of `noise_prior_dof` steps; all 0 when nothing was measured.
   std::vector<double> RelativeNoise(absl::Span<const WorkerObservation> workers) const;
   // Each worker's noise margin in seconds: noise_margin standard deviations (RelativeNoise) of
-  // its per-step time at its current batch. 0 for a worker without a batch or a model.
+  // its per-step time at its current batch, or, for a worker at no batch now, at the smallest
+  // batch it was measured at. 0 for a worker without a model.
   std::vector<double> NoiseMargins(absl::Span<const WorkerObservation> workers,
                                    const std::vector<StepTimeModel>& models) const;
 

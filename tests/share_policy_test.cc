@@ -316,5 +316,36 @@ TEST(BalancingPolicyTest, ConvexKneeIsApproachedFromTheMeasuredSide) {
   EXPECT_LE(quota(p.batches[0]), p.predicted_step_seconds) << "not past the true root";
 }
 
+TEST(BalancingPolicyTest, AWorkerAtNoBatchIsMarginedWhereItLastWorked) {
+  // Three workers measured with per-step noise (a relative standard deviation of about 0.3);
+  // worker 2 was taken down to no batch. Its margin is the one it carried at its smallest
+  // measured batch, not 0: a bare curve beside the others' raised ones would bring it back
+  // with more samples than its step can take.
+  auto noisy = [](double per_sample, std::vector<int> batches, int now) {
+    WorkerObservation o;
+    for (int b : batches) {
+      Measurement m;
+      const double mean = 0.002 + per_sample * b;
+      m.steps = 20;
+      m.samples = 20 * b;
+      m.compute_seconds = 20 * mean;
+      // 20 steps with a relative standard deviation of 0.3 around `mean`.
+      m.by_batch[b] = {20, m.compute_seconds, 20 * mean * mean * (1 + 0.09 * 19.0 / 20)};
+      o.history.push_back(m);
+    }
+    o.current_batch = now;
+    return o;
+  };
+  const std::vector<WorkerObservation> w = {noisy(0.001, {20, 30}, 30),
+                                            noisy(0.001, {20, 30}, 30), noisy(0.004, {4, 2}, 0)};
+  const BalancingPolicy dbs = Dbs(60);
+  const std::vector<StepTimeModel> models = dbs.Models(w);
+  const std::vector<double> sd = dbs.RelativeNoise(w);
+  const std::vector<double> margins = dbs.NoiseMargins(w, models);
+  ASSERT_GT(sd[2], 0.2);
+  EXPECT_NEAR(margins[2], sd[2] * models[2].Predict(2), 1e-12);
+  EXPECT_NEAR(margins[0], sd[0] * models[0].Predict(30), 1e-12);
+}
+
 }  // namespace
 }  // namespace dbs
