@@ -171,8 +171,8 @@ std::vector<double> BalancingPolicy::NoiseMargins(absl::Span<const WorkerObserva
     // A worker at no batch now is margined where it was last measured working, the least it
     // would carry if given samples again: with no margin, its bare curve would look cheaper
     // than every other worker's raised one and it would come back with too many.
-    const double at = workers[i].current_batch > 0 ? workers[i].current_batch
-                                                   : models[i].min_batch();
+    const double at =
+        workers[i].current_batch > 0 ? workers[i].current_batch : models[i].min_batch();
     margins[i] = options_.noise_margin * sd[i] * models[i].Predict(at);
   }
   return margins;

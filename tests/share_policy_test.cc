@@ -336,8 +336,8 @@ TEST(BalancingPolicyTest, AWorkerAtNoBatchIsMarginedWhereItLastWorked) {
     o.current_batch = now;
     return o;
   };
-  const std::vector<WorkerObservation> w = {noisy(0.001, {20, 30}, 30),
-                                            noisy(0.001, {20, 30}, 30), noisy(0.004, {4, 2}, 0)};
+  const std::vector<WorkerObservation> w = {noisy(0.001, {20, 30}, 30), noisy(0.001, {20, 30}, 30),
+                                            noisy(0.004, {4, 2}, 0)};
   const BalancingPolicy dbs = Dbs(60);
   const std::vector<StepTimeModel> models = dbs.Models(w);
   const std::vector<double> sd = dbs.RelativeNoise(w);
