@@ -46,6 +46,9 @@ ABSL_FLAG(int, warmup, 60,
 ABSL_FLAG(int, steps, 20, "Timed steps.");
 ABSL_FLAG(int, stream_chunk_kb, 4096,
           "Gradients larger than this go as streams of chunks of this size (0: one message).");
+ABSL_FLAG(bool, push_session, true,
+          "Whole-message pushes on one stream per client (PushGradientSession); off: a "
+          "PushGradient call per step.");
 ABSL_FLAG(std::vector<std::string>, server_pid, {},
           "dbs_ps's pid (every shard's, comma-separated), for its CPU time, page faults and peak "
           "RSS (summed over the shards).");
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
       config.call_timeout = absl::Seconds(300);
       config.max_message_mb = 2047;
       config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
+      config.push_sessions = absl::GetFlag(FLAGS_push_session);
       std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
       dbs::PsClient& client = *owned;
       std::vector<float> values(static_cast<size_t>(params), 0.0f);

@@ -56,6 +56,13 @@ struct CallHooks {
   const std::atomic<bool>* serving = nullptr;
 };
 
+// OK while `hooks` says the server serves; otherwise what every call is answered meanwhile.
+inline grpc::Status ServingStatus(const CallHooks& hooks) {
+  if (hooks.serving == nullptr || hooks.serving->load()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "dbs_ps is starting (restoring its checkpoint); retry");
+}
+
 // `handler(ctx, const Req&, Resp*, WaitingReactor*)` must answer exactly once. The call is
 // known to `hooks` as `method`.
 template <typename Req, typename Resp, typename Handler>
@@ -79,9 +86,8 @@ grpc::ServerUnaryReactor* ServeRaw(grpc::CallbackServerContext* ctx, const grpc:
       });
   Req request;
   grpc::ByteBuffer bytes(*in);  // shares the slices; Deserialize consumes its argument
-  if (hooks.serving != nullptr && !hooks.serving->load()) {
-    reactor->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                     "dbs_ps is starting (restoring its checkpoint); retry"));
+  if (grpc::Status serving = ServingStatus(hooks); !serving.ok()) {
+    reactor->FinishOnce(serving);
   } else if (grpc::Status parsed = RawDecode(&bytes, &request); !parsed.ok()) {
     reactor->FinishOnce(parsed);
   } else {

@@ -265,6 +265,79 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
   }
 }
 
+// What the push reactors (PushStreamReactor, PushSessionReactor) share: the service and the
+// call, their reference count (gRPC's, until OnDone, and one per callback from elsewhere still to
+// run; the last frees the reactor) and a push's wait for its step's result.
+class PushReactor
+    : public tsan::Reactor<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
+ public:
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+ protected:
+  PushReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {}
+  ~PushReactor() override = default;
+  // The step's result for `worker`'s push, or its refusal (ends the stream).
+  virtual void Answer(const StepResult& r, int worker) = 0;
+  virtual void Refuse(const grpc::Status& status) = 0;
+  // Reads the next message, unless the stream has ended.
+  virtual void Read() = 0;
+
+  // From the derived constructor: reads the first message, or refuses the stream while the
+  // server is starting.
+  void Open() {
+    if (grpc::Status serving = ServingStatus(service_->hooks_); !serving.ok()) {
+      return Refuse(serving);
+    }
+    Read();
+  }
+
+  // Counts `push` in its step; the result comes to Answer or Refuse, with a reference held
+  // until then.
+  void AwaitStep(StepAggregator* aggregator, const GradientPush& push) {
+    Ref();
+    const int worker = push.worker_id;
+    const uint64_t ticket =
+        aggregator->Push(push, [this, worker](const absl::StatusOr<StepResult>& r) {
+          ticket_.store(0);
+          if (!r.ok()) {
+            Refuse(ToGrpcStatus(r.status()));
+          } else {
+            Answer(*r, worker);
+          }
+          Unref();
+        });
+    if (ticket != 0) {
+      ticket_.store(ticket);
+      // The client may have gone while the push was being counted (Withdraw found no ticket).
+      if (cancelled_.load() && ticket_.exchange(0) != 0 && aggregator->CancelWait(ticket)) {
+        Unref();
+      }
+    }
+  }
+
+  // The client went away: a waiting push is withdrawn (its callback will not run). True if
+  // there was one.
+  bool Withdraw(StepAggregator* aggregator) {
+    cancelled_.store(true);
+    const uint64_t ticket = ticket_.exchange(0);
+    if (ticket == 0 || !aggregator->CancelWait(ticket)) return false;
+    Unref();
+    return true;
+  }
+
+  ParameterServiceImpl* const service_;
+  grpc::CallbackServerContext* const ctx_;
+
+ private:
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int> refs_{1};
+};
+
 // A streamed push (PushGradientStream). The reactor reads one piece, hands it to the aggregator
 // and reads the next only once the piece is summed (or, in worker order, queued behind lower
 // ids): the server holds at most one piece per stream, and a worker whose turn has not come
@@ -283,17 +356,11 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
 // operation starts under `mu_` and only before Finish. gRPC never runs a bidi reaction inline
 // from StartRead, StartWrite or Finish, so holding `mu_` across them cannot deadlock with a
 // reaction. Lock order: `mu_`, then the service's `values_mu_`.
-class PushStreamReactor final
-    : public tsan::Reactor<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
+class PushStreamReactor final : public PushReactor {
  public:
   PushStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx) {
-    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
-      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "dbs_ps is starting (restoring its checkpoint); retry"));
-      return;
-    }
-    Read();
+      : PushReactor(service, ctx) {
+    Open();
   }
 
   void OnReadDone(bool ok) override {
@@ -321,9 +388,7 @@ class PushStreamReactor final
     const auto reacting = Reacting();
     // A waiting answer is withdrawn; a piece queued in the aggregator still ends (summed, or
     // dropped with the step) and releases its hold then.
-    cancelled_.store(true);
-    const uint64_t ticket = ticket_.exchange(0);
-    if (ticket != 0 && service_->aggregator_->CancelWait(ticket)) Unref();
+    Withdraw(service_->aggregator_);
     FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
   }
 
@@ -336,11 +401,6 @@ class PushStreamReactor final
   void Pump() {
     absl::MutexLock lock(&mu_);
     PumpLocked();
-  }
-
-  void Ref() { refs_.fetch_add(1); }
-  void Unref() {
-    if (refs_.fetch_sub(1) == 1) delete this;
   }
 
  private:
@@ -413,30 +473,13 @@ class PushStreamReactor final
   void CountPush() {
     GradientPush push = push_;
     push.streamed = push.num_samples > 0;
-    Ref();
-    const int worker = push.worker_id;
-    const uint64_t ticket =
-        service_->aggregator_->Push(push, [this, worker](const absl::StatusOr<StepResult>& r) {
-          ticket_.store(0);
-          if (!r.ok()) {
-            FinishOnce(ToGrpcStatus(r.status()));
-          } else {
-            Answer(*r, worker);
-          }
-          Unref();
-        });
-    if (ticket != 0) {
-      ticket_.store(ticket);
-      // The client may have gone while the push was being counted (OnCancel found no ticket).
-      if (cancelled_.load() && ticket_.exchange(0) != 0 &&
-          service_->aggregator_->CancelWait(ticket)) {
-        Unref();
-      }
-    }
+    AwaitStep(service_->aggregator_, push);
   }
 
+  void Refuse(const grpc::Status& status) override { FinishOnce(status); }
+
   // The step's result: every value is final, and the message that ends the answer is known.
-  void Answer(const StepResult& r, int worker) {
+  void Answer(const StepResult& r, int worker) override {
     v1::PushGradientReply head;
     ParameterServiceImpl::FillAnswerHead(r, worker, &head);
     const ValuesField field = service_->ValuesOf(r.parameters);  // usually the watched buffer
@@ -522,7 +565,7 @@ class PushStreamReactor final
     return finished_;
   }
 
-  void Read() {
+  void Read() override {
     absl::MutexLock lock(&mu_);
     if (!finished_) StartRead(&in_);
   }
@@ -546,14 +589,10 @@ class PushStreamReactor final
     Finish(status);
   }
 
-  ParameterServiceImpl* const service_;
-  grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer in_;
   GradientPush push_;  // the header, from the first piece
   int64_t pieces_ = 0;
   size_t received_ = 0;
-  std::atomic<uint64_t> ticket_{0};
-  std::atomic<bool> cancelled_{false};
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // The answer: the new parameters' serialized field (with how many values are final), the
@@ -568,13 +607,128 @@ class PushStreamReactor final
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);
   size_t sent_ ABSL_GUARDED_BY(mu_) = 0;
-  // gRPC's reference (until OnDone) and one per callback from elsewhere still to run.
-  std::atomic<int> refs_{1};
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ParameterServiceImpl::PushGradientStream(grpc::CallbackServerContext* ctx) {
   return new PushStreamReactor(this, ctx);
+}
+
+// A worker's whole-message pushes of many steps on one stream (PushGradientSession). Each push
+// goes through what PushGradient does (DoPushGradient: the header's checks, the gradient held
+// where it arrived, the aggregator's barrier) and is answered with PushGradient's reply, the
+// shared serialized parameters included; the next push is read only once that answer is
+// written, so the server holds at most one push per stream. The first refusal ends the stream
+// with PushGradient's status for it.
+//
+// The aggregator's callback (the step's result) comes from another thread, or from inside
+// Push when this push completes the step; it holds a reference until it has run, as does
+// gRPC until OnDone. Operations start under `mu_` and only before Finish.
+class PushSessionReactor final : public PushReactor {
+ public:
+  PushSessionReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
+      : PushReactor(service, ctx) {
+    Open();
+  }
+
+  void OnReadDone(bool ok) override {
+    const auto reacting = Reacting();
+    if (!ok) return FinishOnce(grpc::Status::OK);  // the client closed its side
+    received_ = in_.Length();
+    PushRequest request;
+    grpc::ByteBuffer bytes(in_);  // shares the slices
+    in_.Clear();
+    if (grpc::Status parsed = RawDecode(&bytes, &request); !parsed.ok()) {
+      return FinishOnce(parsed);
+    }
+    const int worker = request.header.worker_id();
+    if (worker_ < 0) worker_ = worker;
+    if (worker != worker_) {
+      return FinishOnce(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("a push session carries one worker's pushes: this one began with worker ",
+                       worker_, "'s, not ", worker, "'s")));
+    }
+    GradientPush push;
+    if (absl::Status s = service_->CheckPushHeader(ctx_, request, &push); !s.ok()) {
+      return FinishOnce(ToGrpcStatus(s));
+    }
+    // The gradient stays in the received message (no copy) until the aggregator has summed it.
+    if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
+    AwaitStep(service_->aggregator_, push);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const auto reacting = Reacting();
+    if (!ok) return FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    Read();
+  }
+
+  void OnCancel() override {
+    const auto reacting = Reacting();
+    // A waiting answer is withdrawn (its callback will not run: drop its reference).
+    // A client ends its session between pushes this way too: only a withdrawn push is told
+    // to the observer.
+    const bool withdrawn = Withdraw(service_->aggregator_);
+    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"), withdrawn);
+  }
+
+  void OnDone() override {
+    { const auto reacting = Reacting(); }
+    Unref();
+  }
+
+ private:
+  void Refuse(const grpc::Status& status) override { FinishOnce(status); }
+
+  void Answer(const StepResult& r, int worker) override {
+    PushAnswer answer;
+    ParameterServiceImpl::FillAnswerHead(r, worker, &answer.head);
+    answer.values = service_->ValuesOf(r.parameters);
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!RawEncode(answer, &out_)) {
+      return FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL, "cannot serialize the reply"));
+    }
+    if (service_->hooks_.observer != nullptr) {
+      service_->hooks_.observer->OnCall("PushGradientSession", received_, out_.Length(), 0);
+    }
+    StartWrite(&out_);
+  }
+
+  void Read() override {
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartRead(&in_);
+  }
+
+  // Ends the stream; a refusal (`observed`) is told to the observer as a refused call.
+  void FinishOnce(const grpc::Status& status, bool observed = true) {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(status, observed);
+  }
+
+  void FinishLocked(const grpc::Status& status, bool observed = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    if (observed && !status.ok() && service_->hooks_.observer != nullptr) {
+      service_->hooks_.observer->OnCall("PushGradientSession", received_, 0,
+                                        static_cast<int>(status.error_code()));
+    }
+    Finish(status);
+  }
+
+  grpc::ByteBuffer in_;              // the push being read (only between StartRead and OnReadDone)
+  int worker_ = -1;                  // the stream's, from its first push (OnReadDone only)
+  std::atomic<size_t> received_{0};  // the last push's bytes
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the answer being written
+};
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ParameterServiceImpl::PushGradientSession(grpc::CallbackServerContext* ctx) {
+  return new PushSessionReactor(this, ctx);
 }
 
 void ParameterServiceImpl::OnValuesReady(int epoch, int step, int64_t version, size_t ready) {
@@ -650,9 +804,8 @@ class PullStreamReactor final : public tsan::Reactor<grpc::ServerWriteReactor<gr
   PullStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
                     const grpc::ByteBuffer* in)
       : service_(service), received_(in->Length()) {
-    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
-      Done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "dbs_ps is starting (restoring its checkpoint); retry"));
+    if (grpc::Status serving = ServingStatus(service_->hooks_); !serving.ok()) {
+      Done(serving);
       return;
     }
     grpc::Status status = Prepare(ctx, in);
@@ -722,9 +875,8 @@ class RegisterStreamReactor final
   RegisterStreamReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx,
                         grpc::ByteBuffer* out)
       : service_(service), ctx_(ctx), out_(out) {
-    if (service_->hooks_.serving != nullptr && !service_->hooks_.serving->load()) {
-      Done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "dbs_ps is starting (restoring its checkpoint); retry"));
+    if (grpc::Status serving = ServingStatus(service_->hooks_); !serving.ok()) {
+      Done(serving);
       return;
     }
     StartRead(&in_);

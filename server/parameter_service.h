@@ -27,9 +27,12 @@ using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_Register
                 v1::ParameterService::WithRawCallbackMethod_PullParametersStream<
                     v1::ParameterService::WithRawCallbackMethod_RegisterModelStream<
                         v1::ParameterService::WithRawCallbackMethod_Resume<
-                            v1::ParameterService::Service>>>>>>>;
+                            v1::ParameterService::WithRawCallbackMethod_PushGradientSession<
+                                v1::ParameterService::Service>>>>>>>>;
 
 class PushStreamReactor;
+class PushSessionReactor;
+class PushReactor;
 
 class ParameterServiceImpl final : public ParameterRawService, private UpdateSink {
  public:
@@ -82,6 +85,8 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
                                          grpc::ByteBuffer* out) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushGradientStream(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushGradientSession(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* in,
                                            grpc::ByteBuffer* out) override;
@@ -118,6 +123,8 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
                                               const std::string& other_head, size_t per_chunk,
                                               size_t* bytes);
   friend class PushStreamReactor;
+  friend class PushSessionReactor;
+  friend class PushReactor;
   friend class PullStreamReactor;
   friend class RegisterStreamReactor;
   // A field for `values` at `version`, its head written. Where the values travel as they lie

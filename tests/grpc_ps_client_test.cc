@@ -158,46 +158,47 @@ ServerConfig TwoWorkerConfig() {
   return c;
 }
 
-TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
-  ServerConfig c = TwoWorkerConfig();
-  c.job.optimizer.sgd.lr = 1.0;
-  c.job.optimizer.sgd.momentum = 0.0;
-  const RealClock clock;
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
-  ASSERT_THAT(server, IsOk());
-  const GrpcClientConfig config = StreamingClientOf(**server);
-  const size_t n = 3000;
-  const ModelLayout layout = kStreamedLayout;
-  const std::vector<float> initial(n, 1.0f);
-  GrpcPsClient clients[2] = {GrpcPsClient(config), GrpcPsClient(config)};
-  std::vector<float> params[2] = {std::vector<float>(n), std::vector<float>(n)};
-  int ids[2] = {0, 0};
-  WorkerPlan plans[2];
-  for (int w = 0; w < 2; ++w) {
-    absl::StatusOr<RegistrationResult> r =
-        clients[w].RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
-    ASSERT_THAT(r, IsOk());
-    ids[w] = r->worker_id;
+// Two workers of a TwoWorkerConfig job (plain SGD, lr 1), every value starting at 1, on clients
+// of `config` (the address set here), registered and holding epoch 0's plans. Step(s) pushes
+// both workers' gradients at once: worker w's is (w + 1) * (s + 1) / 64 on every value (exact in
+// fp32), so the mean is 1.5 * (s + 1) / 64 and the parameters fall by that at each step.
+class TwoWorkerJob {
+ public:
+  void Start(ServerConfig c, GrpcClientConfig config, const ModelLayout& layout) {
+    c.job.optimizer.sgd.lr = 1.0;
+    c.job.optimizer.sgd.momentum = 0.0;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock_);
+    ASSERT_THAT(server, IsOk());
+    server_ = std::move(*server);
+    config.address = "127.0.0.1:" + std::to_string(server_->port());
+    n_ = static_cast<size_t>(TotalElements(layout));
+    for (int w = 0; w < 2; ++w) {
+      clients_[w] = std::make_unique<GrpcPsClient>(config);
+      params_[w].assign(n_, 0.0f);
+      absl::StatusOr<RegistrationResult> r =
+          clients_[w]->RegisterWorker({"w" + std::to_string(w), 400, 4, "cpu", 0, ""});
+      ASSERT_THAT(r, IsOk());
+      ids_[w] = r->worker_id;
+    }
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_THAT(clients_[w]->RegisterModel(ids_[w], layout, std::vector<float>(n_, 1.0f),
+                                             absl::MakeSpan(params_[w])),
+                  IsOk());
+      absl::StatusOr<WorkerPlan> plan = clients_[w]->GetEpochPlan(ids_[w], 0);
+      ASSERT_THAT(plan, IsOk());
+      plans_[w] = *plan;
+      ASSERT_EQ(plans_[w].batch_size, 2);
+    }
   }
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_THAT(clients[w].RegisterModel(ids[w], layout, initial, absl::MakeSpan(params[w])),
-                IsOk());
-    absl::StatusOr<WorkerPlan> plan = clients[w].GetEpochPlan(ids[w], 0);
-    ASSERT_THAT(plan, IsOk());
-    plans[w] = *plan;
-    ASSERT_EQ(plans[w].batch_size, 2);
-  }
-  // Worker w's gradient at step s: (w + 1) * (s + 1) / 64 on every value (exact in fp32), so
-  // the mean is 1.5 * (s + 1) / 64 and the parameters fall by that at each step.
-  float expected = 1.0f;
-  for (int step = 0; step < 3; ++step) {
+
+  void Step(int step) {
     absl::Status pushed[2];
     std::thread threads[2];
     for (int w = 0; w < 2; ++w) {
       threads[w] = std::thread([&, w] {
-        const std::vector<float> g(n, static_cast<float>((w + 1) * (step + 1)) / 64.0f);
-        absl::StatusOr<StepOutcome> out = clients[w].PushGradient(
-            ids[w], 0, step, plans[w].BatchAt(step), 0.0, 0.0, g, absl::MakeSpan(params[w]));
+        const std::vector<float> g(n_, static_cast<float>((w + 1) * (step + 1)) / 64.0f);
+        absl::StatusOr<StepOutcome> out = clients_[w]->PushGradient(
+            ids_[w], 0, step, plans_[w].BatchAt(step), 0.0, 0.0, g, absl::MakeSpan(params_[w]));
         pushed[w] = out.status();
         if (out.ok()) {
           EXPECT_EQ(out->global_samples, 4);
@@ -207,16 +208,37 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
     for (std::thread& t : threads) t.join();
     ASSERT_THAT(pushed[0], IsOk());
     ASSERT_THAT(pushed[1], IsOk());
-    expected -= 1.5f * static_cast<float>(step + 1) / 64.0f;
-    EXPECT_EQ(params[0], params[1]) << "step " << step;
-    EXPECT_EQ(params[0], std::vector<float>(n, expected)) << "step " << step;
+    expected_ -= 1.5f * static_cast<float>(step + 1) / 64.0f;
+    EXPECT_EQ(params_[0], params_[1]) << "step " << step;
+    EXPECT_EQ(params_[0], std::vector<float>(n_, expected_)) << "step " << step;
   }
-  std::vector<float> pulled(n);
-  absl::StatusOr<int64_t> version = clients[0].PullParameters(ids[0], absl::MakeSpan(pulled));
+
+  ~TwoWorkerJob() {
+    if (server_ != nullptr) server_->Stop(absl::CancelledError("test over"));
+  }
+
+  const RealClock clock_;
+  std::unique_ptr<PsServer> server_;
+  size_t n_ = 0;
+  std::unique_ptr<GrpcPsClient> clients_[2];
+  std::vector<float> params_[2];
+  int ids_[2] = {0, 0};
+  WorkerPlan plans_[2];
+  float expected_ = 1.0f;
+};
+
+TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
+  TwoWorkerJob job;
+  GrpcClientConfig config;
+  config.stream_chunk_bytes = 256;  // 47 chunks for kStreamedLayout's 3,000 values
+  ASSERT_NO_FATAL_FAILURE(job.Start(TwoWorkerConfig(), config, kStreamedLayout));
+  for (int step = 0; step < 3; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
+  std::vector<float> pulled(job.n_);
+  absl::StatusOr<int64_t> version =
+      job.clients_[0]->PullParameters(job.ids_[0], absl::MakeSpan(pulled));
   ASSERT_THAT(version, IsOk());
   EXPECT_EQ(*version, 3);
-  EXPECT_EQ(pulled, params[0]);
-  (*server)->Stop(absl::CancelledError("test over"));
+  EXPECT_EQ(pulled, job.params_[0]);
 }
 
 // A worker that dies between its pushes to the two shards of a job: its push of step 0 reached
@@ -349,6 +371,42 @@ double Sample(const std::string& metrics, const std::string& name,
   }
   return -1;
 }
+
+// Whole-message pushes: two workers push every step on one push session each, and the server
+// counts each push as one; a push the server refuses ends the session, and the next push opens
+// another. With sessions off, each push is a PushGradient call, with the same parameters.
+class PushSessionTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
+  const bool sessions = GetParam();
+  ServerConfig c = TwoWorkerConfig();
+  c.metrics_port = 0;
+  GrpcClientConfig config;
+  config.push_sessions = sessions;
+  TwoWorkerJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(c, config, {{"a", {10}, false}, {"b", {2, 3}, false}}));
+  for (int step = 0; step < 5; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
+  EXPECT_EQ(job.clients_[0]->sessions_opened(), sessions ? 1 : 0);
+  EXPECT_EQ(job.clients_[1]->sessions_opened(), sessions ? 1 : 0);
+  // A push for a step that has not begun is refused (and ends worker 0's session); the job goes
+  // on, worker 0 on a new one.
+  const std::vector<float> g(job.n_, 0.0f);
+  EXPECT_THAT(job.clients_[0]->PushGradient(job.ids_[0], 0, 9, job.plans_[0].BatchAt(9), 0.0, 0.0,
+                                            g, absl::MakeSpan(job.params_[0])),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("does not match")));
+  ASSERT_NO_FATAL_FAILURE(job.Step(5));
+  EXPECT_EQ(job.clients_[0]->sessions_opened(), sessions ? 2 : 0);
+  EXPECT_EQ(job.clients_[1]->sessions_opened(), sessions ? 1 : 0);
+  const std::string metrics = HttpGet(job.server_->metrics_port(), "/metrics");
+  const char* used = sessions ? "method=\"PushGradientSession\"" : "method=\"PushGradient\"";
+  const char* unused = sessions ? "method=\"PushGradient\"" : "method=\"PushGradientSession\"";
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {used, "code=\"OK\""}), 12) << metrics;
+  EXPECT_EQ(Sample(metrics, "dbs_refused_calls_total", {used, "FAILED_PRECONDITION"}), 1)
+      << metrics;
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {unused}), -1) << metrics;
+}
+
+INSTANTIATE_TEST_SUITE_P(SessionsOnAndOff, PushSessionTest, ::testing::Bool());
 
 // Four workers register a model larger than a chunk at the same moment, each with values of its
 // own: one worker's values go up (one RegisterModelStream), the others wait for them, and every

@@ -43,7 +43,7 @@ const char* const kMethods[] = {
     "/dbs.v1.ParameterService/RegisterModel",       "/dbs.v1.ParameterService/PushGradient",
     "/dbs.v1.ParameterService/PullParameters",      "/dbs.v1.ParameterService/Resume",
     "/dbs.v1.ParameterService/PushGradientStream",  "/dbs.v1.ParameterService/PullParametersStream",
-    "/dbs.v1.ParameterService/RegisterModelStream",
+    "/dbs.v1.ParameterService/RegisterModelStream", "/dbs.v1.ParameterService/PushGradientSession",
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
@@ -381,6 +381,32 @@ class Attacker {
         }
         Note("/PushGradientStream", stream->Finish(), "forged streamed push");
       }
+    }
+    // Push sessions with forged ids and tokens: pushes of one id after another on one stream,
+    // and sessions walked away from.
+    for (int shape = 0; shape < 3; ++shape) {
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      Forge(&ctx);
+      auto session = params_->PushGradientSession(&ctx);
+      dbs::v1::PushGradientRequest push;
+      push.set_num_samples(16);
+      push.set_gradient(piece);
+      for (int id : kForgedIds) {
+        push.set_worker_id(id);
+        if (!session->Write(push)) break;
+        if (shape == 1) continue;  // writes without reading the answers
+      }
+      if (shape == 2) {
+        ctx.TryCancel();
+        (void)session->Finish();
+        continue;
+      }
+      session->WritesDone();
+      dbs::v1::PushGradientReply reply;
+      while (session->Read(&reply)) {
+      }
+      Note("/PushGradientSession", session->Finish(), "forged push session");
     }
   }
 

@@ -275,6 +275,67 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   EXPECT_EQ(version, 1);
 }
 
+// A push session carries one worker's pushes of many steps, each answered as PushGradient
+// answers it, and ends at the first push PushGradient would refuse, with that status.
+TEST_F(ServiceTest, APushSessionCarriesAWorkersStepsAndEndsAtItsFirstRefusal) {
+  using Session = grpc::ClientReaderWriter<v1::PushGradientRequest, v1::PushGradientReply>;
+  grpc::ClientContext ctx[2];
+  std::unique_ptr<Session> session[2];
+  for (int w = 0; w < 2; ++w) {
+    Sign(&ctx[w], w);
+    ctx[w].set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    session[w] = params_->PushGradientSession(&ctx[w]);
+  }
+  // Both steps of the epoch on the same two streams:
+  // step 0: g = (2*[2,0,4] + 2*[0,2,0]) / 4 = [1, 1, 2]; p = [1,2,3] - 0.5 * g = [0.5, 1.5, 2];
+  // step 1: g = (2*[4,0,0] + 2*[0,0,4]) / 4 = [2, 0, 2]; p = [-0.5, 1.5, 1].
+  const std::vector<float> gradients[2][2] = {{{2, 0, 4}, {0, 2, 0}}, {{4, 0, 0}, {0, 0, 4}}};
+  for (int step = 0; step < 2; ++step) {
+    for (int w = 0; w < 2; ++w) ASSERT_TRUE(session[w]->Write(Push(w, step, gradients[step][w])));
+    for (int w = 0; w < 2; ++w) {
+      v1::PushGradientReply reply;
+      ASSERT_TRUE(session[w]->Read(&reply)) << "step " << step << " worker " << w;
+      EXPECT_EQ(reply.step(), step);
+      EXPECT_EQ(reply.global_samples(), 4);
+      EXPECT_EQ(reply.values().version(), step + 1);
+    }
+  }
+  int64_t version = -1;
+  EXPECT_EQ(Current(&version), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
+  EXPECT_EQ(version, 2);
+  // Worker 0's stream cannot carry worker 1's push, even a well-formed one.
+  ASSERT_TRUE(session[0]->Write(Push(1, 1, {0, 0, 4})));
+  v1::PushGradientReply reply;
+  EXPECT_FALSE(session[0]->Read(&reply));
+  grpc::Status ended = session[0]->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(ended.error_message(), ::testing::HasSubstr("one worker's pushes"));
+  // A push for a step that does not exist ends the stream with PushGradient's refusal.
+  ASSERT_TRUE(session[1]->Write(Push(1, 7, {0, 0, 4})));
+  EXPECT_FALSE(session[1]->Read(&reply));
+  ended = session[1]->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << ended.error_message();
+  EXPECT_EQ(Current(&version), (std::vector<float>{-0.5f, 1.5f, 1.0f})) << "nothing changed";
+  // A stream of bytes that are no push, and one without the worker's credential.
+  grpc::ClientContext bad_ctx;
+  Sign(&bad_ctx, 0);
+  const grpc::internal::RpcMethod method("/dbs.v1.ParameterService/PushGradientSession",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> raw(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel_.get(), method, &bad_ctx));
+  grpc::Slice junk(std::string("\xff\xff\xff", 3));
+  ASSERT_TRUE(raw->Write(grpc::ByteBuffer(&junk, 1)));
+  grpc::ByteBuffer ignored;
+  EXPECT_FALSE(raw->Read(&ignored));
+  EXPECT_EQ(raw->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext unsigned_ctx;
+  std::unique_ptr<Session> stranger = params_->PushGradientSession(&unsigned_ctx);
+  ASSERT_TRUE(stranger->Write(Push(0, 1, {1, 1, 1})));
+  EXPECT_FALSE(stranger->Read(&reply));
+  EXPECT_EQ(stranger->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST_F(ServiceTest, ALaterWorkerGetsTheStoredValuesForItsLayoutAlone) {
   v1::RegisterModelRequest req;
   req.set_worker_id(1);

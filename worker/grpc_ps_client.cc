@@ -61,6 +61,10 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/dbs.v1.ParameterService/PushGradientStream", grpc::internal::RpcMethod::BIDI_STREAMING,
       channel_);
+  session_method_ = std::make_unique<grpc::internal::RpcMethod>(
+      "/dbs.v1.ParameterService/PushGradientSession", grpc::internal::RpcMethod::BIDI_STREAMING,
+      channel_);
+  sessions_ = config.push_sessions;
   pull_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/dbs.v1.ParameterService/PullParametersStream", grpc::internal::RpcMethod::SERVER_STREAMING,
       channel_);
@@ -68,6 +72,8 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
       "/dbs.v1.ParameterService/RegisterModelStream", grpc::internal::RpcMethod::CLIENT_STREAMING,
       channel_);
 }
+
+GrpcPsClient::~GrpcPsClient() { CloseSession(); }
 
 bool GrpcPsClient::Streams(size_t bytes) const {
   return config_.stream_chunk_bytes > 0 && bytes > config_.stream_chunk_bytes;
@@ -340,6 +346,12 @@ bool GrpcPsClient::Begin(grpc::ClientContext* ctx) {
   return !interrupted_ && !abandoned_;
 }
 
+bool GrpcPsClient::Retarget(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&interrupt_mu_);
+  current_ = ctx;
+  return !interrupted_ && !abandoned_;
+}
+
 bool GrpcPsClient::End() {
   absl::MutexLock lock(&interrupt_mu_);
   current_ = nullptr;
@@ -481,14 +493,8 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
     grpc::Slice header(head.SerializeAsString());
     request.emplace(&header, 1);
   }
-  // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
-  // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
-  // worker held to a CPU quota pays in throttled time).
-  auto call = [&](grpc::ClientContext* ctx) {
-    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel_.get(), *push_method_, ctx, *request, &push_reply_);
-  };
-  const grpc::Status status = WithRetry(call, /*waits=*/true);
+  const grpc::Status status = WithRetry(
+      [&](grpc::ClientContext* ctx) { return PushAttempt(ctx, *request); }, /*waits=*/true);
   request.reset();
   if (bytes.has_value()) DBS_RETURN_IF_ERROR(AwaitGradientReturned(*bytes, "PushGradient"));
   DBS_RETURN_IF_ERROR(Annotate(status, "PushGradient"));
@@ -501,6 +507,57 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
                                                     ": ", parsed.message()));
   }
   return OutcomeOf(reply, version);
+}
+
+grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::ByteBuffer& request) {
+  // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
+  // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
+  // worker held to a CPU quota pays in throttled time).
+  if (sessions_) {
+    const absl::Time now = absl::Now();
+    if (session_ != nullptr &&
+        (now - session_->opened > config_.call_timeout / 2 || session_->token != token_)) {
+      CloseSession();
+    }
+    if (session_ == nullptr) {
+      session_ = std::make_unique<PushSession>();
+      session_->ctx.AddMetadata(kWorkerTokenKey, token_);
+      session_->ctx.set_deadline(absl::ToChronoTime(now + config_.call_timeout));
+      session_->opened = now;
+      session_->token = token_;
+      ++sessions_opened_;
+      session_->stream.reset(
+          grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+              channel_.get(), *session_method_, &session_->ctx));
+    }
+    // Interrupt and Abandon cancel the session while it waits.
+    if (!Retarget(&session_->ctx)) {
+      CloseSession();
+      return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+    }
+    if (session_->stream->Write(request) && session_->stream->Read(&push_reply_)) {
+      return grpc::Status::OK;
+    }
+    const grpc::Status ended = session_->stream->Finish();
+    session_.reset();
+    if (ended.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      if (!ended.ok()) return ended;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dbs_ps ended the push session");
+    }
+    sessions_ = false;  // an older dbs_ps: one call per push
+    if (!Retarget(ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+  }
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), *push_method_, ctx, request, &push_reply_);
+}
+
+void GrpcPsClient::CloseSession() {
+  if (session_ == nullptr) return;
+  // Between pushes, so nothing is lost; cancelling does not wait on the server (a clean close
+  // would, for up to the session's deadline if the server stopped answering).
+  session_->ctx.TryCancel();
+  session_->stream->Finish();
+  session_.reset();
 }
 
 absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,

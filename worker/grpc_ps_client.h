@@ -41,6 +41,9 @@ struct GrpcClientConfig {
   // A push whose gradient is larger than this many bytes travels as a stream of chunks of this
   // size (PushGradientStream), and so do its answer's parameters; 0: always one message.
   size_t stream_chunk_bytes = kDefaultStreamChunkBytes;
+  // Whole-message pushes go on one long-lived stream (PushGradientSession) instead of a call
+  // each; a server without it is pushed to by PushGradient calls.
+  bool push_sessions = true;
   std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
   // TLS (PEM contents): the CA that signed the server's certificate turns TLS on; a certificate
   // and key of this worker's, signed by the CA the server trusts, make it mutual TLS.
@@ -52,6 +55,7 @@ struct GrpcClientConfig {
 class GrpcPsClient : public PsClient {
  public:
   explicit GrpcPsClient(const GrpcClientConfig& config);
+  ~GrpcPsClient() override;
 
   absl::StatusOr<RegistrationResult> RegisterWorker(const WorkerRegistration& reg) override;
   absl::Status RegisterModel(int worker_id, const ModelLayout& layout,
@@ -75,6 +79,8 @@ class GrpcPsClient : public PsClient {
     wire_dtype_ = wire_dtype;
   }
   const std::string& token() const { return token_; }
+  // How many push sessions this client has opened (one for many steps, unless one ended).
+  int sessions_opened() const { return sessions_opened_; }
   WireDtype wire_dtype() const { return wire_dtype_; }
 
   // From another thread: ends the call in flight, and any retry of it, with CANCELLED
@@ -102,6 +108,25 @@ class GrpcPsClient : public PsClient {
   // PushGradient as raw bytes (common/step_wire.h) through the blocking call path.
   std::unique_ptr<grpc::internal::RpcMethod> push_method_;
   std::unique_ptr<grpc::internal::RpcMethod> stream_method_;
+  // The push session: whole-message pushes of many steps on one stream, each written and then
+  // its answer read on this thread. It gets a deadline of `call_timeout` when it opens and is
+  // replaced, between pushes, once half of that has passed (a waiting push still gets at least
+  // half a timeout before it is re-issued) or when the credential changes. Any failure ends it.
+  struct PushSession {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream;
+    absl::Time opened;
+    std::string token;
+  };
+  std::unique_ptr<grpc::internal::RpcMethod> session_method_;
+  std::unique_ptr<PushSession> session_;
+  int sessions_opened_ = 0;
+  bool sessions_ = true;  // false once the server answered UNIMPLEMENTED (an older dbs_ps)
+  // One attempt of a whole-message push: on the session (opened if needed), or as a
+  // PushGradient call on `ctx` where the server has no sessions.
+  grpc::Status PushAttempt(grpc::ClientContext* ctx, const grpc::ByteBuffer& request);
+  // Ends the session between pushes (cancels it: the server takes that as its end).
+  void CloseSession();
   // A push as a stream of chunks (`head` filled in but for the offset); the answer's head into
   // `*reply`, its parameters into `params`.
   // Waits for gRPC to let go of a pushed gradient's memory.
@@ -144,6 +169,8 @@ class GrpcPsClient : public PsClient {
   bool abandoned_ ABSL_GUARDED_BY(interrupt_mu_) = false;
   // Registers `ctx` as the call in progress; false if interrupted or abandoned already.
   bool Begin(grpc::ClientContext* ctx);
+  // Makes `ctx` the call in progress instead (the push session's); false as Begin.
+  bool Retarget(grpc::ClientContext* ctx);
   // Ends the call in progress; true if interrupted or abandoned meanwhile.
   bool End();
   // Waits `delay` between attempts; true if interrupted or abandoned meanwhile.

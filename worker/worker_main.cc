@@ -103,6 +103,10 @@ ABSL_FLAG(int, stream_chunk_kb, 4096,
           "summed by dbs_ps as they arrive, and the parameters come back the same way (and so "
           "do the registration, pulls and resumes of such a model); 0: whole messages whatever "
           "their size.");
+ABSL_FLAG(bool, push_session, true,
+          "Push whole-message gradients on one long-lived stream (PushGradientSession) rather "
+          "than a call per step: less CPU per step on both sides. Off: a PushGradient call per "
+          "step, as before (an older dbs_ps gets those anyway).");
 ABSL_FLAG(std::string, record_path, "", "Optional JSON record of this worker's epochs.");
 ABSL_FLAG(std::string, job_token, "",
           "The job's secret, when dbs_ps requires one (prefer --job_token_file).");
@@ -198,6 +202,7 @@ absl::StatusOr<dbs::GrpcClientConfig> ClientConfigFromFlags() {
         "--stream_chunk_kb must be in [0, --max_message_mb * 1024 - 64] (0: no streaming)");
   }
   c.stream_chunk_bytes = static_cast<size_t>(chunk_kb) << 10;
+  c.push_sessions = absl::GetFlag(FLAGS_push_session);
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
   if (!secret.ok()) return secret.status();
