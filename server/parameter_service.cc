@@ -287,11 +287,12 @@ class PushReactor
   virtual void Read() = 0;
 
   // From the derived constructor: reads the first message, or refuses the stream while the
-  // server is starting.
-  void Open() {
+  // server is starting, or with `refusal`.
+  void Open(const grpc::Status& refusal = grpc::Status::OK) {
     if (grpc::Status serving = ServingStatus(service_->hooks_); !serving.ok()) {
       return Refuse(serving);
     }
+    if (!refusal.ok()) return Refuse(refusal);
     Read();
   }
 
@@ -628,7 +629,11 @@ class PushSessionReactor final : public PushReactor {
  public:
   PushSessionReactor(ParameterServiceImpl* service, grpc::CallbackServerContext* ctx)
       : PushReactor(service, ctx) {
-    Open();
+    Open(service->push_sessions_
+             ? grpc::Status::OK
+             : grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            "this dbs_ps serves no push sessions (--push_sessions=false): push "
+                            "with PushGradient"));
   }
 
   void OnReadDone(bool ok) override {

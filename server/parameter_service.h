@@ -76,6 +76,9 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // the leader; see ShardFollower::Gate). Set before serving.
   using Gate = std::function<absl::Status(int epoch, int step)>;
   void SetGate(Gate gate) { gate_ = std::move(gate); }
+  // Whether PushGradientSession is served (on by default); off, it answers UNIMPLEMENTED and
+  // workers push with PushGradient calls. Set before serving.
+  void ServePushSessions(bool on) { push_sessions_ = on; }
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
@@ -177,6 +180,7 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   RegistrationClaim claim_;
   const std::shared_ptr<SlicePool> pool_;
   Gate gate_;
+  bool push_sessions_ = true;
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   ValuesField values_ ABSL_GUARDED_BY(values_mu_);

@@ -95,6 +95,9 @@ ABSL_FLAG(int, receive_window_mb, 0,
           "to 1024. 0: gRPC sizes it from the bandwidth it measures (fastest). A bound caps "
           "the server's receive buffers: at 10M parameters 8 took peak RSS from 318-326 to "
           "220-237 MiB, and the step 13-27% longer (docs/dataplane.md).");
+ABSL_FLAG(bool, push_sessions, true,
+          "Serve PushGradientSession: each worker pushes its steps on one long-lived stream "
+          "rather than a call per step (less CPU per step on both sides). Off: a call per step.");
 ABSL_FLAG(double, stall_timeout_s, 300.0,
           "Abort the job when no worker makes progress for this long (a worker died); 0: never.");
 ABSL_FLAG(double, worker_timeout_s, 60.0,
@@ -211,6 +214,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
   c.receive_window_mb = absl::GetFlag(FLAGS_receive_window_mb);
+  c.push_sessions = absl::GetFlag(FLAGS_push_sessions);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);

@@ -41,6 +41,9 @@ struct ServerConfig {
   // sizes it from the bandwidth-delay product it measures (fastest); a bound caps the
   // receive buffers, and so the server's memory, at some cost in step time (docs/dataplane.md).
   int receive_window_mb = 0;
+  // Serve PushGradientSession (a worker's pushes on one stream); off, workers push with a
+  // PushGradient call per step, as against a dbs_ps from before sessions.
+  bool push_sessions = true;
   std::string summary_path;  // the JSON run summary ('' : none)
   bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
   // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none
