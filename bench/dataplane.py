@@ -111,7 +111,8 @@ def run_dbs(args, n, variant):
                 [client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
                  f"--server_pid={','.join(str(p.pid) for p in procs)}",
-                 f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}"],
+                 f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}",
+                 f"--push_session={'false' if mode == 'calls' else 'true'}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
                 raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
@@ -174,7 +175,8 @@ def table(rows, clients, rounds):
              "(--define=dbs_malloc=system) instead of tcmalloc. Streamed steps are pipelined (each range updated and "
              "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
              "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
-             "summed. /windowN: dbs_ps with --receive_window_mb=N. Faults/step: over all timed "
+             "summed. /windowN: dbs_ps with --receive_window_mb=N. /calls: a PushGradient call per "
+             "whole-message push instead of one push session per client. Faults/step: over all timed "
              "steps, and over their second half alone (the server's receive buffers grow over "
              "a large model's first steps).", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
@@ -227,6 +229,8 @@ def main():
                         "as one message, or with /unpipelined updated and answered only once "
                         "the whole step is in, or with /Kshards split across K dbs_ps "
                         "processes, or with /windowN run with dbs_ps --receive_window_mb=N, "
+                        "or with /calls pushing whole messages with a call each rather than on "
+                        "a push session, "
                         "or with /glibc run by the binaries in "
                         "--system_malloc_dir; default: " + DEFAULT_VARIANTS
                         + " (and fp32/glibc with --system_malloc_dir)")
@@ -269,9 +273,9 @@ def main():
     for v in dtypes:
         wire, _, mode = v.partition("/")
         if wire not in ("fp32", "bf16", "fp16") or not re.fullmatch(
-                r"|arrival|whole|unpipelined|glibc|[1-9][0-9]*shards|window[1-9][0-9]*", mode):
+                r"|arrival|whole|unpipelined|glibc|calls|[1-9][0-9]*shards|window[1-9][0-9]*", mode):
             sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
-                     "/arrival, /whole, /unpipelined, /glibc, /Kshards or /windowN")
+                     "/arrival, /whole, /unpipelined, /glibc, /calls, /Kshards or /windowN")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds
