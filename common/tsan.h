@@ -65,6 +65,9 @@ class Reactor : public Base {
 
  protected:
   ReactionScope Reacting() const { return ReactionScope(Key()); }
+  // Publishes what came before (the reactor's construction, say) to its reactions, for a
+  // reaction that may come before any operation: OnCancel of a call that waits.
+  void Publish() const { Release(Key()); }
 
  private:
   const void* Key() const { return static_cast<const Base*>(this); }

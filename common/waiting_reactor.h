@@ -56,8 +56,12 @@ class WaitingReactor final : public tsan::Reactor<grpc::ServerUnaryReactor> {
     if (cancelled) WithdrawNow();
   }
 
-  // The handler's hold; call once, after SetWithdraw.
-  void Release() { Unref(); }
+  // The handler's hold; call once, after SetWithdraw. Its reactions may begin then, OnCancel
+  // first where the client went away before the answer.
+  void Release() {
+    Publish();
+    Unref();
+  }
 
   void OnCancel() override {
     const auto reacting = Reacting();
