@@ -232,6 +232,14 @@ absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* 
   return absl::OkStatus();
 }
 
+absl::StatusOr<GradientPush> ParameterServiceImpl::AcceptPush(grpc::CallbackServerContext* ctx,
+                                                              const PushRequest& request) {
+  GradientPush push;
+  DBS_RETURN_IF_ERROR(CheckPushHeader(ctx, request, &push));
+  if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
+  return push;
+}
+
 void ParameterServiceImpl::FillAnswerHead(const StepResult& r, int worker,
                                           v1::PushGradientReply* head) {
   if (r.revisions != nullptr) {
@@ -247,13 +255,11 @@ void ParameterServiceImpl::FillAnswerHead(const StepResult& r, int worker,
 void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
                                           const PushRequest& request, PushAnswer* reply,
                                           WaitingReactor* reactor) {
-  GradientPush push;
-  if (absl::Status s = CheckPushHeader(ctx, request, &push); !s.ok()) return Answer(reactor, s);
-  // The gradient stays in the received message (no copy) until the aggregator has summed it.
-  if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
-  const int worker = push.worker_id;
+  absl::StatusOr<GradientPush> push = AcceptPush(ctx, request);
+  if (!push.ok()) return Answer(reactor, push.status());
+  const int worker = push->worker_id;
   const uint64_t ticket =
-      aggregator_->Push(push, [this, reactor, reply, worker](const absl::StatusOr<StepResult>& r) {
+      aggregator_->Push(*push, [this, reactor, reply, worker](const absl::StatusOr<StepResult>& r) {
         if (r.ok()) {
           FillAnswerHead(*r, worker, &reply->head);
           reply->values = ValuesOf(r->parameters);
@@ -654,13 +660,9 @@ class PushSessionReactor final : public PushReactor {
           absl::StrCat("a push session carries one worker's pushes: this one began with worker ",
                        worker_, "'s, not ", worker, "'s")));
     }
-    GradientPush push;
-    if (absl::Status s = service_->CheckPushHeader(ctx_, request, &push); !s.ok()) {
-      return FinishOnce(ToGrpcStatus(s));
-    }
-    // The gradient stays in the received message (no copy) until the aggregator has summed it.
-    if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
-    AwaitStep(service_->aggregator_, push);
+    absl::StatusOr<GradientPush> push = service_->AcceptPush(ctx_, request);
+    if (!push.ok()) return FinishOnce(ToGrpcStatus(push.status()));
+    AwaitStep(service_->aggregator_, *push);
   }
 
   void OnWriteDone(bool ok) override {

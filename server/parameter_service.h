@@ -115,6 +115,10 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // fills `push` from it.
   absl::Status CheckPushHeader(grpc::CallbackServerContext* ctx, const PushRequest& request,
                                GradientPush* push);
+  // A whole-message push (PushGradient, a push session's message): its header's checks, then
+  // the gradient held where it arrived (no copy) until the aggregator has summed it.
+  absl::StatusOr<GradientPush> AcceptPush(grpc::CallbackServerContext* ctx,
+                                          const PushRequest& request);
   // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
   static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
   // `snap`'s values as the messages of a streamed answer: `first_head` (a serialized message's
