@@ -622,8 +622,8 @@ ParameterServiceImpl::PushGradientStream(grpc::CallbackServerContext* ctx) {
 }
 
 // A worker's whole-message pushes of many steps on one stream (PushGradientSession). Each push
-// goes through what PushGradient does (DoPushGradient: the header's checks, the gradient held
-// where it arrived, the aggregator's barrier) and is answered with PushGradient's reply, the
+// goes through what PushGradient does (AcceptPush: the header's checks, the gradient held
+// where it arrived; then the aggregator's barrier) and is answered with PushGradient's reply, the
 // shared serialized parameters included; the next push is read only once that answer is
 // written, so the server holds at most one push per stream. The first refusal ends the stream
 // with PushGradient's status for it.
