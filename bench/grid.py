@@ -38,6 +38,7 @@ from report import by_launch_index  # noqa: E402  (bench/report.py)
 POLICIES = ("fixed", "proportional", "dbs")
 # --grid_oracles: fixed splits by weight (dbs_ps --fixed_split) that DBS is held against.
 ORACLES = ("split_best", "split_dbs")
+ORACLE_MODES = ("none", "all", "misses")
 # The slowdown emulations, by the dbs_worker --slowdown_of each runs with.
 SLOWDOWN_OF = {"slowdown": "cpu", "slowdown_plus_wait": "cpu_plus_wait"}
 TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
@@ -200,7 +201,9 @@ class Grid:
                 cell, emu, train_limit)
             cell["runs"] = {}
             self.run_rounds(cell, emu, train_limit)
-            runs = [("fixed", label, None) for label in ORACLES] if self.args.grid_oracles else []
+            mode = self.args.grid_oracles
+            wanted = wants_oracles(mode, cell_figures(cell, self.out) if mode == "misses" else {})
+            runs = [("fixed", label, None) for label in ORACLES] if wanted else []
             for policy, label, extra in runs:
                 if extra is None:  # an oracle: a fixed split by weights, known only now
                     extra = ("--fixed_split=" + ",".join(
@@ -290,6 +293,31 @@ def best_split_batches(curves, global_batch):
 def best_split_time(curve, b):
     """best_split_step's reading of one curve: non-decreasing step time at batch b."""
     return _step_table(curve, b)[b]
+
+
+def wants_oracles(mode, figures):
+    """Whether a cell runs the oracle splits (--grid_oracles): 'all' in every cell, 'misses' only
+    where DBS missed the linear-ideal target (`figures`, the cell's figures from its policies'
+    runs), which is where they are needed to tell whether any split reaches the ideal on this
+    machine; 'none' (or an old record's False) nowhere."""
+    if mode in (True, "all"):
+        return True
+    if mode == "misses":
+        return figures["dbs_over_ideal"] > TARGETS["dbs_over_ideal"]
+    return False
+
+
+def ideal_misses_against_splits(done):
+    """The cells that miss DBS/ideal, by what the oracle splits run beside DBS gave there:
+    (every split run missed the ideal too, a split run met it, no split was run)."""
+    limit = TARGETS["dbs_over_ideal"]
+    too, met, unrun = [], [], []
+    for c in done:
+        if c["dbs_over_ideal"] <= limit:
+            continue
+        runs = [c[f"{label}_over_ideal"] for label in ORACLES if f"{label}_over_ideal" in c]
+        (unrun if not runs else too if min(runs) > limit else met).append(c["name"])
+    return too, met, unrun
 
 
 def oracle_weights(label, cell, out):
@@ -500,6 +528,8 @@ def summarize(cells):
                            if c["dbs_settled_spread"] > TARGETS["settled_spread"]]},
     ]
     # Misses of the balance target where the machine's own noise is above the target too.
+    (s["ideal_missed_by_every_split_run"], s["ideal_met_by_a_split_run"],
+     s["ideal_missed_without_splits_run"]) = ideal_misses_against_splits(done)
     s["balance_missed_within_noise"] = [
         c["name"] for c in done if c["dbs_settled_spread"] > TARGETS["settled_spread"]
         and c.get("noise_floor", 1.0) > TARGETS["settled_spread"]]
@@ -588,6 +618,14 @@ def build(out):
                   "what measurement noise alone does to a perfectly static split. Cells that "
                   "miss the balance target where the noise floor is above it too: "
                   f"{', '.join(summary['balance_missed_within_noise']) or 'none'}.", "",
+                  "The linear ideal against splits run for real (`--grid_oracles`): cells that "
+                  "miss DBS/ideal where every split run beside DBS missed it too: "
+                  f"{', '.join(summary.get('ideal_missed_by_every_split_run', [])) or 'none'}; "
+                  "where a split run met it: "
+                  f"{', '.join(summary.get('ideal_met_by_a_split_run', [])) or 'none'}; with no "
+                  "split run: "
+                  f"{', '.join(summary.get('ideal_missed_without_splits_run', [])) or 'none'}.",
+                  "",
                   "Where DBS's epoch goes beyond the ideal: DBS/ideal = (slowest compute/ideal) / "
                   "(1 - epoch beyond the slowest compute). The first is the slowest worker's "
                   "compute in the cluster against the ideal's standalone compute (contention "

@@ -143,6 +143,13 @@ class GridSmallTest(unittest.TestCase):
         self.assertIn("## Worst and median cell", md)
         self.assertIn("B64_1-1-1-8_slowdown", md)
         self.assertIn("## DBS against fixed splits run in the same cell", md)
+        self.assertIn("The linear ideal against splits run for real", md)
+        # Every cell ran the splits: each DBS/ideal miss is classed by what they gave.
+        self.assertEqual(summary["ideal_missed_without_splits_run"], [])
+        missing = next(t for t in summary["targets"] if t["figure"] == "dbs_over_ideal")
+        self.assertEqual(sorted(summary["ideal_missed_by_every_split_run"]
+                                + summary["ideal_met_by_a_split_run"]),
+                         sorted(missing["cells_missing"]))
         self.assertTrue(os.path.getsize(os.path.join(grid_dir, "grid.csv")) > 0)
         self.assertEqual(grid_module.check(grid_dir), [])
         for c in cells:
@@ -218,6 +225,40 @@ class GridRoundsTest(unittest.TestCase):
         self.assertIn(f"| {cell['name']} | {cell['dbs_over_sgd']:.3f} |", md)
         with self.assertRaises(SystemExit):
             grid_module.combine(combined, [grid_dir, grid_dir])
+
+
+class OracleModesTest(unittest.TestCase):
+    """--grid_oracles=all|misses|none, and the DBS/ideal misses classed by the splits run."""
+
+    def setUp(self):
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
+        import grid as grid_module
+        self.grid = grid_module
+
+    def test_misses_runs_the_splits_only_where_dbs_missed_the_ideal(self):
+        wants = self.grid.wants_oracles
+        limit = self.grid.TARGETS["dbs_over_ideal"]
+        self.assertTrue(wants("misses", {"dbs_over_ideal": limit + 0.01}))
+        self.assertFalse(wants("misses", {"dbs_over_ideal": limit}))
+        self.assertTrue(wants("all", {}))
+        self.assertFalse(wants("none", {}))
+        self.assertTrue(wants(True, {}))  # records from before the modes: a plain flag
+        self.assertFalse(wants(False, {}))
+
+    def test_misses_are_classed_by_the_best_split_run_beside_dbs(self):
+        limit = self.grid.TARGETS["dbs_over_ideal"]
+        cells = [
+            {"name": "met", "dbs_over_ideal": limit - 0.1, "split_best_over_ideal": 2.0},
+            {"name": "both_missed", "dbs_over_ideal": 1.5, "split_best_over_ideal": 1.4,
+             "split_dbs_over_ideal": 1.6},
+            {"name": "one_met", "dbs_over_ideal": 1.5, "split_best_over_ideal": 1.6,
+             "split_dbs_over_ideal": limit - 0.01},
+            {"name": "unrun", "dbs_over_ideal": 1.5},
+        ]
+        self.assertEqual(self.grid.ideal_misses_against_splits(cells),
+                         (["both_missed"], ["one_met"], ["unrun"]))
 
 
 class BestSplitTest(unittest.TestCase):
