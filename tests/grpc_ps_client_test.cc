@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -426,6 +427,53 @@ TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
 INSTANTIATE_TEST_SUITE_P(SessionsOnAndOff, PushSessionTest,
                          ::testing::Values(Sessions::kOn, Sessions::kOffAtTheClient,
                                            Sessions::kOffAtTheServer));
+
+// A sharded worker abandons the other shards' calls from another thread the moment one shard
+// fails (ShardedPsClient::OnAll), and a shard's push session may be ending just then: killed
+// shards once crashed a worker under ASan ("pure virtual method called") when Abandon
+// cancelled the context of a session already destroyed. Here every push is refused (a step
+// that has not begun), which ends its session, while a second thread abandons and resumes the
+// client's calls without pause; ASan and TSan (the suite runs under both) report a cancel that
+// reaches an ended session. The client then pushes the real step as before.
+TEST(GrpcPsClientSessionTest, AbandoningWhileSessionsEndNeverReachesAnEndedSession) {
+  TwoWorkerJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      job.Start(TwoWorkerConfig(), GrpcClientConfig{}, {{"a", {10}, false}, {"b", {2, 3}, false}}));
+  GrpcPsClient& client = *job.clients_[0];
+  std::atomic<bool> done{false};
+  std::atomic<int> abandons{0};
+  std::thread abandoner([&] {
+    while (!done.load()) {
+      client.Abandon();
+      client.ResumeCalls();
+      // 0-99 us apart: some pushes reach the server and are refused, some are abandoned.
+      std::this_thread::sleep_for(std::chrono::microseconds(abandons++ % 100));
+    }
+  });
+  const std::vector<float> g(job.n_, 0.0f);
+  int refused = 0;
+  int cancelled = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  for (int i = 0; i < 300 || ((refused == 0 || cancelled == 0) && absl::Now() < until); ++i) {
+    const absl::StatusOr<StepOutcome> r = client.PushGradient(
+        job.ids_[0], 0, 9, job.plans_[0].BatchAt(9), 0.0, 0.0, g, absl::MakeSpan(job.params_[0]));
+    ASSERT_FALSE(r.ok());
+    if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      ++refused;
+    } else {
+      ASSERT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+      ++cancelled;
+    }
+  }
+  done = true;
+  abandoner.join();
+  client.ResumeCalls();
+  EXPECT_GT(refused, 0) << "sessions were opened and ended by the server's refusal";
+  EXPECT_GT(cancelled, 0) << "pushes were abandoned";
+  EXPECT_GE(client.sessions_opened(), refused);
+  EXPECT_GT(abandons.load(), 0);
+  ASSERT_NO_FATAL_FAILURE(job.Step(0));
+}
 
 // Four workers register a model larger than a chunk at the same moment, each with values of its
 // own: one worker's values go up (one RegisterModelStream), the others wait for them, and every

@@ -73,7 +73,7 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
       channel_);
 }
 
-GrpcPsClient::~GrpcPsClient() { CloseSession(); }
+GrpcPsClient::~GrpcPsClient() { CloseSession(nullptr); }
 
 bool GrpcPsClient::Streams(size_t bytes) const {
   return config_.stream_chunk_bytes > 0 && bytes > config_.stream_chunk_bytes;
@@ -517,7 +517,7 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
     const absl::Time now = absl::Now();
     if (session_ != nullptr &&
         (now - session_->opened > config_.call_timeout / 2 || session_->token != token_)) {
-      CloseSession();
+      CloseSession(ctx);
     }
     if (session_ == nullptr) {
       session_ = std::make_unique<PushSession>();
@@ -532,14 +532,14 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
     }
     // Interrupt and Abandon cancel the session while it waits.
     if (!Retarget(&session_->ctx)) {
-      CloseSession();
+      CloseSession(ctx);
       return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     }
     if (session_->stream->Write(request) && session_->stream->Read(&push_reply_)) {
       return grpc::Status::OK;
     }
     const grpc::Status ended = session_->stream->Finish();
-    session_.reset();
+    ForgetSession(ctx);
     if (ended.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
       if (!ended.ok()) return ended;
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dbs_ps ended the push session");
@@ -551,12 +551,23 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
       channel_.get(), *push_method_, ctx, request, &push_reply_);
 }
 
-void GrpcPsClient::CloseSession() {
+void GrpcPsClient::CloseSession(grpc::ClientContext* attempt) {
   if (session_ == nullptr) return;
   // Between pushes, so nothing is lost; cancelling does not wait on the server (a clean close
   // would, for up to the session's deadline if the server stopped answering).
   session_->ctx.TryCancel();
   session_->stream->Finish();
+  ForgetSession(attempt);
+}
+
+void GrpcPsClient::ForgetSession(grpc::ClientContext* attempt) {
+  // Interrupt and Abandon, on other threads (a sharded worker abandons the other shards' calls
+  // when one fails), cancel whatever current_ points at: point it back at the attempt's own
+  // context, alive until the attempt returns, before the session's context is destroyed.
+  {
+    absl::MutexLock lock(&interrupt_mu_);
+    if (current_ == &session_->ctx) current_ = attempt;
+  }
   session_.reset();
 }
 

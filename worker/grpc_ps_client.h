@@ -126,7 +126,10 @@ class GrpcPsClient : public PsClient {
   // PushGradient call on `ctx` where the server has no sessions.
   grpc::Status PushAttempt(grpc::ClientContext* ctx, const grpc::ByteBuffer& request);
   // Ends the session between pushes (cancels it: the server takes that as its end).
-  void CloseSession();
+  // `attempt`: the context of the push attempt in progress (nullptr outside one).
+  void CloseSession(grpc::ClientContext* attempt);
+  // Destroys the session once ended, pointing Interrupt and Abandon at `attempt` first.
+  void ForgetSession(grpc::ClientContext* attempt);
   // A push as a stream of chunks (`head` filled in but for the offset); the answer's head into
   // `*reply`, its parameters into `params`.
   // Waits for gRPC to let go of a pushed gradient's memory.
