@@ -527,9 +527,9 @@ def summarize(cells):
          "cells_missing": [c["name"] for c in done
                            if c["dbs_settled_spread"] > TARGETS["settled_spread"]]},
     ]
-    # Misses of the balance target where the machine's own noise is above the target too.
     (s["ideal_missed_by_every_split_run"], s["ideal_met_by_a_split_run"],
      s["ideal_missed_without_splits_run"]) = ideal_misses_against_splits(done)
+    # Misses of the balance target where the machine's own noise is above the target too.
     s["balance_missed_within_noise"] = [
         c["name"] for c in done if c["dbs_settled_spread"] > TARGETS["settled_spread"]
         and c.get("noise_floor", 1.0) > TARGETS["settled_spread"]]
