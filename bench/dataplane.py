@@ -78,10 +78,14 @@ def start_ps(argv, port_file):
 
 def run_dbs(args, n, variant):
     """One dbs_ps (or, for a variant like 'fp32/2shards', that many shards) and the client."""
-    wire_dtype, _, mode = variant.partition("/")
-    shards = int(mode[:-len("shards")]) if mode.endswith("shards") else 1
+    wire_dtype, *modes = variant.split("/")
+    shards = next((int(m[:-len("shards")]) for m in modes if m.endswith("shards")), 1)
+    window = next((int(m[len("window"):]) for m in modes if m.startswith("window")), 0)
+    quota = next((int(m[len("quota"):]) for m in modes if m.startswith("quota")), 0)
+    chunk_kb = next((int(m[len("chunk"):]) for m in modes if m.startswith("chunk")),
+                    args.stream_chunk_kb)
     ps_bin, client_bin = args.ps_bin, args.client_bin
-    if mode == "glibc":
+    if "glibc" in modes:
         ps_bin = os.path.join(args.system_malloc_dir, "dbs_ps")
         client_bin = os.path.join(args.system_malloc_dir, "dataplane_client")
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
@@ -90,10 +94,12 @@ def run_dbs(args, n, variant):
                    "--policy=fixed", "--metrics_port=-1", "--checkpoint_dir=",
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
         ps_argv.append(f"--wire_dtype={wire_dtype}")
-        ps_argv.append(f"--deterministic={'false' if mode == 'arrival' else 'true'}")
-        ps_argv.append(f"--pipelined={'false' if mode == 'unpipelined' else 'true'}")
-        if mode.startswith("window"):
-            ps_argv.append(f"--receive_window_mb={int(mode[len('window'):])}")
+        ps_argv.append(f"--deterministic={'false' if 'arrival' in modes else 'true'}")
+        ps_argv.append(f"--pipelined={'false' if 'unpipelined' in modes else 'true'}")
+        if window:
+            ps_argv.append(f"--receive_window_mb={window}")
+        if quota:  # dbs_ps wants room for two of its largest messages
+            ps_argv += [f"--memory_quota_mb={quota}", f"--max_message_mb={quota // 2}"]
         procs = []
         try:
             leader, port = start_ps(
@@ -111,8 +117,8 @@ def run_dbs(args, n, variant):
                 [client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
                  f"--server_pid={','.join(str(p.pid) for p in procs)}",
-                 f"--stream_chunk_kb={0 if mode == 'whole' else args.stream_chunk_kb}",
-                 f"--push_session={'false' if mode == 'calls' else 'true'}"],
+                 f"--stream_chunk_kb={0 if 'whole' in modes else chunk_kb}",
+                 f"--push_session={'false' if 'calls' in modes else 'true'}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
                 raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
@@ -175,8 +181,10 @@ def table(rows, clients, rounds):
              "(--define=dbs_malloc=system) instead of tcmalloc. Streamed steps are pipelined (each range updated and "
              "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
              "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
-             "summed. /windowN: dbs_ps with --receive_window_mb=N. /calls: a PushGradient call per "
-             "whole-message push instead of one push session per client. Faults/step: over all timed "
+             "summed. /windowN: dbs_ps with --receive_window_mb=N. /quotaN: dbs_ps with "
+             "--memory_quota_mb=N. /chunkK: the clients' --stream_chunk_kb=K. /calls: a PushGradient call per "
+             "whole-message push instead of one push session per client. Modes combine "
+             "(fp32/arrival/window8). Faults/step: over all timed "
              "steps, and over their second half alone (the server's receive buffers grow over "
              "a large model's first steps).", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
@@ -229,13 +237,15 @@ def main():
                         "as one message, or with /unpipelined updated and answered only once "
                         "the whole step is in, or with /Kshards split across K dbs_ps "
                         "processes, or with /windowN run with dbs_ps --receive_window_mb=N, "
+                        "or with /quotaN run with dbs_ps --memory_quota_mb=N, "
+                        "or with /chunkK pushed in chunks of K KiB, "
                         "or with /calls pushing whole messages with a call each rather than on "
                         "a push session, "
                         "or with /glibc run by the binaries in "
-                        "--system_malloc_dir; default: " + DEFAULT_VARIANTS
+                        "--system_malloc_dir; modes combine (fp32/arrival/window8); default: " + DEFAULT_VARIANTS
                         + " (and fp32/glibc with --system_malloc_dir)")
     p.add_argument("--stream_chunk_kb", type=int, default=4096,
-                   help="the workers' --stream_chunk_kb")
+                   help="the workers' --stream_chunk_kb (a variant's /chunkK overrides it)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--warmup", type=int, default=60,
                    help="untimed steps first: at 10M parameters the server's heap grows for "
@@ -271,11 +281,14 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     dtypes = args.variants.split(",")
     for v in dtypes:
-        wire, _, mode = v.partition("/")
-        if wire not in ("fp32", "bf16", "fp16") or not re.fullmatch(
-                r"|arrival|whole|unpipelined|glibc|calls|[1-9][0-9]*shards|window[1-9][0-9]*", mode):
+        wire, *modes = v.split("/")
+        kinds = [re.sub(r"[0-9]+", "", m) for m in modes]
+        if wire not in ("fp32", "bf16", "fp16") or len(set(kinds)) < len(kinds) or not all(
+                re.fullmatch(r"arrival|whole|unpipelined|glibc|calls|[1-9][0-9]*shards"
+                             r"|(window|chunk|quota)[1-9][0-9]*", m) for m in modes):
             sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
-                     "/arrival, /whole, /unpipelined, /glibc, /calls, /Kshards or /windowN")
+                     "/arrival, /whole, /unpipelined, /glibc, /calls, /Kshards, /windowN, "
+                     "/chunkKB or /quotaMB, each at most once (fp32/arrival/window8 is both)")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds

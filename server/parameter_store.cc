@@ -95,7 +95,8 @@ absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
   // The values before the step: what Snapshot serves until the update ends, and what stays
   // should the update make a value non-finite.
   u.before = values_;
-  u.after = FreeBufferLocked(n);
+  u.after = next_ != nullptr ? std::move(next_) : FreeBufferLocked(n);
+  next_.reset();
   u.bad = n;
   update_ = std::move(u);
   if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, update_->after);
@@ -155,6 +156,14 @@ void ParameterStore::AbandonUpdate() {
   if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
 }
 
+absl::StatusOr<absl::Span<float>> ParameterStore::ReserveNextBuffer() {
+  absl::MutexLock lock(&mu_);
+  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
+  if (update_.has_value()) return absl::FailedPreconditionError("an update is open");
+  if (next_ == nullptr) next_ = FreeBufferLocked(values_->size());
+  return absl::MakeSpan(*next_);
+}
+
 bool ParameterStore::updating() const {
   absl::MutexLock lock(&mu_);
   return update_.has_value();
@@ -169,26 +178,31 @@ void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const Gr
   float* const g = sum.data();
   const float* const before = update_->before->data();
   float* const p = update_->after->data();
+  // The block's scaled gradient, in the L1 cache: the sum may lie where the new values go.
+  std::vector<float>& grad = block_;
+  grad.resize(kBlock);
+  const bool in_place = g == p;
   size_t scale = 0, buffer = 0;
   while (buffer < buffers.size() && buffers[buffer].second <= from) ++buffer;
   for (size_t a = from; a < to;) {
     while (scales[scale].end <= a) ++scale;
     const size_t b = std::min({to, a + kBlock, scales[scale].end});
     const float factor = scales[scale].factor;
-    for (size_t i = a; i < b; ++i) g[i] *= factor;
+    float* const gb = grad.data();  // gb[i - a] is value i's
+    for (size_t i = a; i < b; ++i) gb[i - a] = g[i] * factor;
+    if (!in_place) std::fill(g + a, g + b, 0.0f);
     std::copy(before + a, before + b, p + a);
-    optimizer_->StepRange(p + a, g + a, a, b - a);
+    optimizer_->StepRange(p + a, gb, a, b - a);
     for (; buffer < buffers.size() && buffers[buffer].first < b; ++buffer) {
       const size_t lo = std::max(a, buffers[buffer].first);
       const size_t hi = std::min(b, buffers[buffer].second);
-      std::copy(g + lo, g + hi, p + lo);
+      std::copy(gb + (lo - a), gb + (hi - a), p + lo);
       if (buffers[buffer].second > b) break;  // it goes on in the next block
     }
     int finite = 1;
     for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
     if (finite == 0 && update_->bad == n) update_->bad = a + FirstNonFinite(p + a, b - a);
     if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(p + a, b - a));
-    std::fill(g + a, g + b, 0.0f);
     a = b;
   }
 }
@@ -253,6 +267,7 @@ absl::Status ParameterStore::LoadState(const StoreState& s) {
   values_ = std::move(values);
   version_ = s.version;
   update_.reset();
+  next_.reset();
   torn_ = false;
   return absl::OkStatus();
 }

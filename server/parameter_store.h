@@ -76,7 +76,8 @@ class ParameterStore {
   // model's size) scaled piecewise by `scales` (see GradientScale; the last entry's `end` is the
   // model's size): the step's sum of gradients and, per range, one over the samples summed. It
   // runs as one pass over the model, block by block: scale, optimizer, check, snapshot. `sum` is
-  // left zeroed, ready for the next step, whatever the outcome. DATA_LOSS, with the parameters
+  // left zeroed, ready for the next step, whatever the outcome (unless it is the reserved next
+  // buffer, see ReserveNextBuffer, which the new values overwrite). DATA_LOSS, with the parameters
   // unchanged, when the update would make one of them non-finite.
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
                                                   absl::Span<const GradientScale> scales);
@@ -93,8 +94,19 @@ class ParameterStore {
   absl::StatusOr<int64_t> BeginUpdate();
   // Updates values [done so far, `to`) with `sum` (the model's size, zeroed there) scaled by
   // `scales` (whose entries cover at least up to `to`). False once a value has become non-finite
-  // (EndUpdate then fails): the values from there on must not be sent.
+  // (EndUpdate then fails): the values from there on must not be sent. `sum` may be the
+  // reserved next buffer (ReserveNextBuffer) that this update writes into: each block's sum is
+  // then read before the block's new values overwrite it.
   bool UpdateRange(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t to);
+
+  // The buffer the next update will write its new values into, reserved for it from now on,
+  // so that a step's running sum can lie there rather than in a model-sized buffer of its own
+  // (one model's size less memory): the caller sums into it and passes it to UpdateRange as
+  // `sum`. Its contents are stale (the caller zeroes what it sums into). The same buffer until
+  // the update that takes it ends or is abandoned, or LoadState; the span is void after any of
+  // those. FAILED_PRECONDITION before Register or while an update is open (the open update has
+  // taken it already).
+  absl::StatusOr<absl::Span<float>> ReserveNextBuffer();
   // Every value updated: publishes the new version; DATA_LOSS (parameters as before) when the
   // update made one of them non-finite.
   absl::StatusOr<ParameterSnapshot> EndUpdate();
@@ -122,8 +134,9 @@ class ParameterStore {
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The update's pass over values [from, to): the values before it copied into the new
-  // snapshot, the optimizer step there with the scaled `sum` (left zeroed), the new values
-  // handed to the sink. Records the first value that became non-finite in `update_->bad`.
+  // snapshot, the optimizer step there with the scaled `sum` (left zeroed, unless it is the new
+  // snapshot itself, which the new values overwrite), the new values handed to the sink.
+  // Records the first value that became non-finite in `update_->bad`.
   void UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t from,
                         size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A snapshot buffer of `size` values that nobody else holds (its contents are stale).
@@ -151,6 +164,9 @@ class ParameterStore {
     size_t bad = 0;   // the first non-finite value, or the model's size
   };
   std::optional<Update> update_ ABSL_GUARDED_BY(mu_);
+  // The buffer reserved for the next update (ReserveNextBuffer); BeginUpdate takes it.
+  std::shared_ptr<std::vector<float>> next_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> block_ ABSL_GUARDED_BY(mu_);  // UpdatePassLocked's scaled gradient
   bool torn_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -29,7 +29,7 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       stats_.workers.clear();
     }
     AbandonUpdateLocked();  // cannot be open: its step's pushes would still wait
-    std::fill(sum_.begin(), sum_.end(), 0.0f);
+    zeroed_ = 0;            // the sum starts again
     DropIncomingLocked(absl::FailedPreconditionError("the epoch ended before this push completed"),
                        &notices);
     BeginEpochLocked(epoch, std::move(quotas));
@@ -73,7 +73,7 @@ absl::Status StepAggregator::Precheck(const GradientPush& header) const {
 
 absl::Status StepAggregator::Validate(const GradientPush& push) const {
   DBS_RETURN_IF_ERROR(ValidateHeader(push));
-  if (sum_.empty() && push.num_samples > 0) {
+  if (push.num_samples > 0 && !store_->registered()) {
     return absl::FailedPreconditionError("no model registered yet");
   }
   return absl::OkStatus();
@@ -275,7 +275,6 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
       // The push was counted already: its values are not used again.
       notices.emplace_back(std::move(taken), absl::OkStatus());
     } else {
-      if (sum_.empty()) sum_.assign(model, 0.0f);
       status = Validate(header);
       if (status.ok() && header.num_samples <= 0) {
         status = absl::InvalidArgumentError("a push of 0 samples carries no gradient");
@@ -315,7 +314,7 @@ absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset
 absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   if (push.num_samples <= 0) return absl::OkStatus();
   Incoming& in = incoming_[push.worker_id];
-  const size_t model = sum_.size();
+  const size_t model = ModelSize();
   if (push.streamed) {
     if (in.received == model) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("worker ", push.worker_id, "'s push of step ",
@@ -365,7 +364,6 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       p.done = std::move(done);
       p.ticket = retry_ticket = ++last_ticket_;
     } else {
-      if (sum_.empty()) sum_.assign(static_cast<size_t>(store_->num_elements()), 0.0f);
       absl::Status valid = Validate(push);
       if (valid.ok()) valid = gradient_ok;
       if (valid.ok()) valid = TakeGradientLocked(push);
@@ -481,11 +479,13 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
     const size_t from = std::max(in->summed, piece.offset + piece.skip) - piece.offset;
     const size_t to = std::min(hi, end) - piece.offset;
     size_t summed = 0;
+    float* const sum = from < to && in->samples > 0 ? SumLocked(piece.offset + to) : nullptr;
     const absl::Status added =
         from >= to ? absl::OkStatus()
-                   : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from),
-                                0, in->samples > 0 ? sum_.data() : nullptr,
-                                static_cast<float>(in->samples), &summed, !piece.checked);
+        : in->samples > 0 && sum == nullptr
+            ? absl::InternalError("the step's sum has no buffer: the model is not registered")
+            : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from), 0,
+                         sum, static_cast<float>(in->samples), &summed, !piece.checked);
     if (!added.ok()) {
       // The values before the bad one's block stay summed, as the pieces before a refused
       // piece do; the rest of the push must come again (a retry resumes from there).
@@ -513,7 +513,7 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
 
 void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::Status* watched) {
   if (step_ >= static_cast<int>(quotas_.size())) return;
-  const size_t model = sum_.size();
+  const size_t model = ModelSize();
   const std::map<int, int>& quota = quotas_[step_];
   auto incoming = [this](int id) -> Incoming* {
     auto it = incoming_.find(id);
@@ -587,7 +587,7 @@ bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
     scale(summed, samples + extra);
     extra -= part;
   }
-  scale(sum_.size(), samples);
+  scale(ModelSize(), samples);
   return true;
 }
 
@@ -600,7 +600,7 @@ void StepAggregator::AdvanceUpdateLocked() {
   if (quiescing_ && !updating_) return;
   // The values every worker of the step has summed (in worker order or not, each worker's
   // summed values are a prefix).
-  size_t ready = sum_.size();
+  size_t ready = ModelSize();
   bool any = false;
   for (const auto& [id, quota] : quotas_[step_]) {
     if (quota == 0) continue;
@@ -610,16 +610,35 @@ void StepAggregator::AdvanceUpdateLocked() {
   }
   std::vector<GradientScale> scales;
   if (!any || ready <= updated_ || !MeanScalesLocked(&scales)) return;
+  float* const sum = SumLocked(ready);  // reserved before the update takes the buffer
+  if (sum == nullptr) return;
   if (!updating_) {
     absl::StatusOr<int64_t> version = store_->BeginUpdate();
     if (!version.ok()) return;  // the step's end reports what is wrong
     updating_ = true;
     updating_version_ = *version;
   }
-  const bool finite = store_->UpdateRange(absl::MakeSpan(sum_), scales, ready);
+  const bool finite = store_->UpdateRange(sum_, scales, ready);
   updated_ = ready;
   // Values after a non-finite one are not sent: the step will fail.
   if (finite) ready_ = ValuesReady{epoch_, step_, updating_version_, ready};
+}
+
+size_t StepAggregator::ModelSize() const { return static_cast<size_t>(store_->num_elements()); }
+
+float* StepAggregator::SumLocked(size_t to) {
+  if (sum_.empty()) {
+    absl::StatusOr<absl::Span<float>> next = store_->ReserveNextBuffer();
+    if (!next.ok()) return nullptr;
+    sum_ = *next;
+    zeroed_ = 0;
+  }
+  to = std::min(to, sum_.size());
+  if (to > zeroed_) {
+    std::fill(sum_.begin() + zeroed_, sum_.begin() + to, 0.0f);
+    zeroed_ = to;
+  }
+  return sum_.data();
 }
 
 void StepAggregator::AbandonUpdateLocked() {
@@ -628,7 +647,8 @@ void StepAggregator::AbandonUpdateLocked() {
   updating_ = false;
   updated_ = 0;
   ready_.reset();
-  std::fill(sum_.begin(), sum_.end(), 0.0f);
+  sum_ = {};  // the store dropped the update's buffer, and the sum in it
+  zeroed_ = 0;
 }
 
 void StepAggregator::TellReady(std::optional<ValuesReady> ready) const {
@@ -658,14 +678,22 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     AbandonUpdateLocked();  // cannot be open: its values had samples
     snap = store_->Snapshot();
   } else {
-    // The rest of a pipelined update, or all of it.
-    absl::Status begun = updating_ ? absl::OkStatus() : store_->BeginUpdate().status();
+    // The rest of a pipelined update, or all of it. The values no push reached (an evicted
+    // worker's) are zeroed first.
+    const size_t model = ModelSize();
+    absl::Status begun =
+        SumLocked(model) == nullptr
+            ? absl::InternalError("the step's sum has no buffer: the model is not registered")
+        : updating_ ? absl::OkStatus()
+                    : store_->BeginUpdate().status();
     if (begun.ok()) {
-      store_->UpdateRange(absl::MakeSpan(sum_), scales, sum_.size());
+      store_->UpdateRange(sum_, scales, model);
       snap = store_->EndUpdate();
     } else {
       snap = begun;
     }
+    sum_ = {};  // now the new parameters (or dropped with the failed update)
+    zeroed_ = 0;
     updating_ = false;
     updated_ = 0;
     ready_.reset();
@@ -685,7 +713,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     *result = snap.status();
   }
   TakePendingLocked(to_run);
-  if (!update) std::fill(sum_.begin(), sum_.end(), 0.0f);
+  if (!update) zeroed_ = 0;                       // nothing was summed; the buffer stays reserved
   DropIncomingLocked(absl::OkStatus(), notices);  // none is left queued
   samples_ = 0;
   ++step_;
@@ -828,7 +856,8 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   accepted_.clear();
   accepted_[s.epoch] = s.accepted;
   pending_.clear();
-  sum_.clear();
+  sum_ = {};  // the store's LoadState dropped its reservation
+  zeroed_ = 0;
   incoming_.clear();  // restored before any call is served: no stream waits on them
   losses_.clear();
   samples_ = 0;

@@ -311,6 +311,11 @@ class StepAggregator {
   void AdvanceUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends an open update that will not complete (the store is torn: see AbandonUpdate).
   void AbandonUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step's sum with values [0, to) ready to be added to (reserving its buffer at the
+  // step's first values, zeroing what was not yet); null when the store has no model or an
+  // update is open without the sum (neither can happen after Validate).
+  float* SumLocked(size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t ModelSize() const;  // the registered model's values
   struct ValuesReady {
     int epoch = 0;
     int step = 0;
@@ -340,7 +345,12 @@ class StepAggregator {
   StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);  // sum_i b_i * g_i, reused across steps
+  // sum_i b_i * g_i: it lies in the buffer the store's next update writes the new parameters
+  // into (ParameterStore::ReserveNextBuffer), so the server holds no model-sized sum of its own;
+  // empty until the step's first values are summed. Values [0, zeroed_) are zeroed or summed;
+  // the rest is stale (SumLocked zeroes each range before the first values are added there).
+  absl::Span<float> sum_ ABSL_GUARDED_BY(mu_);
+  size_t zeroed_ ABSL_GUARDED_BY(mu_) = 0;
   // The step's update is open in the store (pipelined), with its first `updated_` values done.
   bool updating_ ABSL_GUARDED_BY(mu_) = false;
   bool quiescing_ ABSL_GUARDED_BY(mu_) = false;      // open no more (Quiesce)

@@ -364,14 +364,15 @@ class InterleaveTest(unittest.TestCase):
 
 class DataplaneSmallTest(unittest.TestCase):
     """bench/dataplane.py at one small size: dbs_ps with the C++ client, gloo beside it, in fp32
-    summed in worker order and bf16 summed on arrival; the table, the record and the plot."""
+    summed in worker order and bf16 summed on arrival, streamed in 64 KiB chunks to a server
+    with an 8 MiB window (modes combine); the table, the record and the plot."""
 
     def test_every_variant_and_gloo_report_their_figures(self):
         out = tempfile.mkdtemp(prefix="dataplane_small_")
         self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         p = subprocess.run(
             [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
-             "--variants=fp32,bf16/arrival", "--rounds=1", "--warmup=1", "--steps=5",
+             "--variants=fp32,bf16/arrival/chunk64/window8", "--rounds=1", "--warmup=1", "--steps=5",
              f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
              f"--client_bin={os.path.join(RUNFILES, 'bench', 'dataplane_client')}"],
             capture_output=True, text=True, timeout=600)
@@ -379,7 +380,7 @@ class DataplaneSmallTest(unittest.TestCase):
         with open(os.path.join(out, "dataplane.json")) as f:
             record = json.load(f)
         rows = {r["wire_dtype"]: r for r in record["summary"]}
-        self.assertEqual(set(rows), {"fp32", "bf16/arrival"})
+        self.assertEqual(set(rows), {"fp32", "bf16/arrival/chunk64/window8"})
         for r in rows.values():
             self.assertEqual(r["params"], 46730)
             self.assertGreater(r["dbs_step_ms"], 0)
@@ -393,7 +394,18 @@ class DataplaneSmallTest(unittest.TestCase):
             self.assertGreater(r["client_cpu_ms_per_step"], 0)
         self.assertTrue(os.path.exists(os.path.join(out, "dataplane.png")))
         with open(os.path.join(out, "dataplane.md")) as f:
-            self.assertIn("| 46,730 | bf16/arrival |", f.read())
+            self.assertIn("| 46,730 | bf16/arrival/chunk64/window8 |", f.read())
+
+    def test_a_mode_given_twice_or_unknown_is_refused_before_anything_runs(self):
+        for variant in ("fp32/window8/window4", "fp32/fast", "fp32/window0", "int8"):
+            p = subprocess.run(
+                [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
+                 f"--variants={variant}", "--out_dir=/nonexistent/dataplane",
+                 f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
+                 f"--client_bin={os.path.join(RUNFILES, 'bench', 'dataplane_client')}"],
+                capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, variant)
+            self.assertIn(f"unknown variant '{variant}'", p.stderr, variant)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

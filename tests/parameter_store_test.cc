@@ -97,9 +97,10 @@ TEST(ParameterStoreTest, AnUpdateThatOverflowsChangesNothingAndVoidsTheSinksValu
 }
 
 // Three steps of an optimizer with state on a layout with a buffer, each update either whole
-// (ApplyGradient) or in the ranges `cuts` (BeginUpdate, UpdateRange..., EndUpdate).
+// (ApplyGradient) or in the ranges `cuts` (BeginUpdate, UpdateRange..., EndUpdate); the sum in
+// a buffer of its own, or `in_place` in the buffer reserved for the update's new values.
 std::vector<float> ThreeSteps(std::unique_ptr<Optimizer> optimizer, std::vector<size_t> cuts,
-                              RecordingSink* sink) {
+                              RecordingSink* sink, bool in_place = false) {
   const size_t n = 10000;
   ParameterStore store(std::move(optimizer));
   ModelLayout layout = {{"w", {4000}}, {"running_mean", {2000}, /*buffer=*/true}, {"b", {4000}}};
@@ -109,18 +110,32 @@ std::vector<float> ThreeSteps(std::unique_ptr<Optimizer> optimizer, std::vector<
   store.SetUpdateSink(sink);
   const std::vector<GradientScale> scales = {{5000, 0.25f}, {n, 0.5f}};
   for (int step = 0; step < 3; ++step) {
-    std::vector<float> sum(n);
+    std::vector<float> own(n);
+    absl::Span<float> sum = absl::MakeSpan(own);
+    if (in_place) {
+      const absl::StatusOr<absl::Span<float>> next = store.ReserveNextBuffer();
+      EXPECT_THAT(next, IsOk());
+      if (!next.ok()) return {};
+      sum = *next;
+      EXPECT_NE(sum.data(), store.Snapshot()->values->data()) << "not the parameters served";
+    }
     for (size_t i = 0; i < n; ++i) sum[i] = std::sin(0.01f * static_cast<float>(i * (step + 1)));
     if (cuts.empty()) {
-      EXPECT_THAT(store.ApplyGradient(absl::MakeSpan(sum), scales), IsOk());
+      const absl::StatusOr<ParameterSnapshot> snap = store.ApplyGradient(sum, scales);
+      EXPECT_THAT(snap, IsOk());
+      if (in_place && snap.ok()) {
+        EXPECT_EQ(snap->values->data(), sum.data()) << "the new values went where the sum lay";
+      }
       continue;
     }
     const absl::StatusOr<int64_t> version = store.BeginUpdate();
     EXPECT_THAT(version, IsOk());
     EXPECT_EQ(version.value_or(0), step + 1);
     EXPECT_THAT(store.BeginUpdate(), StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+    EXPECT_THAT(store.ReserveNextBuffer(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("update is open")));
     for (size_t to : cuts) {
-      EXPECT_TRUE(store.UpdateRange(absl::MakeSpan(sum), scales, to));
+      EXPECT_TRUE(store.UpdateRange(sum, scales, to));
       // Until the update ends, the previous version is what is served.
       EXPECT_EQ(store.Snapshot()->version, step);
       EXPECT_EQ(sink->next, to);
@@ -128,6 +143,7 @@ std::vector<float> ThreeSteps(std::unique_ptr<Optimizer> optimizer, std::vector<
     const absl::StatusOr<ParameterSnapshot> ended = store.EndUpdate();
     EXPECT_THAT(ended, IsOk());
     EXPECT_EQ(ended.ok() ? ended->version : -1, step + 1);
+    if (in_place && ended.ok()) EXPECT_EQ(ended->values->data(), sum.data());
     EXPECT_FALSE(store.updating());
   }
   EXPECT_FALSE(store.SaveState().torn);
@@ -143,11 +159,51 @@ TEST(ParameterStoreTest, AnUpdateInRangesIsBitIdenticalToAWholeOne) {
     RecordingSink whole_sink, ranged_sink;
     const std::vector<float> whole = ThreeSteps(make(), {}, &whole_sink);
     // Cuts inside blocks, inside the buffer, at a scale's boundary, and one that adds nothing.
-    const std::vector<float> ranged =
-        ThreeSteps(make(), {1, 4095, 4500, 5000, 5000, 7777, 10000}, &ranged_sink);
+    const std::vector<size_t> cuts = {1, 4095, 4500, 5000, 5000, 7777, 10000};
+    const std::vector<float> ranged = ThreeSteps(make(), cuts, &ranged_sink);
     EXPECT_EQ(ranged, whole) << (adam ? "adam" : "sgd");
     EXPECT_EQ(ranged_sink.written, whole_sink.written);
+    // The sum in the buffer the new values are written into: the same bits.
+    for (const std::vector<size_t>& in_place_cuts : {std::vector<size_t>{}, cuts}) {
+      RecordingSink sink;
+      EXPECT_EQ(ThreeSteps(make(), in_place_cuts, &sink, /*in_place=*/true), whole)
+          << (adam ? "adam" : "sgd") << ", in place, " << in_place_cuts.size() << " cuts";
+      EXPECT_EQ(sink.written, whole_sink.written);
+    }
   }
+}
+
+TEST(ParameterStoreTest, TheNextBufferIsReservedUntilAnUpdateTakesIt) {
+  auto store = SgdStore(1.0);
+  EXPECT_THAT(store->ReserveNextBuffer(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no model")));
+  ASSERT_THAT(store->Register({{"w", {4}}}, std::vector<float>{1, 2, 3, 4}), IsOk());
+  const ParameterSnapshot held = *store->Snapshot();  // a reader still holds version 0
+  absl::StatusOr<absl::Span<float>> next = store->ReserveNextBuffer();
+  ASSERT_THAT(next, IsOk());
+  EXPECT_EQ(next->size(), 4u);
+  EXPECT_NE(next->data(), held.values->data());
+  EXPECT_EQ(store->ReserveNextBuffer()->data(), next->data()) << "the same until it is taken";
+  // An update in a buffer of its own (a sum elsewhere) still takes the reserved one.
+  std::vector<float> sum = {1, 1, 1, 1};
+  const std::vector<GradientScale> scales = {{4, 1.0f}};
+  absl::StatusOr<ParameterSnapshot> v1 = store->ApplyGradient(absl::MakeSpan(sum), scales);
+  ASSERT_THAT(v1, IsOk());
+  EXPECT_EQ(v1->values->data(), next->data());
+  EXPECT_THAT(*v1->values, ElementsAre(0.0f, 1.0f, 2.0f, 3.0f));
+  EXPECT_THAT(sum, ElementsAre(0.0f, 0.0f, 0.0f, 0.0f)) << "a sum of its own is left zeroed";
+  EXPECT_THAT(*held.values, ElementsAre(1.0f, 2.0f, 3.0f, 4.0f)) << "what a reader holds stays";
+  // Neither the parameters served nor a buffer a reader holds is reserved next.
+  next = store->ReserveNextBuffer();
+  ASSERT_THAT(next, IsOk());
+  EXPECT_NE(next->data(), v1->values->data());
+  EXPECT_NE(next->data(), held.values->data());
+  // A restored checkpoint drops the reservation: what is reserved after it is not the values.
+  StoreState state = store->SaveState();
+  ASSERT_THAT(store->LoadState(state), IsOk());
+  next = store->ReserveNextBuffer();
+  ASSERT_THAT(next, IsOk());
+  EXPECT_NE(next->data(), store->Snapshot()->values->data());
 }
 
 TEST(ParameterStoreTest, AnAbandonedUpdateRestoresTheValuesAndTearsTheStore) {

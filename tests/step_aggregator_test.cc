@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -192,6 +193,34 @@ TEST_F(StepAggregatorTest, PrecheckRefusesWhatPushWouldRefuseWithoutTheGradient)
   agg_->Push(Push(0, 0, 1, {1.0f, 1.0f}), a.callback());
   header.num_samples = 1;
   EXPECT_THAT(agg_->Precheck(header), IsOk());
+}
+
+TEST(StepAggregatorMemoryTest, TheSumLiesWhereTheNewParametersGoAndStartsFromZeroEachStep) {
+  // No model-sized sum of its own: each step sums into the buffer the store reserved for its
+  // new values, which held parameters before (stale), so every step must start from zero.
+  ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}));
+  ASSERT_THAT(store.Register({{"w", {2}}}, std::vector<float>{10.0f, 20.0f}), IsOk());
+  StepAggregator agg(&store);
+  agg.BeginEpoch(0, {{{0, 1}, {1, 1}}, {{0, 1}, {1, 1}}, {{0, 1}, {1, 1}}});
+  std::vector<float> g0 = {2.0f, 4.0f}, g1 = {4.0f, 8.0f};
+  std::set<const float*> buffers;
+  for (int step = 0; step < 3; ++step) {
+    Outcome a, b;  // their results (which hold the parameters) go at the end of the step
+    agg.Push(GradientPush{0, 0, step, 1, 0.0, g0}, a.callback());
+    ASSERT_FALSE(a.result.has_value());
+    const absl::StatusOr<absl::Span<float>> next = store.ReserveNextBuffer();
+    ASSERT_THAT(next, IsOk());
+    EXPECT_NE(next->data(), store.Snapshot()->values->data());
+    EXPECT_EQ(next->data()[0], 2.0f) << "worker 0's value, summed there";
+    agg.Push(GradientPush{1, 0, step, 1, 0.0, g1}, b.callback());
+    ASSERT_TRUE(a.result.has_value() && a.result->ok());
+    EXPECT_EQ((*a.result)->parameters.values->data(), next->data());
+    // The mean [3 6] taken from the parameters once a step.
+    const float k = static_cast<float>(step + 1);
+    EXPECT_THAT(*store.Snapshot()->values, ElementsAre(10.0f - 3.0f * k, 20.0f - 6.0f * k));
+    buffers.insert(next->data());
+  }
+  EXPECT_EQ(buffers.size(), 2u) << "two buffers in turn: each step's sum in the step before last's";
 }
 
 TEST(StepAggregatorBufferTest, BuffersBecomeTheSampleWeightedMeanOfThePushedValues) {
