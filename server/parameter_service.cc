@@ -947,6 +947,10 @@ class RegisterStreamReactor final
           "initial values ", chunk.offset(), "..", chunk.offset() + bytes.size() / 4,
           " do not follow the ", initial_.size(), " received, within the model's ", total_));
     }
+    // Room for the whole model at once (its layout bounds it), rather than a vector that
+    // grows by doubling: each growth would copy what arrived and leave a freed buffer behind,
+    // which the server's allocator keeps mapped.
+    if (initial_.capacity() < total_) initial_.reserve(total_);
     const size_t at = initial_.size();
     initial_.resize(at + bytes.size() / 4);
     std::memcpy(initial_.data() + at, bytes.data(), bytes.size());
