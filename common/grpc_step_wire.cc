@@ -83,7 +83,7 @@ Segments SegmentsOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* ke
 // Received slices outlive their call and may be let go on any thread, the server's reducer
 // among them. Under a memory quota's pressure, letting go of the last reference to received
 // memory wakes gRPC's reclaimer, which needs the execution context that gRPC's own threads and
-// calls set up; without one dbs_ps crashed (a 10M job at --memory_quota_mb=96: 1 run in 2-4).
+// calls set up; without one dbs_ps crashed (a 10M job at --memory_quota_mb=96: 5 runs of 12).
 // So the last references go inside grpc_byte_buffer_destroy, a gRPC call that sets one up.
 std::shared_ptr<std::vector<grpc::Slice>> ReceivedSlices() {
   return std::shared_ptr<std::vector<grpc::Slice>>(
