@@ -143,7 +143,9 @@ std::vector<float> ThreeSteps(std::unique_ptr<Optimizer> optimizer, std::vector<
     const absl::StatusOr<ParameterSnapshot> ended = store.EndUpdate();
     EXPECT_THAT(ended, IsOk());
     EXPECT_EQ(ended.ok() ? ended->version : -1, step + 1);
-    if (in_place && ended.ok()) EXPECT_EQ(ended->values->data(), sum.data());
+    if (in_place && ended.ok()) {
+      EXPECT_EQ(ended->values->data(), sum.data());
+    }
     EXPECT_FALSE(store.updating());
   }
   EXPECT_FALSE(store.SaveState().torn);
