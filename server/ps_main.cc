@@ -89,7 +89,8 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
 ABSL_FLAG(int, memory_quota_mb, 4096,
           "Memory gRPC may hold for calls in flight, in MiB (at least 2 * --max_message_mb); "
-          "past it new calls wait or fail instead of growing the server.");
+          "past it new calls wait or fail instead of growing the server. Below one step's "
+          "pushes (workers x the model on the wire) + 16 MiB the job can stall: dbs_ps warns.");
 ABSL_FLAG(int, receive_window_mb, 0,
           "How far ahead gRPC reads each call's bytes (the HTTP/2 stream window), in MiB, up "
           "to 1024. 0: gRPC sizes it from the bandwidth it measures (fastest). A bound caps "

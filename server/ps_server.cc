@@ -1,5 +1,6 @@
 #include "server/ps_server.h"
 
+#include <cmath>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -7,11 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/secrets.h"
 #include "common/shard_range.h"
 #include "common/status_macros.h"
+#include "common/wire_values.h"
 #include "glog/logging.h"
 #include "server/checkpoint.h"
 #include "server/liveness_monitor.h"
@@ -326,6 +329,32 @@ std::shared_ptr<grpc::ServerCredentials> PsServer::Credentials() const {
   return grpc::SslServerCredentials(tls);
 }
 
+std::optional<std::string> MemoryQuotaShortfall(const ServerConfig& config, int64_t model_values) {
+  const double mib = 1024.0 * 1024.0;
+  const double model_mib =
+      static_cast<double>(model_values) * BytesPerValue(config.job.wire_dtype) / mib;
+  const int workers = config.job.scheduler.expected_workers;
+  const double needed = workers * model_mib + kQuotaHeadroomMb;
+  if (config.memory_quota_mb >= needed) return std::nullopt;
+  return absl::StrFormat(
+      "--memory_quota_mb=%d is less than a step's pushes need: %d workers x %.1f MiB (%d values "
+      "in %s) + %d MiB = %.0f MiB. Under that pressure gRPC can stop reading every push at once "
+      "and the job stalls (docs/dataplane.md#grpcs-memory-quota): raise --memory_quota_mb to "
+      "%.0f, or bound the server's memory with --receive_window_mb instead",
+      config.memory_quota_mb, workers, model_mib, model_values,
+      WireDtypeName(config.job.wire_dtype), kQuotaHeadroomMb, std::ceil(needed), std::ceil(needed));
+}
+
+void PsServer::CheckMemoryQuota() {
+  if (quota_checked_ || !job_->store()->registered()) return;
+  quota_checked_ = true;
+  const std::optional<std::string> shortfall =
+      MemoryQuotaShortfall(config_, job_->store()->num_elements());
+  if (!shortfall.has_value()) return;
+  quota_shortfall_ = *shortfall;
+  LOG(WARNING) << quota_shortfall_;
+}
+
 std::vector<std::pair<std::string, int>> ReceiveWindowArgs(int receive_window_mb) {
   if (receive_window_mb == 0) return {};
   // Without the bandwidth-delay probe gRPC keeps the window at the lookahead it is given,
@@ -375,6 +404,7 @@ absl::Status PsServer::Run(std::ostream& out) {
     LivenessMonitor liveness({absl::ZeroDuration(), config_.job.worker_timeout}, clock_);
     std::string last_told;  // logged when the answer changes: reports repeat while it waits
     while (!follower_->WaitFor(config_.supervise_every)) {
+      CheckMemoryQuota();
       const std::optional<MissingPushes> missing = follower_->Missing(&liveness);
       if (!missing.has_value() || link_ == nullptr) continue;
       const absl::Status told = link_->ReportMissing(*missing, absl::Seconds(10));
@@ -401,8 +431,11 @@ absl::Status PsServer::Run(std::ostream& out) {
     return result;
   }
   while (!job_->WaitFor(config_.supervise_every)) {
+    CheckMemoryQuota();
     job_->CheckDeadWorkers();
-    job_->CheckStall();
+    if (job_->CheckStall() && !quota_shortfall_.empty()) {
+      LOG(ERROR) << "the stall may be gRPC's memory quota: " << quota_shortfall_;
+    }
   }
   const absl::Status result = job_->Wait();
   server_->GetHealthCheckService()->SetServingStatus(false);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -544,6 +545,32 @@ TEST(ReceiveWindowArgsTest, ZeroLeavesGRPCsWindowAndABoundTurnsTheProbeOff) {
               ::testing::UnorderedElementsAre(
                   std::make_pair(std::string(GRPC_ARG_HTTP2_BDP_PROBE), 0),
                   std::make_pair(std::string(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES), 8 << 20)));
+}
+
+TEST(MemoryQuotaShortfallTest, AQuotaMustHoldEveryWorkersPushAndTheHeadroom) {
+  ServerConfig c = SmallConfig();
+  c.job.scheduler.expected_workers = 4;
+  c.job.wire_dtype = WireDtype::kFp32;
+  // 10M fp32 values: 4 x 38.1 MiB + 16 = 168.6 MiB.
+  c.memory_quota_mb = 168;
+  const std::optional<std::string> short_by = MemoryQuotaShortfall(c, 10'000'000);
+  ASSERT_TRUE(short_by.has_value());
+  EXPECT_THAT(*short_by, HasSubstr("--memory_quota_mb=168"));
+  EXPECT_THAT(*short_by, HasSubstr("4 workers x 38.1 MiB (10000000 values in fp32) + 16 MiB"));
+  EXPECT_THAT(*short_by, HasSubstr("raise --memory_quota_mb to 169"));
+  c.memory_quota_mb = 169;
+  EXPECT_EQ(MemoryQuotaShortfall(c, 10'000'000), std::nullopt);
+  // bf16 on the wire halves the pushes.
+  c.job.wire_dtype = WireDtype::kBf16;
+  c.memory_quota_mb = 93;
+  EXPECT_EQ(MemoryQuotaShortfall(c, 10'000'000), std::nullopt);
+  c.memory_quota_mb = 92;
+  EXPECT_TRUE(MemoryQuotaShortfall(c, 10'000'000).has_value());
+  // The default quota holds a 25M model's pushes from 40 workers.
+  c.job.wire_dtype = WireDtype::kFp32;
+  c.job.scheduler.expected_workers = 40;
+  c.memory_quota_mb = ServerConfig().memory_quota_mb;
+  EXPECT_EQ(MemoryQuotaShortfall(c, 25'000'000), std::nullopt);
 }
 
 TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
