@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_step_wire.h"
@@ -133,17 +134,14 @@ grpc::ByteBuffer PushOf(int worker, size_t floats) {
 grpc::Status Call(grpc::GenericStub* stub, const grpc::ByteBuffer& request) {
   grpc::ClientContext context;
   grpc::ByteBuffer reply;
-  absl::Mutex mu;
-  bool done = false;
+  absl::Notification done;
   grpc::Status status;
   stub->UnaryCall(&context, "/dbs.v1.Test/Push", grpc::StubOptions(), &request, &reply,
                   [&](grpc::Status s) {
-                    absl::MutexLock lock(&mu);
                     status = std::move(s);
-                    done = true;
+                    done.Notify();
                   });
-  absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(&done));
+  done.WaitForNotification();
   return status;
 }
 
