@@ -1,0 +1,158 @@
+#include "common/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace dbs {
+namespace {
+
+constexpr size_t kPage = 4096;
+// Far beyond any model (a 25M-parameter model is 100 MB); refuses a peer's absurd size before
+// anything is mapped.
+constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 40;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+// A slot's version, at the start of the region (each on its own cache line).
+std::atomic<int64_t>* VersionOf(uint8_t* region, int64_t slot) {
+  static_assert(std::atomic<int64_t>::is_always_lock_free, "needs lock-free 64-bit atomics");
+  return reinterpret_cast<std::atomic<int64_t>*>(region + 64 * slot);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(absl::string_view name,
+                                                                   size_t bytes) {
+  if (bytes == 0 || bytes > kMaxRegionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a shared region of ", bytes, " bytes"));
+  }
+  const int fd = memfd_create(std::string(name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::FailedPreconditionError(Errno("memfd_create"));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const std::string why = Errno("sizing and sealing a memory file");
+    close(fd);
+    return absl::FailedPreconditionError(why);
+  }
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    const std::string why = Errno("mmap");
+    close(fd);
+    return absl::ResourceExhaustedError(why);
+  }
+  return std::unique_ptr<SharedRegion>(new SharedRegion(static_cast<uint8_t*>(data), bytes, fd));
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(const RegionLocation& where) {
+  if (where.pid <= 0 || where.pid > INT32_MAX || where.fd < 0 || where.fd > INT32_MAX ||
+      where.bytes == 0 || where.bytes > kMaxRegionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("no shared region at pid ", where.pid, " fd ",
+                                                   where.fd, " of ", where.bytes, " bytes"));
+  }
+  const std::string path = absl::StrCat("/proc/", where.pid, "/fd/", where.fd);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    // Another host, another PID namespace, another user, or a process gone: no sharing.
+    return absl::FailedPreconditionError(Errno(absl::StrCat("cannot open ", path).c_str()));
+  }
+  struct stat st;
+  std::string refusal;
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0) {
+    refusal = Errno("fstat");
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    refusal = "not a memory file of this user";
+  } else if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    refusal = "not a memory file sealed against shrinking";
+  } else if (static_cast<uint64_t>(st.st_size) != where.bytes) {
+    refusal = absl::StrCat(st.st_size, " bytes, not ", where.bytes);
+  }
+  if (!refusal.empty()) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", refusal));
+  }
+  void* data = mmap(nullptr, where.bytes, PROT_READ, MAP_SHARED, fd, 0);
+  const std::string why = data == MAP_FAILED ? Errno("mmap") : "";
+  close(fd);  // the mapping keeps the file
+  if (data == MAP_FAILED) return absl::ResourceExhaustedError(why);
+  return std::unique_ptr<SharedRegion>(
+      new SharedRegion(static_cast<uint8_t*>(data), where.bytes, -1));
+}
+
+SharedRegion::~SharedRegion() {
+  munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+RegionLocation SharedRegion::location() const {
+  RegionLocation where;
+  where.pid = getpid();
+  where.fd = fd_;
+  where.bytes = size_;
+  return where;
+}
+
+size_t ParameterSlots::RegionBytes(size_t count, WireDtype dtype) {
+  return kPage + 2 * RoundUp(count * BytesPerValue(dtype), kPage);
+}
+
+ParameterSlots::ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype)
+    : region_(region),
+      count_(count),
+      dtype_(dtype),
+      slot_bytes_(RoundUp(count * BytesPerValue(dtype), kPage)) {}
+
+void ParameterSlots::Clear() {
+  VersionOf(region_->data(), 0)->store(-1, std::memory_order_release);
+  VersionOf(region_->data(), 1)->store(-1, std::memory_order_release);
+}
+
+const uint8_t* ParameterSlots::Slot(int64_t version) const {
+  return region_->data() + kPage + static_cast<size_t>(version % 2) * slot_bytes_;
+}
+
+void ParameterSlots::BeginWrite(int64_t version) {
+  writing_ = version;
+  VersionOf(region_->data(), version % 2)->store(-1, std::memory_order_relaxed);
+  // Readers that see any of the new values see the slot marked empty.
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void ParameterSlots::Write(size_t offset, absl::Span<const float> values) {
+  if (writing_ < 0 || offset > count_ || values.size() > count_ - offset) return;
+  const size_t width = BytesPerValue(dtype_);
+  EncodeValues(values, dtype_, const_cast<uint8_t*>(Slot(writing_)) + offset * width);
+}
+
+void ParameterSlots::EndWrite(bool ok) {
+  if (writing_ < 0) return;
+  if (ok) VersionOf(region_->data(), writing_ % 2)->store(writing_, std::memory_order_release);
+  writing_ = -1;
+}
+
+bool ParameterSlots::Holds(int64_t version) const {
+  return version >= 0 &&
+         VersionOf(region_->data(), version % 2)->load(std::memory_order_acquire) == version;
+}
+
+bool ParameterSlots::Read(int64_t version, absl::Span<float> out) const {
+  if (version < 0 || out.size() != count_) return false;
+  std::atomic<int64_t>* stamp = VersionOf(region_->data(), version % 2);
+  if (stamp->load(std::memory_order_acquire) != version) return false;
+  DecodeValues(Slot(version), dtype_, out);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return stamp->load(std::memory_order_relaxed) == version;
+}
+
+}  // namespace dbs

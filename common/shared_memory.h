@@ -1,0 +1,94 @@
+// Shared memory between dbs_ps and the workers on its own host: a step's gradient and its
+// answer's parameters pass through memory both processes map, instead of through two kernel
+// copies each way on a loopback socket (docs/dataplane.md#shared-memory).
+//
+// A region is an anonymous memory file (memfd) sealed against shrinking and growing, so the
+// process that maps another's region can never fault on a page that went away. A peer opens it
+// as /proc/<pid>/fd/<fd>: only a process of the same user on the same host (and in the same
+// PID namespace) can, which is what decides whether shared memory is used at all; anything
+// else falls back to gRPC. Free of gRPC; thread-compatible.
+#ifndef DBS_COMMON_SHARED_MEMORY_H_
+#define DBS_COMMON_SHARED_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/wire_values.h"
+
+namespace dbs {
+
+// Where a region lies for a peer on the same host: /proc/<pid>/fd/<fd>, `bytes` long.
+struct RegionLocation {
+  int64_t pid = 0;
+  int64_t fd = -1;
+  uint64_t bytes = 0;
+};
+
+class SharedRegion {
+ public:
+  // A new zero-filled region of `bytes` bytes, sealed, mapped read-write in this process.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(absl::string_view name, size_t bytes);
+  // Maps another process's region read-only. Refuses (INVALID_ARGUMENT or FAILED_PRECONDITION,
+  // naming why) anything but a sealed memory file of this user of exactly `where.bytes`.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(const RegionLocation& where);
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Where a peer finds it (a created region; an opened one keeps no descriptor).
+  RegionLocation location() const;
+
+ private:
+  SharedRegion(uint8_t* data, size_t size, int fd) : data_(data), size_(size), fd_(fd) {}
+  uint8_t* data_;
+  size_t size_;
+  int fd_;  // -1 for an opened region
+};
+
+// The server's answers in shared memory: two slots of the model's values in the wire dtype, the
+// parameters of version v in slot v % 2, each with the version it holds. The server writes a
+// version while the workers may still read the one before (in the other slot); it writes into a
+// slot only after every worker of the step has pushed, that is, has read the version the slot
+// held two versions ago. A reader checks the slot's version before and after its copy (a
+// sequence lock): a copy that raced a write is refused, never returned torn.
+class ParameterSlots {
+ public:
+  // The region's size for `count` values of `dtype`.
+  static size_t RegionBytes(size_t count, WireDtype dtype);
+  // Over `region` (which must be RegionBytes long; it is not owned and must outlive this).
+  ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype);
+
+  // Writer (the server): marks both slots empty.
+  void Clear();
+  // Starts writing `version` into its slot (marked empty until EndWrite).
+  void BeginWrite(int64_t version);
+  // Values [offset, offset + values.size()) of the version begun.
+  void Write(size_t offset, absl::Span<const float> values);
+  // The version begun is in its slot (`ok`) or the slot stays empty.
+  void EndWrite(bool ok);
+  // True when `version`'s slot holds it.
+  bool Holds(int64_t version) const;
+
+  // Reader (a worker): copies `version`'s values into `out` (count values); false when its
+  // slot does not hold it, before or after the copy.
+  bool Read(int64_t version, absl::Span<float> out) const;
+
+ private:
+  const uint8_t* Slot(int64_t version) const;
+  SharedRegion* const region_;
+  const size_t count_;
+  const WireDtype dtype_;
+  const size_t slot_bytes_;
+  int64_t writing_ = -1;
+};
+
+}  // namespace dbs
+
+#endif  // DBS_COMMON_SHARED_MEMORY_H_

@@ -1,0 +1,191 @@
+#include "common/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dbs {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(SharedRegionTest, APeerSeesTheBytesWrittenAndTheWriterSeesNoCopy) {
+  auto region = SharedRegion::Create("test", 10000);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const RegionLocation where = (*region)->location();
+  EXPECT_EQ(where.bytes, 10000u);
+  auto peer = SharedRegion::Open(where);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  (*region)->data()[9999] = 42;
+  EXPECT_EQ((*peer)->data()[9999], 42);
+  EXPECT_EQ((*peer)->data()[0], 0);  // zero-filled
+}
+
+TEST(SharedRegionTest, AnotherProcessOpensItThroughProc) {
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  (*region)->data()[100] = 7;
+  const RegionLocation where = (*region)->location();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child's pid differs: it opens the parent's descriptor by the parent's pid.
+    auto peer = SharedRegion::Open(where);
+    _exit(peer.ok() && (*peer)->data()[100] == 7 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
+  auto region = SharedRegion::Create("test", 8192);
+  ASSERT_TRUE(region.ok()) << region.status();
+  RegionLocation where = (*region)->location();
+
+  where.bytes = 4096;  // the file is larger: a peer's claim that does not match
+  EXPECT_THAT(SharedRegion::Open(where).status().message(), HasSubstr("8192 bytes, not 4096"));
+  where.bytes = 16384;  // or smaller: mapping it would fault past its end
+  EXPECT_FALSE(SharedRegion::Open(where).ok());
+
+  // A descriptor of an ordinary file (which its owner could shrink under the mapping).
+  const std::string path = ::testing::TempDir() + "/plain";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  RegionLocation plain{getpid(), fd, 4096};
+  EXPECT_THAT(SharedRegion::Open(plain).status().message(), HasSubstr("sealed"));
+  close(fd);
+
+  EXPECT_EQ(SharedRegion::Open({0, 3, 4096}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SharedRegion::Open({getpid(), -1, 4096}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SharedRegion::Open({getpid(), 3, uint64_t{1} << 50}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A descriptor no process has: what a peer on another host names.
+  EXPECT_EQ(SharedRegion::Open({getpid(), 100000, 4096}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SharedRegion::Create("test", 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
+  const size_t n = 1000;
+  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
+  ASSERT_TRUE(region.ok());
+  ParameterSlots writer(region->get(), n, WireDtype::kFp32);
+  writer.Clear();
+  auto peer = SharedRegion::Open((*region)->location());
+  ASSERT_TRUE(peer.ok());
+  const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
+  std::vector<float> out(n);
+  EXPECT_FALSE(reader.Read(0, absl::MakeSpan(out)));  // nothing written: not version 0's zeros
+
+  std::vector<float> v4(n, 4.0f), v5(n, 5.0f);
+  v4[n - 1] = -1.5f;
+  writer.BeginWrite(4);
+  writer.Write(0, absl::MakeConstSpan(v4).subspan(0, 600));
+  EXPECT_FALSE(reader.Read(4, absl::MakeSpan(out)));  // half written
+  writer.Write(600, absl::MakeConstSpan(v4).subspan(600));
+  writer.EndWrite(true);
+  ASSERT_TRUE(reader.Read(4, absl::MakeSpan(out)));
+  EXPECT_EQ(out, v4);
+  EXPECT_FALSE(reader.Read(5, absl::MakeSpan(out)));
+  EXPECT_FALSE(reader.Read(2, absl::MakeSpan(out)));  // same slot, another version
+
+  writer.BeginWrite(5);
+  writer.Write(0, v5);
+  writer.EndWrite(true);
+  ASSERT_TRUE(reader.Read(4, absl::MakeSpan(out)));  // the version before stays readable
+  ASSERT_TRUE(reader.Read(5, absl::MakeSpan(out)));
+  EXPECT_EQ(out, v5);
+
+  writer.BeginWrite(6);  // version 4's slot
+  EXPECT_FALSE(reader.Read(4, absl::MakeSpan(out)));
+  writer.EndWrite(false);  // abandoned: the slot stays empty
+  EXPECT_FALSE(reader.Read(6, absl::MakeSpan(out)));
+  EXPECT_FALSE(writer.Holds(6));
+  EXPECT_TRUE(writer.Holds(5));
+  std::vector<float> wrong(n - 1);
+  EXPECT_FALSE(reader.Read(5, absl::MakeSpan(wrong)));
+}
+
+TEST(ParameterSlotsTest, SixteenBitSlotsRoundAsTheWireDoes) {
+  const size_t n = 5;
+  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kBf16));
+  ASSERT_TRUE(region.ok());
+  ParameterSlots slots(region->get(), n, WireDtype::kBf16);
+  slots.Clear();
+  const std::vector<float> values = {1.0f, 1.00390625f, -3.1f, 0.0f, 65504.0f};
+  slots.BeginWrite(1);
+  slots.Write(0, values);
+  slots.EndWrite(true);
+  std::vector<float> out(n);
+  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(out)));
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], Bf16ToFloat(FloatToBf16(values[i])));
+}
+
+// A writer in another process rewrites the slots as fast as it can, every value of version v
+// equal to v; every read that succeeds must hold one version's values only.
+TEST(ParameterSlotsTest, AReadThatRacesAWriteIsRefusedNeverTorn) {
+  const size_t n = 1 << 16;
+  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
+  ASSERT_TRUE(region.ok());
+  ParameterSlots writer(region->get(), n, WireDtype::kFp32);
+  writer.Clear();
+  auto peer = SharedRegion::Open((*region)->location());
+  ASSERT_TRUE(peer.ok());
+  const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
+  // Where the writer stands: the version it is writing.
+  auto progress = SharedRegion::Create("progress", 64);
+  ASSERT_TRUE(progress.ok());
+  auto* writing = reinterpret_cast<std::atomic<int64_t>*>((*progress)->data());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<float> values(n);
+    for (int64_t v = 0; v < 3000; ++v) {
+      std::fill(values.begin(), values.end(), static_cast<float>(v));
+      writing->store(v);
+      writer.BeginWrite(v);
+      for (size_t at = 0; at < n; at += 4096) {
+        writer.Write(at, absl::MakeConstSpan(values).subspan(at, 4096));
+      }
+      writer.EndWrite(true);
+    }
+    writing->store(-1);
+    _exit(0);
+  }
+  std::vector<float> out(n);
+  int ok = 0, refused = 0, torn = 0;
+  for (int64_t at = 0; (at = writing->load()) >= 0 && torn == 0;) {
+    // The version being written (refused unless done meanwhile) and the one before it (done,
+    // unless overwritten meanwhile).
+    for (int64_t v : {at, at - 1}) {
+      if (!reader.Read(v, absl::MakeSpan(out))) {
+        ++refused;
+        continue;
+      }
+      ++ok;
+      for (float x : out) torn += x != static_cast<float>(v);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(torn, 0) << "a read returned values of two versions";
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(refused, 0);
+  RecordProperty("reads_ok", ok);
+  RecordProperty("reads_refused", refused);
+}
+
+}  // namespace
+}  // namespace dbs
