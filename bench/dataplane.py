@@ -118,7 +118,8 @@ def run_dbs(args, n, variant):
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
                  f"--server_pid={','.join(str(p.pid) for p in procs)}",
                  f"--stream_chunk_kb={0 if 'whole' in modes else chunk_kb}",
-                 f"--push_session={'false' if 'calls' in modes else 'true'}"],
+                 f"--push_session={'false' if 'calls' in modes else 'true'}",
+                 f"--shared_memory={'true' if 'shm' in modes else 'false'}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
                 raise RuntimeError(f"dataplane_client failed ({client.returncode}): "
@@ -166,6 +167,7 @@ def summarize(results, clients):
             "server_faults_per_step_second_half": median_of(
                 dbs, "server_faults_per_step_second_half"),
             "server_peak_rss_mib": max(r["server_peak_rss_bytes"] for r in dbs) / 2**20,
+            "server_shared_rss_mib": max(r.get("server_shared_rss_bytes", 0) for r in dbs) / 2**20,
             "model_mib": entry["params"] * 4 / 2**20,
             "client_cpu_ms_per_step": median_of(dbs, "client_cpu_ms_per_step"),
         })
@@ -183,10 +185,13 @@ def table(rows, clients, rounds):
              "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
              "summed. /windowN: dbs_ps with --receive_window_mb=N. /quotaN: dbs_ps with "
              "--memory_quota_mb=N. /chunkK: the clients' --stream_chunk_kb=K. /calls: a PushGradient call per "
-             "whole-message push instead of one push session per client. Modes combine "
+             "whole-message push instead of one push session per client. /shm: the clients "
+             "push through memory shared with dbs_ps (a worker's default on the server's host); "
+             "without it over the loopback socket, as between hosts. Modes combine "
              "(fp32/arrival/window8). Faults/step: over all timed "
              "steps, and over their second half alone (the server's receive buffers grow over "
-             "a large model's first steps).", "",
+             "a large model's first steps). Peak RSS: VmHWM; in brackets, where not 0, what of "
+             "it is memory shared with the clients at the end (RssShmem: /shm's regions).", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step (2nd half) | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -197,7 +202,9 @@ def table(rows, clients, rounds):
             f"{r['ratio']:.2f}x | {r['server_cpu_ms_per_step']:.1f} | "
             f"{r['server_faults_per_step']:.0f} "
             f"({r['server_faults_per_step_second_half']:.0f}) | {r['server_peak_rss_mib']:.0f} "
-            f"({r['model_mib']:.1f}) | {r['client_cpu_ms_per_step']:.2f} |")
+            + (f"[shared {r['server_shared_rss_mib']:.0f}] " if r.get('server_shared_rss_mib')
+               else "")
+            + f"({r['model_mib']:.1f}) | {r['client_cpu_ms_per_step']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -241,6 +248,8 @@ def main():
                         "or with /chunkK pushed in chunks of K KiB, "
                         "or with /calls pushing whole messages with a call each rather than on "
                         "a push session, "
+                        "or with /shm pushing through memory shared with dbs_ps rather than "
+                        "the socket, "
                         "or with /glibc run by the binaries in "
                         "--system_malloc_dir; modes combine (fp32/arrival/window8); default: " + DEFAULT_VARIANTS
                         + " (and fp32/glibc with --system_malloc_dir)")
@@ -284,10 +293,10 @@ def main():
         wire, *modes = v.split("/")
         kinds = [re.sub(r"[0-9]+", "", m) for m in modes]
         if wire not in ("fp32", "bf16", "fp16") or len(set(kinds)) < len(kinds) or not all(
-                re.fullmatch(r"arrival|whole|unpipelined|glibc|calls|[1-9][0-9]*shards"
+                re.fullmatch(r"arrival|whole|unpipelined|glibc|calls|shm|[1-9][0-9]*shards"
                              r"|(window|chunk|quota)[1-9][0-9]*", m) for m in modes):
             sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
-                     "/arrival, /whole, /unpipelined, /glibc, /calls, /Kshards, /windowN, "
+                     "/arrival, /whole, /unpipelined, /glibc, /calls, /shm, /Kshards, /windowN, "
                      "/chunkKB or /quotaMB, each at most once (fp32/arrival/window8 is both)")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}

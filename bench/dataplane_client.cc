@@ -49,6 +49,9 @@ ABSL_FLAG(int, stream_chunk_kb, 4096,
 ABSL_FLAG(bool, push_session, true,
           "Whole-message pushes on one stream per client (PushGradientSession); off: a "
           "PushGradient call per step.");
+ABSL_FLAG(bool, shared_memory, false,
+          "Push through memory shared with dbs_ps (a worker's default on the server's host); "
+          "off: over the socket.");
 ABSL_FLAG(std::vector<std::string>, server_pid, {},
           "dbs_ps's pid (every shard's, comma-separated), for its CPU time, page faults and peak "
           "RSS (summed over the shards).");
@@ -76,13 +79,14 @@ ProcStat ReadProcStat(int pid) {
   return s;
 }
 
-// VmHWM of `pid` in bytes.
-long long PeakRss(int pid) {
+// A field of /proc/`pid`/status given in kB (VmHWM: the peak RSS; RssShmem: the shared memory
+// mapped now), in bytes.
+long long StatusBytes(int pid, const std::string& field) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      std::istringstream in(line.substr(6));
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream in(line.substr(field.size() + 1));
       long long kb = 0;
       in >> kb;
       return kb * 1024;
@@ -171,6 +175,7 @@ int main(int argc, char** argv) {
       config.max_message_mb = 2047;
       config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
       config.push_sessions = absl::GetFlag(FLAGS_push_session);
+      config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
       std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
       dbs::PsClient& client = *owned;
       std::vector<float> values(static_cast<size_t>(params), 0.0f);
@@ -259,9 +264,15 @@ int main(int argc, char** argv) {
     out["server_faults_per_step_second_half"] =
         static_cast<double>(server_after.minor_faults - server_mid.minor_faults) /
         (steps - steps / 2);
-    long long rss = 0;
-    for (int pid : server_pids) rss += PeakRss(pid);
+    long long rss = 0, shared = 0;
+    for (int pid : server_pids) {
+      rss += StatusBytes(pid, "VmHWM");
+      shared += StatusBytes(pid, "RssShmem");
+    }
     out["server_peak_rss_bytes"] = rss;
+    // Of it, memory shared with the clients (their gradient regions and the answers' slots,
+    // all touched in the first steps and mapped to the end): 0 over the socket.
+    out["server_shared_rss_bytes"] = shared;
     out["shards"] = server_pids.size();
   }
   std::printf("%s\n", out.dump().c_str());

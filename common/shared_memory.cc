@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace dbs {
@@ -54,7 +55,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(absl::string_
   return std::unique_ptr<SharedRegion>(new SharedRegion(static_cast<uint8_t*>(data), bytes, fd));
 }
 
-absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(const RegionLocation& where) {
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(const RegionLocation& where,
+                                                                 absl::string_view name) {
   if (where.pid <= 0 || where.pid > INT32_MAX || where.fd < 0 || where.fd > INT32_MAX ||
       where.bytes == 0 || where.bytes > kMaxRegionBytes) {
     return absl::InvalidArgumentError(absl::StrCat("no shared region at pid ", where.pid, " fd ",
@@ -65,6 +67,15 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Open(const RegionLoc
   if (fd < 0) {
     // Another host, another PID namespace, another user, or a process gone: no sharing.
     return absl::FailedPreconditionError(Errno(absl::StrCat("cannot open ", path).c_str()));
+  }
+  // What the descriptor names: "/memfd:<name> (deleted)" for a memory file.
+  char target[256];
+  const ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+  const std::string expected = absl::StrCat("/memfd:", name, " ");
+  if (n < 0 || !absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), expected)) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a memory file named \"", name, "\""));
   }
   struct stat st;
   std::string refusal;

@@ -33,8 +33,10 @@ class SharedRegion {
   // A new zero-filled region of `bytes` bytes, sealed, mapped read-write in this process.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(absl::string_view name, size_t bytes);
   // Maps another process's region read-only. Refuses (INVALID_ARGUMENT or FAILED_PRECONDITION,
-  // naming why) anything but a sealed memory file of this user of exactly `where.bytes`.
-  static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(const RegionLocation& where);
+  // naming why) anything but a sealed memory file of this user, created with `name`, of
+  // exactly `where.bytes`: a peer cannot point the reader at any other file.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Open(const RegionLocation& where,
+                                                            absl::string_view name);
   ~SharedRegion();
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;

@@ -279,7 +279,8 @@ absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::Mess
 }
 
 absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
-                            absl::Span<float> params, int64_t* version) {
+                            absl::Span<float> params, int64_t* version, bool* in_shared_memory) {
+  if (in_shared_memory != nullptr) *in_shared_memory = false;
   // Parsed into a scratch head first: the values are written only if they are the whole model.
   v1::PushGradientReply scratch;
   SegmentsInputStream in(message);
@@ -293,6 +294,19 @@ absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head
     Segments values;
     DBS_RETURN_IF_ERROR(SplitField(&flat_in, kFlatValues, &flat_rest, &values, &present));
     v1::FlatParameters meta;
+    if (meta.ParseFromString(flat_rest) && meta.in_shared_memory()) {
+      if (in_shared_memory == nullptr || PayloadBytes(values) != 0) {
+        return absl::InvalidArgumentError(
+            "the reply's parameters are in shared memory, which this push did not ask for");
+      }
+      if (!head->ParseFromString(rest)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("malformed reply: not a valid ", head->GetTypeName()));
+      }
+      *in_shared_memory = true;
+      *version = meta.version();
+      return absl::OkStatus();
+    }
     if (meta.ParseFromString(flat_rest) && v1::WireDtype_IsValid(meta.wire_dtype()) &&
         (meta.offset() != 0 ||
          PayloadBytes(values) !=

@@ -72,8 +72,12 @@ void WriteGradientField(WireDtype dtype, absl::Span<const float> values, uint8_t
 // Reads a reply: every field but `values` into `head`; the values, which must be exactly
 // `params.size()` finite-or-not floats, decoded straight into `params`, their version into
 // `*version`. Nothing is written to `params` unless the whole reply is well formed.
+// With `in_shared_memory`, a reply whose values lie in the server's shared slots
+// (FlatParameters.in_shared_memory) is accepted too: `*in_shared_memory` is set, `*version` is
+// theirs, and `params` is left alone for the caller to read them from the slots.
 absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
-                            absl::Span<float> params, int64_t* version);
+                            absl::Span<float> params, int64_t* version,
+                            bool* in_shared_memory = nullptr);
 
 // One message of a streamed answer (PushGradientStream): its values are a range of the model,
 // decoded into `params` at their offset (`*offset`, `*count`). Nothing is written to `params`

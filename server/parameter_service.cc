@@ -66,6 +66,119 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::Resume(grpc::CallbackServerConte
       });
 }
 
+grpc::ServerUnaryReactor* ParameterServiceImpl::AttachSharedMemory(grpc::CallbackServerContext* ctx,
+                                                                   const grpc::ByteBuffer* in,
+                                                                   grpc::ByteBuffer* out) {
+  return ServeRaw<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryReply>(
+      ctx, in, out, "AttachSharedMemory", hooks_,
+      [this](auto* c, const auto& req, auto* reply, WaitingReactor* r) {
+        Answer(r, DoAttachSharedMemory(c, req, reply));
+      });
+}
+
+namespace {
+// The names of the memory files, which the opening side checks (SharedRegion::Open).
+constexpr char kGradientRegion[] = "dbs-gradient";
+constexpr char kParameterRegion[] = "dbs-parameters";
+}  // namespace
+
+absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerContext* ctx,
+                                                        const v1::AttachSharedMemoryRequest& req,
+                                                        v1::AttachSharedMemoryReply* reply) {
+  DBS_RETURN_IF_ERROR(Allowed(ctx, req.worker_id()));
+  if (!shared_memory_) {
+    return absl::FailedPreconditionError(
+        "this dbs_ps shares no memory (--shared_memory=false): push over gRPC");
+  }
+  if (!store_->registered()) return absl::FailedPreconditionError("register the model first");
+  const size_t count = static_cast<size_t>(TotalElements(store_->layout()));
+  const size_t bytes = count * BytesPerValue(wire_dtype_);
+  if (req.gradient().bytes() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a gradient region of ", req.gradient().bytes(),
+                                                   " bytes; the model's ", count, " values in ",
+                                                   WireDtypeName(wire_dtype_), " take ", bytes));
+  }
+  RegionLocation where;
+  where.pid = req.gradient().pid();
+  where.fd = req.gradient().fd();
+  where.bytes = req.gradient().bytes();
+  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
+                       SharedRegion::Open(where, kGradientRegion));
+  absl::MutexLock lock(&shm_mu_);
+  if (slots_ == nullptr) {
+    DBS_ASSIGN_OR_RETURN(
+        slots_region_,
+        SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, wire_dtype_)));
+    slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, wire_dtype_);
+    slots_->Clear();
+  }
+  gradients_[req.worker_id()] = std::move(region);
+  const RegionLocation slots = slots_region_->location();
+  reply->mutable_parameters()->set_pid(slots.pid);
+  reply->mutable_parameters()->set_fd(slots.fd);
+  reply->mutable_parameters()->set_bytes(slots.bytes);
+  return absl::OkStatus();
+}
+
+int ParameterServiceImpl::shared_memory_workers() const {
+  absl::MutexLock lock(&shm_mu_);
+  return static_cast<int>(gradients_.size());
+}
+
+absl::StatusOr<std::shared_ptr<const WirePayload>> ParameterServiceImpl::SharedGradient(
+    const v1::PushGradientRequest& header, const WirePayload& carried) {
+  if (carried.bytes > 0) {
+    return absl::InvalidArgumentError(
+        "a push with its gradient in shared memory carries no gradient bytes");
+  }
+  if (header.num_samples() == 0) return std::make_shared<const WirePayload>();
+  if (static_cast<WireDtype>(header.wire_dtype()) != wire_dtype_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the gradient is in ", WireDtypeName(static_cast<WireDtype>(header.wire_dtype())),
+        "; this job's wire dtype is ", WireDtypeName(wire_dtype_)));
+  }
+  std::shared_ptr<const SharedRegion> region;
+  {
+    absl::MutexLock lock(&shm_mu_);
+    auto it = gradients_.find(header.worker_id());
+    if (it != gradients_.end()) region = it->second;
+  }
+  if (region == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", header.worker_id(),
+                     " has no shared memory attached here: attach it, or send the gradient"));
+  }
+  auto payload = std::make_shared<WirePayload>();
+  payload->dtype = wire_dtype_;
+  payload->bytes = region->size();
+  payload->segments.emplace_back(region->data(), region->size());
+  payload->keepalive = std::move(region);
+  return payload;
+}
+
+ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
+                                               bool shared) {
+  if (shared) {
+    absl::MutexLock lock(&shm_mu_);
+    if (slots_ != nullptr && gradients_.count(worker) > 0) {
+      if (!slots_->Holds(snap.version)) {
+        // Attached while the update ran: written now, once (the next update writes the other
+        // slot, and only after this step's answers are read).
+        slots_->BeginWrite(snap.version);
+        slots_->Write(0, *snap.values);
+        slots_->EndWrite(true);
+      }
+      v1::PushGradientReply field;
+      v1::FlatParameters* values = field.mutable_values();
+      values->set_version(snap.version);
+      values->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+      values->set_in_shared_memory(true);
+      return ValuesField{grpc::Slice(field.SerializeAsString()), grpc::Slice()};
+    }
+  }
+  return ValuesOf(snap);
+}
+
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
   return authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey));
 }
@@ -178,6 +291,13 @@ void ParameterServiceImpl::BeginUpdate(int64_t version,
   // ranges of it are sent only once final, and the store does not reuse it while a slice
   // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
   updating_ = NewField(version, std::move(after), &updating_values_);
+  {
+    // Once any worker shares memory every update writes its values into the slots too, block by
+    // block while they are in the cache.
+    absl::MutexLock lock(&shm_mu_);
+    shm_writing_ = slots_ != nullptr ? slots_.get() : nullptr;
+  }
+  if (shm_writing_ != nullptr) shm_writing_->BeginWrite(version);
   absl::MutexLock lock(&values_mu_);
   progress_.version = version;
   progress_.field = updating_;
@@ -185,6 +305,7 @@ void ParameterServiceImpl::BeginUpdate(int64_t version,
 }
 
 void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
+  if (shm_writing_ != nullptr) shm_writing_->Write(offset, values);
   if (updating_values_ == nullptr) return;  // the field's body is the update's buffer
   EncodeValues(values, wire_dtype_, updating_values_ + offset * BytesPerValue(wire_dtype_));
 }
@@ -193,6 +314,8 @@ void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot)
   ValuesField done = std::move(updating_);
   updating_ = ValuesField{};
   updating_values_ = nullptr;
+  if (shm_writing_ != nullptr) shm_writing_->EndWrite(ok);
+  shm_writing_ = nullptr;
   absl::MutexLock lock(&values_mu_);
   if (!ok) {
     progress_ = Progress{};  // its streams get the step's error
@@ -236,7 +359,11 @@ absl::StatusOr<GradientPush> ParameterServiceImpl::AcceptPush(grpc::CallbackServ
                                                               const PushRequest& request) {
   GradientPush push;
   DBS_RETURN_IF_ERROR(CheckPushHeader(ctx, request, &push));
-  if (request.gradient->bytes > 0 || push.num_samples > 0) push.gradient = request.gradient;
+  std::shared_ptr<const WirePayload> gradient = request.gradient;
+  if (request.header.gradient_in_shared_memory()) {
+    DBS_ASSIGN_OR_RETURN(gradient, SharedGradient(request.header, *request.gradient));
+  }
+  if (gradient->bytes > 0 || push.num_samples > 0) push.gradient = std::move(gradient);
   return push;
 }
 
@@ -258,11 +385,12 @@ void ParameterServiceImpl::DoPushGradient(grpc::CallbackServerContext* ctx,
   absl::StatusOr<GradientPush> push = AcceptPush(ctx, request);
   if (!push.ok()) return Answer(reactor, push.status());
   const int worker = push->worker_id;
-  const uint64_t ticket =
-      aggregator_->Push(*push, [this, reactor, reply, worker](const absl::StatusOr<StepResult>& r) {
+  const bool shared = request.header.answer_in_shared_memory();
+  const uint64_t ticket = aggregator_->Push(
+      *push, [this, reactor, reply, worker, shared](const absl::StatusOr<StepResult>& r) {
         if (r.ok()) {
           FillAnswerHead(*r, worker, &reply->head);
-          reply->values = ValuesOf(r->parameters);
+          reply->values = AnswerValues(r->parameters, worker, shared);
         }
         Answer(reactor, r.status());
       });
@@ -662,6 +790,7 @@ class PushSessionReactor final : public PushReactor {
     }
     absl::StatusOr<GradientPush> push = service_->AcceptPush(ctx_, request);
     if (!push.ok()) return FinishOnce(ToGrpcStatus(push.status()));
+    shared_answer_ = request.header.answer_in_shared_memory();
     AwaitStep(service_->aggregator_, *push);
   }
 
@@ -691,7 +820,7 @@ class PushSessionReactor final : public PushReactor {
   void Answer(const StepResult& r, int worker) override {
     PushAnswer answer;
     ParameterServiceImpl::FillAnswerHead(r, worker, &answer.head);
-    answer.values = service_->ValuesOf(r.parameters);
+    answer.values = service_->AnswerValues(r.parameters, worker, shared_answer_);
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     if (!RawEncode(answer, &out_)) {
@@ -725,8 +854,10 @@ class PushSessionReactor final : public PushReactor {
     Finish(status);
   }
 
-  grpc::ByteBuffer in_;              // the push being read (only between StartRead and OnReadDone)
-  int worker_ = -1;                  // the stream's, from its first push (OnReadDone only)
+  grpc::ByteBuffer in_;  // the push being read (only between StartRead and OnReadDone)
+  int worker_ = -1;      // the stream's, from its first push (OnReadDone only)
+  // The push being answered asked for its answer in shared memory (set before AwaitStep).
+  std::atomic<bool> shared_answer_{false};
   std::atomic<size_t> received_{0};  // the last push's bytes
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

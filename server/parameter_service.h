@@ -4,6 +4,7 @@
 #define DBS_SERVER_PARAMETER_SERVICE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "common/plan.h"
 #include "common/raw_call.h"
 #include "common/serial_queue.h"
+#include "common/shared_memory.h"
 #include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
@@ -28,7 +30,8 @@ using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_Register
                     v1::ParameterService::WithRawCallbackMethod_RegisterModelStream<
                         v1::ParameterService::WithRawCallbackMethod_Resume<
                             v1::ParameterService::WithRawCallbackMethod_PushGradientSession<
-                                v1::ParameterService::Service>>>>>>>>;
+                                v1::ParameterService::WithRawCallbackMethod_AttachSharedMemory<
+                                    v1::ParameterService::Service>>>>>>>>>;
 
 class PushStreamReactor;
 class PushSessionReactor;
@@ -79,6 +82,11 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // Whether PushGradientSession is served (on by default); off, it answers UNIMPLEMENTED and
   // workers push with PushGradient calls. Set before serving.
   void ServePushSessions(bool on) { push_sessions_ = on; }
+  // Whether AttachSharedMemory is served (on by default); off, it answers FAILED_PRECONDITION
+  // and every worker pushes over gRPC. Set before serving.
+  void ServeSharedMemory(bool on) { shared_memory_ = on; }
+  // Workers whose pushes may travel in shared memory now.
+  int shared_memory_workers() const;
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
@@ -99,6 +107,9 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterModelStream(grpc::CallbackServerContext* ctx,
                                                                  grpc::ByteBuffer* out) override;
+  grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* in,
+                                               grpc::ByteBuffer* out) override;
 
   // The step's parameters serialized for the replies: once per snapshot, shared by all. An
   // update's are serialized as it produces them (the UpdateSink below); others (the first
@@ -121,6 +132,16 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
                                           const PushRequest& request);
   // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
   static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
+  // The values of a push's answer: the version only where the worker asked for them in shared
+  // memory (`shared`), is attached and the slots hold them (written here if the update did not);
+  // otherwise ValuesOf.
+  ValuesField AnswerValues(const ParameterSnapshot& snap, int worker, bool shared);
+  absl::Status DoAttachSharedMemory(grpc::CallbackServerContext* ctx,
+                                    const v1::AttachSharedMemoryRequest& req,
+                                    v1::AttachSharedMemoryReply* reply);
+  // A push whose gradient lies in the worker's region: that region as its payload (no copy).
+  absl::StatusOr<std::shared_ptr<const WirePayload>> SharedGradient(
+      const v1::PushGradientRequest& header, const WirePayload& carried);
   // `snap`'s values as the messages of a streamed answer: `first_head` (a serialized message's
   // own fields) in front of the first, `other_head` in front of the others, then each a range
   // of at least `per_chunk` values, a view of the bytes serialized once (ValuesOf); at most
@@ -185,6 +206,16 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   const std::shared_ptr<SlicePool> pool_;
   Gate gate_;
   bool push_sessions_ = true;
+  bool shared_memory_ = true;
+  // Shared memory: the parameter slots, made at the first attach and kept (their region's
+  // pointer never changes once set), and each attached worker's gradient region (a push's
+  // payload holds its region, so a replaced one stays mapped until summed).
+  mutable absl::Mutex shm_mu_;
+  std::unique_ptr<SharedRegion> slots_region_ ABSL_GUARDED_BY(shm_mu_);
+  std::unique_ptr<ParameterSlots> slots_ ABSL_GUARDED_BY(shm_mu_);
+  std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
+  // The slots the update in progress writes (null: none); only the store's update touches it.
+  ParameterSlots* shm_writing_ = nullptr;
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   ValuesField values_ ABSL_GUARDED_BY(values_mu_);

@@ -99,6 +99,11 @@ ABSL_FLAG(int, receive_window_mb, 0,
 ABSL_FLAG(bool, push_sessions, true,
           "Serve PushGradientSession: each worker pushes its steps on one long-lived stream "
           "rather than a call per step (less CPU per step on both sides). Off: a call per step.");
+ABSL_FLAG(bool, shared_memory, true,
+          "Share memory with workers on this host that ask (AttachSharedMemory): their "
+          "gradients and answers pass through memory both processes map instead of the "
+          "socket. Only processes of this user in this PID namespace can; others push over "
+          "gRPC. Off: every worker pushes over gRPC (docs/dataplane.md#shared-memory).");
 ABSL_FLAG(double, stall_timeout_s, 300.0,
           "Abort the job when no worker makes progress for this long (a worker died); 0: never.");
 ABSL_FLAG(double, worker_timeout_s, 60.0,
@@ -216,6 +221,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
   c.receive_window_mb = absl::GetFlag(FLAGS_receive_window_mb);
   c.push_sessions = absl::GetFlag(FLAGS_push_sessions);
+  c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);

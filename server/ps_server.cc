@@ -87,6 +87,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype, clock) {
   job_->SetObserver(&metrics_);
   parameter_service_.ServePushSessions(config.push_sessions);
+  parameter_service_.ServeSharedMemory(config.shared_memory);
   // With a job secret, worker tokens are signed with a key derived from it, so that every shard
   // can refuse a made-up token at once (common/secrets.h).
   const std::string token_key =

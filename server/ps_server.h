@@ -45,6 +45,8 @@ struct ServerConfig {
   // Serve PushGradientSession (a worker's pushes on one stream); off, workers push with a
   // PushGradient call per step, as against a dbs_ps from before sessions.
   bool push_sessions = true;
+  // Serve AttachSharedMemory: workers on this host push through shared memory.
+  bool shared_memory = true;
   std::string summary_path;  // the JSON run summary ('' : none)
   bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
   // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none

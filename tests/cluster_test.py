@@ -223,14 +223,16 @@ class ProcessTestCase(unittest.TestCase):
 
     def start_restart_workers(self, server):
         """Three MLP workers for the restart tests; w2 streams its pushes, its registration and
-        its resume (the 940 KB MLP in 64 KiB chunks), the others send whole messages. Returns
+        its resume (the 940 KB MLP in 64 KiB chunks), the others send whole messages (through
+        shared memory with a single dbs_ps). Returns
         once worker 0 is at step 25 or later of epoch 2 (of 3): two periodic checkpoints (every
         10 steps) are written by then. (Killing at its first progress line raced the first one:
         under ASan it came before it.)"""
         common = self.worker_argv(server, "--train_limit=6000", "--test_limit=500",
                                   "--model=mlp", "--log_every_s=0.2")
         procs = [self.spawn(common + [f"--name=w{i}"] +
-                            (["--stream_chunk_kb=64"] if i == 2 else [])) for i in range(3)]
+                            (["--stream_chunk_kb=64", "--shared_memory=false"] if i == 2 else []))
+                 for i in range(3)]
 
         def epoch2_step(text):
             m = re.search(r"epoch 2/3 step (\d+)/", text)
@@ -247,6 +249,7 @@ class ProcessTestCase(unittest.TestCase):
         server's) goes with a worker's failure, without its re-plan lines."""
         results = [p.communicate(timeout=60) for p in procs]
         outs = [out.decode() for out, _ in results]
+        self.restarted_worker_errs = [err.decode() for _, err in results]
         events = "\n".join(line for line in server_log.splitlines() if "re-planned" not in line)
         for p, (wout, werr) in zip(procs, results):
             # Its progress and resume lines are on stdout, its last error on stderr.
@@ -560,13 +563,14 @@ class DeterministicAggregationTest(ProcessTestCase):
 class StreamedPushTest(ProcessTestCase):
     """Issue 11 item 2: a gradient pushed as a stream of chunks (and the parameters streamed
     back) trains exactly as the same job with one message per push, bit for bit, whatever
-    order the chunks of the workers arrive in."""
+    order the chunks of the workers arrive in; and so does one pushed through shared memory."""
 
-    def run_job(self, tag, chunk_kb, slowdowns):
+    def run_job(self, tag, chunk_kb, slowdowns, shared_memory=False):
         exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(len(slowdowns))]
         s = self.run_fixed_job(tag, ["--global_batch=48"], [
             ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
-             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}"]
+             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}",
+             f"--shared_memory={str(shared_memory).lower()}"]
             for slow, export in zip(slowdowns, exports)])
         with open(exports[0], "rb") as f:
             return s, f.read()
@@ -578,11 +582,18 @@ class StreamedPushTest(ProcessTestCase):
         chunked, w_chunked = self.run_job("chunked", 64, ["4", "2", "1"])
         for err in self.worker_errs:
             self.assertIn("pushed as a stream of 15 chunks of at most 64 KiB", err)
-        self.assertEqual([e["train_loss"] for e in whole["epochs"]],
-                         [e["train_loss"] for e in chunked["epochs"]])
-        self.assertEqual(whole["final_test_accuracy"], chunked["final_test_accuracy"])
+        # The workers' default on the server's host: shared memory, whatever the chunk size.
+        shared, w_shared = self.run_job("shared", 64, ["2", "4", "1"], shared_memory=True)
+        for err in self.worker_errs:
+            self.assertIn("shares memory with this worker", err)
+            self.assertNotIn("pushed as a stream", err)
+        for s in (chunked, shared):
+            self.assertEqual([e["train_loss"] for e in whole["epochs"]],
+                             [e["train_loss"] for e in s["epochs"]])
+            self.assertEqual(whole["final_test_accuracy"], s["final_test_accuracy"])
         self.assertEqual(w_whole, w_chunked, "the exported parameters differ")
-        print(f"whole messages and 64 KiB chunks: train losses "
+        self.assertEqual(w_whole, w_shared, "the exported parameters differ")
+        print(f"whole messages, 64 KiB chunks and shared memory: train losses "
               f"{[e['train_loss'] for e in chunked['epochs']]}, {len(w_chunked)} exported bytes "
               f"identical")
 
@@ -830,6 +841,10 @@ class ServerRestartTest(ProcessTestCase):
         self.assertIn(f"refusing checkpoint {newest}: corrupt checkpoint", log)
         self.assertIn(f"restored {os.path.join(ckpt, files[-2])}: epoch 2", log)
         self.check_restarted_job(procs, summary, "resuming at epoch 2", log)
+        # The workers that pushed through shared memory attached again to the new dbs_ps.
+        for err in self.restarted_worker_errs[:2]:
+            self.assertIn("shares memory with this worker", err)
+            self.assertIn("no longer shares memory with this worker (restarted?)", err)
 
 
 class ShardedRestartTest(ProcessTestCase):

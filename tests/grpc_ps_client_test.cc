@@ -105,6 +105,7 @@ GrpcClientConfig StreamingClientOf(const PsServer& server) {
   GrpcClientConfig config;
   config.address = "127.0.0.1:" + std::to_string(server.port());
   config.stream_chunk_bytes = 256;
+  config.shared_memory = false;  // which would carry a push whatever its size
   return config;
 }
 const ModelLayout kStreamedLayout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
@@ -174,7 +175,9 @@ class TwoWorkerJob {
     config.address = "127.0.0.1:" + std::to_string(server_->port());
     n_ = static_cast<size_t>(TotalElements(layout));
     for (int w = 0; w < 2; ++w) {
-      clients_[w] = std::make_unique<GrpcPsClient>(config);
+      GrpcClientConfig mine = config;
+      if (w == 1 && !second_shares_memory) mine.shared_memory = false;
+      clients_[w] = std::make_unique<GrpcPsClient>(mine);
       params_[w].assign(n_, 0.0f);
       absl::StatusOr<RegistrationResult> r =
           clients_[w]->RegisterWorker({"w" + std::to_string(w), 400, 4, "cpu", 0, ""});
@@ -218,6 +221,7 @@ class TwoWorkerJob {
     if (server_ != nullptr) server_->Stop(absl::CancelledError("test over"));
   }
 
+  bool second_shares_memory = true;  // set before Start: worker 1 pushes over the socket
   const RealClock clock_;
   std::unique_ptr<PsServer> server_;
   size_t n_ = 0;
@@ -232,6 +236,7 @@ TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters
   TwoWorkerJob job;
   GrpcClientConfig config;
   config.stream_chunk_bytes = 256;  // 47 chunks for kStreamedLayout's 3,000 values
+  config.shared_memory = false;
   ASSERT_NO_FATAL_FAILURE(job.Start(TwoWorkerConfig(), config, kStreamedLayout));
   for (int step = 0; step < 3; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
   std::vector<float> pulled(job.n_);
@@ -397,6 +402,7 @@ TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
   c.push_sessions = GetParam() != Sessions::kOffAtTheServer;
   GrpcClientConfig config;
   config.push_sessions = GetParam() != Sessions::kOffAtTheClient;
+  config.shared_memory = false;  // SharedMemoryTest pushes through it on sessions
   const int tried = GetParam() == Sessions::kOffAtTheServer ? 1 : 0;  // sessions opened in vain
   TwoWorkerJob job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c, config, {{"a", {10}, false}, {"b", {2, 3}, false}}));
@@ -427,6 +433,67 @@ TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
 INSTANTIATE_TEST_SUITE_P(SessionsOnAndOff, PushSessionTest,
                          ::testing::Values(Sessions::kOn, Sessions::kOffAtTheClient,
                                            Sessions::kOffAtTheServer));
+
+// Workers on the server's host push through shared memory by default: each attaches at its
+// first push (one AttachSharedMemory call), every push goes on its session without the
+// gradient, and every answer's values are read from the server's slots; the parameters are
+// exactly those of pushes over the socket (TwoWorkerJob::Step checks every value), also where
+// one worker shares memory and the other does not, in fp32 and bf16, whatever the model's size
+// (3,000 values in chunks of 256 bytes would be 47-chunk streams over the socket).
+struct SharedMemoryCase {
+  WireDtype dtype;
+  bool second_shares;
+  bool server_shares;
+};
+
+class SharedMemoryTest : public ::testing::TestWithParam<SharedMemoryCase> {};
+
+TEST_P(SharedMemoryTest, WorkersOnTheServersHostPushThroughSharedMemory) {
+  const SharedMemoryCase p = GetParam();
+  ServerConfig c = TwoWorkerConfig();
+  c.metrics_port = 0;
+  c.job.wire_dtype = p.dtype;
+  c.shared_memory = p.server_shares;
+  GrpcClientConfig config;
+  config.stream_chunk_bytes = 256;
+  TwoWorkerJob job;
+  job.second_shares_memory = p.second_shares;
+  ASSERT_NO_FATAL_FAILURE(job.Start(c, config, kStreamedLayout));
+  for (int step = 0; step < 4; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
+  EXPECT_EQ(job.clients_[0]->shares_memory(), p.server_shares);
+  EXPECT_EQ(job.clients_[1]->shares_memory(), p.server_shares && p.second_shares);
+  const int sharing = (p.server_shares ? 1 : 0) + (p.server_shares && p.second_shares ? 1 : 0);
+  const std::string metrics = HttpGet(job.server_->metrics_port(), "/metrics");
+  const int attached = p.second_shares ? 2 : 1;  // calls, answered or refused
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"AttachSharedMemory\"", "code=\"OK\""}),
+            p.server_shares ? attached : -1)
+      << metrics;
+  if (!p.server_shares) {
+    EXPECT_EQ(Sample(metrics, "dbs_refused_calls_total",
+                     {"method=\"AttachSharedMemory\"", "FAILED_PRECONDITION"}),
+              attached)
+        << metrics;
+  }
+  // Whole pushes on sessions for the sharing workers, streams for the others.
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"PushGradientSession\""}),
+            sharing == 0 ? -1 : 4 * sharing)
+      << metrics;
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"PushGradientStream\""}),
+            sharing == 2 ? -1 : 4 * (2 - sharing))
+      << metrics;
+  std::vector<float> pulled(job.n_);
+  absl::StatusOr<int64_t> version =
+      job.clients_[0]->PullParameters(job.ids_[0], absl::MakeSpan(pulled));
+  ASSERT_THAT(version, IsOk());
+  EXPECT_EQ(*version, 4);
+  EXPECT_EQ(pulled, job.params_[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SharedMemoryTest,
+                         ::testing::Values(SharedMemoryCase{WireDtype::kFp32, true, true},
+                                           SharedMemoryCase{WireDtype::kFp32, false, true},
+                                           SharedMemoryCase{WireDtype::kBf16, true, true},
+                                           SharedMemoryCase{WireDtype::kFp32, true, false}));
 
 // A sharded worker abandons the other shards' calls from another thread the moment one shard
 // fails (ShardedPsClient::OnAll), and a shard's push session may be ending just then: killed

@@ -3,6 +3,8 @@
 #include "server/parameter_service.h"
 
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/grpc_step_wire.h"
+#include "common/shared_memory.h"
 #include "common/status_matchers.h"
 #include "common/step_wire.h"
 #include "common/tensor_codec.h"
@@ -25,6 +28,8 @@
 
 namespace dbs {
 namespace {
+
+using ::testing::HasSubstr;
 
 const ModelLayout kLayout = {{"w", {2}}, {"b", {1}}};
 
@@ -273,6 +278,103 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   EXPECT_EQ(reply.values().version(), 1);
   EXPECT_EQ(Current(&version), (std::vector<float>{0.5f, 1.5f, 2.0f}));
   EXPECT_EQ(version, 1);
+}
+
+// Shared memory (a worker on the server's host): an attach is checked before anything changes;
+// a push whose gradient lies in the worker's region is checked like one that carries it, and
+// its answer names the version, whose values the server's slots hold. A worker that did not
+// attach is answered as always, in the same step.
+TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
+  auto attach = [&](int id, const RegionLocation& where, v1::AttachSharedMemoryReply* reply,
+                    bool sign = true) {
+    v1::AttachSharedMemoryRequest req;
+    req.set_worker_id(id);
+    req.mutable_gradient()->set_pid(where.pid);
+    req.mutable_gradient()->set_fd(where.fd);
+    req.mutable_gradient()->set_bytes(where.bytes);
+    grpc::ClientContext ctx;
+    if (sign) Sign(&ctx, id);
+    return params_->AttachSharedMemory(&ctx, req, reply);
+  };
+  auto region = SharedRegion::Create("dbs-gradient", 12);  // the model's 3 values in fp32
+  ASSERT_THAT(region, IsOk());
+  v1::AttachSharedMemoryReply slots_at;
+  EXPECT_EQ(attach(0, (*region)->location(), &slots_at, false).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  auto misnamed = SharedRegion::Create("secrets", 12);
+  ASSERT_THAT(misnamed, IsOk());
+  grpc::Status refused = attach(0, (*misnamed)->location(), &slots_at);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("not a memory file named \"dbs-gradient\""));
+  RegionLocation wrong = (*region)->location();
+  wrong.bytes = 16;
+  refused = attach(0, wrong, &slots_at);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("the model's 3 values in fp32 take 12"));
+  wrong = (*region)->location();
+  wrong.fd = 100000;  // what a worker on another host would name
+  EXPECT_EQ(attach(0, wrong, &slots_at).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Not attached yet: a push that says its gradient is in shared memory is refused.
+  v1::PushGradientRequest shared = Push(0, 0, {});
+  shared.clear_gradient();
+  shared.set_gradient_in_shared_memory(true);
+  shared.set_answer_in_shared_memory(true);
+  v1::PushGradientReply reply;
+  refused = Send(shared, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("no shared memory attached"));
+  EXPECT_EQ(parameter_service_->shared_memory_workers(), 0);
+
+  ASSERT_THAT(attach(0, (*region)->location(), &slots_at), IsOk());
+  EXPECT_EQ(parameter_service_->shared_memory_workers(), 1);
+  RegionLocation slots_where{slots_at.parameters().pid(), slots_at.parameters().fd(),
+                             slots_at.parameters().bytes()};
+  EXPECT_EQ(slots_where.bytes, ParameterSlots::RegionBytes(3, WireDtype::kFp32));
+  auto slots_region = SharedRegion::Open(slots_where, "dbs-parameters");
+  ASSERT_THAT(slots_region, IsOk());
+  const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
+
+  // The region's values are checked as carried ones are; the bytes and the region not both.
+  float* g = reinterpret_cast<float*>((*region)->data());
+  g[0] = 2;
+  g[1] = std::nanf("");
+  g[2] = 4;
+  refused = Send(shared, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("element 1 is nan"));
+  g[1] = 0;
+  v1::PushGradientRequest both = shared;
+  both.set_gradient(std::string(12, '\0'));
+  refused = Send(both, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("carries no gradient bytes"));
+  int64_t version = -1;
+  EXPECT_EQ(Current(&version), (std::vector<float>{1, 2, 3}));
+
+  // Worker 0 through shared memory, worker 1 over the socket: the step of GoodStep.
+  v1::PushGradientReply r0, r1;
+  grpc::Status s0;
+  std::thread t([&]() { s0 = Send(shared, &r0); });
+  EXPECT_THAT(Send(Push(1, 0, {0, 2, 0}), &r1), IsOk());
+  t.join();
+  ASSERT_THAT(s0, IsOk()) << s0.error_message();
+  EXPECT_TRUE(r0.values().in_shared_memory());
+  EXPECT_TRUE(r0.values().values().empty());
+  EXPECT_EQ(r0.values().version(), 1);
+  EXPECT_EQ(r0.global_samples(), 4);
+  std::vector<float> from_slots(3);
+  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(from_slots)));
+  EXPECT_EQ(from_slots, (std::vector<float>{0.5f, 1.5f, 2.0f}));
+  EXPECT_FALSE(r1.values().in_shared_memory());
+  std::vector<float> carried(3);
+  std::memcpy(carried.data(), r1.values().values().data(), 12);
+  EXPECT_EQ(carried, from_slots);
+  EXPECT_EQ(Current(&version), from_slots);
+  // A retry of the push is answered from the slots again.
+  ASSERT_THAT(Send(shared, &r0), IsOk());
+  EXPECT_EQ(r0.values().version(), 1);
+  EXPECT_TRUE(r0.values().in_shared_memory());
 }
 
 // A push session carries one worker's pushes of many steps, each answered as PushGradient

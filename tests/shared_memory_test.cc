@@ -1,6 +1,7 @@
 #include "common/shared_memory.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,7 +23,7 @@ TEST(SharedRegionTest, APeerSeesTheBytesWrittenAndTheWriterSeesNoCopy) {
   ASSERT_TRUE(region.ok()) << region.status();
   const RegionLocation where = (*region)->location();
   EXPECT_EQ(where.bytes, 10000u);
-  auto peer = SharedRegion::Open(where);
+  auto peer = SharedRegion::Open(where, "test");
   ASSERT_TRUE(peer.ok()) << peer.status();
   (*region)->data()[9999] = 42;
   EXPECT_EQ((*peer)->data()[9999], 42);
@@ -38,7 +39,7 @@ TEST(SharedRegionTest, AnotherProcessOpensItThroughProc) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     // The child's pid differs: it opens the parent's descriptor by the parent's pid.
-    auto peer = SharedRegion::Open(where);
+    auto peer = SharedRegion::Open(where, "test");
     _exit(peer.ok() && (*peer)->data()[100] == 7 ? 0 : 1);
   }
   int status = 0;
@@ -53,9 +54,10 @@ TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
   RegionLocation where = (*region)->location();
 
   where.bytes = 4096;  // the file is larger: a peer's claim that does not match
-  EXPECT_THAT(SharedRegion::Open(where).status().message(), HasSubstr("8192 bytes, not 4096"));
+  EXPECT_THAT(SharedRegion::Open(where, "test").status().message(),
+              HasSubstr("8192 bytes, not 4096"));
   where.bytes = 16384;  // or smaller: mapping it would fault past its end
-  EXPECT_FALSE(SharedRegion::Open(where).ok());
+  EXPECT_FALSE(SharedRegion::Open(where, "test").ok());
 
   // A descriptor of an ordinary file (which its owner could shrink under the mapping).
   const std::string path = ::testing::TempDir() + "/plain";
@@ -63,16 +65,29 @@ TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 4096), 0);
   RegionLocation plain{getpid(), fd, 4096};
-  EXPECT_THAT(SharedRegion::Open(plain).status().message(), HasSubstr("sealed"));
+  EXPECT_THAT(SharedRegion::Open(plain, "test").status().message(), HasSubstr("memory file"));
+  // A memory file of another name (which a peer might point at to read it).
+  auto other = SharedRegion::Create("other", 8192);
+  ASSERT_TRUE(other.ok());
+  EXPECT_THAT(SharedRegion::Open((*other)->location(), "test").status().message(),
+              HasSubstr("not a memory file named \"test\""));
+  // Unsealed: its owner could shrink it under the mapping.
+  const int unsealed = memfd_create("test", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 4096), 0);
+  EXPECT_THAT(SharedRegion::Open({getpid(), unsealed, 4096}, "test").status().message(),
+              HasSubstr("sealed against shrinking"));
+  close(unsealed);
   close(fd);
 
-  EXPECT_EQ(SharedRegion::Open({0, 3, 4096}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SharedRegion::Open({getpid(), -1, 4096}).status().code(),
+  EXPECT_EQ(SharedRegion::Open({0, 3, 4096}, "test").status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SharedRegion::Open({getpid(), 3, uint64_t{1} << 50}).status().code(),
+  EXPECT_EQ(SharedRegion::Open({getpid(), -1, 4096}, "test").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SharedRegion::Open({getpid(), 3, uint64_t{1} << 50}, "test").status().code(),
             absl::StatusCode::kInvalidArgument);
   // A descriptor no process has: what a peer on another host names.
-  EXPECT_EQ(SharedRegion::Open({getpid(), 100000, 4096}).status().code(),
+  EXPECT_EQ(SharedRegion::Open({getpid(), 100000, 4096}, "test").status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(SharedRegion::Create("test", 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -83,7 +98,7 @@ TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
   ASSERT_TRUE(region.ok());
   ParameterSlots writer(region->get(), n, WireDtype::kFp32);
   writer.Clear();
-  auto peer = SharedRegion::Open((*region)->location());
+  auto peer = SharedRegion::Open((*region)->location(), "slots");
   ASSERT_TRUE(peer.ok());
   const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
   std::vector<float> out(n);
@@ -141,7 +156,7 @@ TEST(ParameterSlotsTest, AReadThatRacesAWriteIsRefusedNeverTorn) {
   ASSERT_TRUE(region.ok());
   ParameterSlots writer(region->get(), n, WireDtype::kFp32);
   writer.Clear();
-  auto peer = SharedRegion::Open((*region)->location());
+  auto peer = SharedRegion::Open((*region)->location(), "slots");
   ASSERT_TRUE(peer.ok());
   const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
   // Where the writer stands: the version it is writing.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -470,6 +471,13 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   head.set_num_samples(num_samples);
   head.set_loss_sum(loss_sum);
   head.set_compute_seconds(compute_seconds);
+  MaybeAttach(worker_id);
+  if (shm_slots_ != nullptr) {
+    absl::StatusOr<StepOutcome> shared = PushShared(head, gradient, params);
+    if (shared.ok() || shm_slots_ != nullptr) return shared;
+    // The server forgot this worker's memory (a restart): the push goes over gRPC, and the
+    // next one attaches again.
+  }
   v1::PushGradientReply reply;
   int64_t version = 0;
   const size_t width = BytesPerValue(wire_dtype_);
@@ -505,6 +513,107 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   if (!parsed.ok()) {
     return absl::Status(parsed.code(), absl::StrCat("PushGradient at dbs_ps ", config_.address,
                                                     ": ", parsed.message()));
+  }
+  return OutcomeOf(reply, version);
+}
+
+namespace {
+// The memory files' names, which the opening side checks (SharedRegion::Open).
+constexpr char kGradientRegion[] = "dbs-gradient";
+constexpr char kParameterRegion[] = "dbs-parameters";
+}  // namespace
+
+void GrpcPsClient::MaybeAttach(int worker_id) {
+  if (!config_.shared_memory || shm_tried_) return;
+  shm_tried_ = true;
+  const size_t model = static_cast<size_t>(TotalElements(layout_));
+  const auto refused = [&](const std::string& why) {
+    Detach();
+    std::fprintf(stderr, "dbs_ps at %s shares no memory with this worker (%s): pushing over gRPC\n",
+                 config_.address.c_str(), why.c_str());
+  };
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Create(kGradientRegion, model * BytesPerValue(wire_dtype_));
+  if (!region.ok()) return refused(std::string(region.status().message()));
+  shm_gradient_ = std::move(*region);
+  v1::AttachSharedMemoryRequest req;
+  req.set_worker_id(worker_id);
+  const RegionLocation mine = shm_gradient_->location();
+  req.mutable_gradient()->set_pid(mine.pid);
+  req.mutable_gradient()->set_fd(mine.fd);
+  req.mutable_gradient()->set_bytes(mine.bytes);
+  v1::AttachSharedMemoryReply reply;
+  const grpc::Status status = WithRetry(
+      [&](grpc::ClientContext* ctx) { return parameters_->AttachSharedMemory(ctx, req, &reply); });
+  if (!status.ok()) return refused(status.error_message());
+  RegionLocation theirs;
+  theirs.pid = reply.parameters().pid();
+  theirs.fd = reply.parameters().fd();
+  theirs.bytes = reply.parameters().bytes();
+  if (theirs.bytes != ParameterSlots::RegionBytes(model, wire_dtype_)) {
+    return refused(absl::StrCat("its parameter slots are ", theirs.bytes, " bytes, not ",
+                                ParameterSlots::RegionBytes(model, wire_dtype_)));
+  }
+  region = SharedRegion::Open(theirs, kParameterRegion);
+  if (!region.ok()) return refused(std::string(region.status().message()));
+  shm_params_ = std::move(*region);
+  shm_slots_ = std::make_unique<ParameterSlots>(shm_params_.get(), model, wire_dtype_);
+  if (!shm_told_) {
+    shm_told_ = true;
+    std::fprintf(stderr,
+                 "dbs_ps at %s shares memory with this worker: each step's gradient and "
+                 "parameters pass through it, not the socket (--shared_memory)\n",
+                 config_.address.c_str());
+  }
+}
+
+void GrpcPsClient::Detach() {
+  shm_slots_.reset();
+  shm_params_.reset();
+  shm_gradient_.reset();
+}
+
+absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientRequest& head,
+                                                     absl::Span<const float> gradient,
+                                                     absl::Span<float> params) {
+  v1::PushGradientRequest req = head;
+  req.set_gradient_in_shared_memory(true);
+  req.set_answer_in_shared_memory(true);
+  if (req.num_samples() > 0) {
+    // The server reads the region until it answers; a retry pushes the same bytes.
+    req.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+    EncodeValues(gradient, wire_dtype_, shm_gradient_->data());
+  }
+  grpc::Slice header(req.SerializeAsString());
+  const grpc::ByteBuffer request(&header, 1);
+  const grpc::Status status = WithRetry(
+      [&](grpc::ClientContext* ctx) { return PushAttempt(ctx, request); }, /*waits=*/true);
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+      absl::StrContains(status.error_message(), "no shared memory attached")) {
+    Detach();
+    shm_tried_ = false;
+    std::fprintf(stderr,
+                 "dbs_ps at %s no longer shares memory with this worker (restarted?): this push "
+                 "goes over gRPC, the next attaches again\n",
+                 config_.address.c_str());
+    return Annotate(status, "PushGradient");
+  }
+  DBS_RETURN_IF_ERROR(Annotate(status, "PushGradient"));
+  v1::PushGradientReply reply;
+  int64_t version = 0;
+  bool shared = false;
+  const absl::Status parsed =
+      ParsePushReply(SegmentsOf(push_reply_, &reply_slices_), &reply, params, &version, &shared);
+  reply_slices_.clear();
+  push_reply_.Clear();
+  if (!parsed.ok()) {
+    return absl::Status(parsed.code(), absl::StrCat("PushGradient at dbs_ps ", config_.address,
+                                                    ": ", parsed.message()));
+  }
+  if (shared && !shm_slots_->Read(version, params)) {
+    // The slot moved on or was never written: the values come over gRPC.
+    DBS_ASSIGN_OR_RETURN(const int64_t pulled, PullParameters(head.worker_id(), params));
+    version = pulled;
   }
   return OutcomeOf(reply, version);
 }

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "common/grpc_step_wire.h"
+#include "common/shared_memory.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "proto/dbs.grpc.pb.h"
@@ -44,6 +45,11 @@ struct GrpcClientConfig {
   // Whole-message pushes go on one long-lived stream (PushGradientSession) instead of a call
   // each; a server without it is pushed to by PushGradient calls.
   bool push_sessions = true;
+  // A worker on dbs_ps's own host shares memory with it (AttachSharedMemory, at its first
+  // push): each step's gradient and answer pass through memory both map instead of the
+  // socket. Where the server cannot open this process's memory (another host, user or PID
+  // namespace) or serves none, pushes go over gRPC as without it.
+  bool shared_memory = true;
   std::string job_token;  // the job's secret, sent with RegisterWorker ('' : none)
   // TLS (PEM contents): the CA that signed the server's certificate turns TLS on; a certificate
   // and key of this worker's, signed by the CA the server trusts, make it mutual TLS.
@@ -81,6 +87,8 @@ class GrpcPsClient : public PsClient {
   const std::string& token() const { return token_; }
   // How many push sessions this client has opened (one for many steps, unless one ended).
   int sessions_opened() const { return sessions_opened_; }
+  // Whether pushes travel in shared memory now (after the first push).
+  bool shares_memory() const { return shm_slots_ != nullptr; }
   WireDtype wire_dtype() const { return wire_dtype_; }
 
   // From another thread: ends the call in flight, and any retry of it, with CANCELLED
@@ -154,6 +162,20 @@ class GrpcPsClient : public PsClient {
   // The first registration's initial values as a stream.
   grpc::Status RegisterStreamed(int worker_id, const ModelLayout& layout,
                                 absl::Span<const float> initial);
+  // Shared memory with the server (GrpcClientConfig::shared_memory): tried at the first push
+  // and again after the server forgot it (a restart); off for good once refused.
+  void MaybeAttach(int worker_id);
+  void Detach();
+  // A push through shared memory: the gradient encoded into this worker's region, the answer's
+  // parameters read from the server's slots (pulled over gRPC if a read is refused).
+  absl::StatusOr<StepOutcome> PushShared(const v1::PushGradientRequest& head,
+                                         absl::Span<const float> gradient,
+                                         absl::Span<float> params);
+  bool shm_tried_ = false;
+  bool shm_told_ = false;  // the first attach says so on stderr
+  std::unique_ptr<SharedRegion> shm_gradient_;
+  std::unique_ptr<SharedRegion> shm_params_;
+  std::unique_ptr<ParameterSlots> shm_slots_;
   std::unique_ptr<grpc::internal::RpcMethod> pull_stream_method_;
   std::unique_ptr<grpc::internal::RpcMethod> register_stream_method_;
   ModelLayout layout_;

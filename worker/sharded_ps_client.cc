@@ -162,6 +162,9 @@ std::unique_ptr<PsClient> MakePsClient(const GrpcClientConfig& config) {
   for (const std::string& a : addresses) {
     GrpcClientConfig c = config;
     c.address = a;
+    // A follower shard may hold a push until its leader has done the step the worker redoes,
+    // reading the gradient only then: a region rewritten meanwhile would be read torn.
+    c.shared_memory = false;
     shards.push_back(std::make_unique<GrpcPsClient>(c));
   }
   return std::make_unique<ShardedPsClient>(std::move(shards));
