@@ -180,6 +180,9 @@ def build_parser():
                     help="how gradients and parameters travel each step (dbs_ps --wire_dtype)")
     ap.add_argument("--deterministic", default="true", choices=["true", "false"],
                     help="sum each step's gradients in worker order (bit-identical reruns)")
+    ap.add_argument("--shared_memory", default="true", choices=["true", "false"],
+                    help="workers push through memory shared with dbs_ps, not the loopback "
+                         "socket (dbs_worker --shared_memory; docs/dataplane.md#shared-memory)")
     ap.add_argument("--ps_shards", type=int, default=1,
                     help="split the model's values across this many dbs_ps processes "
                          "(dbs_ps --shard=i/k; docs/dataplane.md#shards)")
@@ -307,7 +310,8 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
         f"--log_every_s={args.log_every_s}",
         f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
         f"--slow_windows={window}", f"--init_params={args.init_params}",
-        f"--loss={args.loss}", f"--cpu_limit={args.cpu_limit}"] + (
+        f"--loss={args.loss}", f"--cpu_limit={args.cpu_limit}",
+        f"--shared_memory={args.shared_memory}"] + (
             [f"--export_path={args.export_path}"] if args.export_path and i == 0 else [])
 
 

@@ -268,6 +268,7 @@ ValuesField ParameterServiceImpl::NewField(int64_t version,
 }
 
 ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
+  grpc_answers_.store(true, std::memory_order_relaxed);
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     ReleaseValuesLocked();
@@ -287,15 +288,21 @@ void ParameterServiceImpl::BeginUpdate(int64_t version,
     progress_ = Progress{};
   }
   const size_t count = after->size();
-  // In fp32 the answers send the new values from the buffer the update writes them into:
-  // ranges of it are sent only once final, and the store does not reuse it while a slice
-  // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
-  updating_ = NewField(version, std::move(after), &updating_values_);
   {
     // Once any worker shares memory every update writes its values into the slots too, block by
     // block while they are in the cache.
     absl::MutexLock lock(&shm_mu_);
     shm_writing_ = slots_ != nullptr ? slots_.get() : nullptr;
+  }
+  // Where every answer of the last version came from the slots, this one's are not serialized
+  // for gRPC as the update runs (in 16 bits that is a pass over the model and a buffer of its
+  // own): an answer over gRPC after all serializes them on first use (ValuesOf).
+  const bool for_grpc = grpc_answers_.exchange(false) || shm_writing_ == nullptr;
+  if (for_grpc) {
+    // In fp32 the answers send the new values from the buffer the update writes them into:
+    // ranges of it are sent only once final, and the store does not reuse it while a slice
+    // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
+    updating_ = NewField(version, std::move(after), &updating_values_);
   }
   if (shm_writing_ != nullptr) shm_writing_->BeginWrite(version);
   absl::MutexLock lock(&values_mu_);
@@ -321,6 +328,7 @@ void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot)
     progress_ = Progress{};  // its streams get the step's error
     return;
   }
+  if (done.size() == 0) return;  // not serialized for gRPC (BeginUpdate): ValuesOf will
   values_ = std::move(done);
   values_of_ = snapshot;
   progress_.ready = progress_.count;
@@ -898,6 +906,7 @@ bool ParameterServiceImpl::ProgressOf(int epoch, int step, Progress* out) {
 }
 
 void ParameterServiceImpl::Watch(PushStreamReactor* reactor) {
+  grpc_answers_.store(true, std::memory_order_relaxed);
   absl::MutexLock lock(&values_mu_);
   if (watchers_.insert(reactor).second) reactor->Ref();
 }

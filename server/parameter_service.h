@@ -3,6 +3,7 @@
 #ifndef DBS_SERVER_PARAMETER_SERVICE_H_
 #define DBS_SERVER_PARAMETER_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -216,6 +217,8 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
   // The slots the update in progress writes (null: none); only the store's update touches it.
   ParameterSlots* shm_writing_ = nullptr;
+  // Some answer since the last update began went over gRPC (ValuesOf, a streamed push).
+  std::atomic<bool> grpc_answers_{true};
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   ValuesField values_ ABSL_GUARDED_BY(values_mu_);
