@@ -120,6 +120,11 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   return absl::OkStatus();
 }
 
+void ParameterServiceImpl::DropSharedMemory(const std::set<int>& workers) {
+  absl::MutexLock lock(&shm_mu_);
+  for (int id : workers) gradients_.erase(id);
+}
+
 int ParameterServiceImpl::shared_memory_workers() const {
   absl::MutexLock lock(&shm_mu_);
   return static_cast<int>(gradients_.size());

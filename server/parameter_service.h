@@ -88,6 +88,9 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   void ServeSharedMemory(bool on) { shared_memory_ = on; }
   // Workers whose pushes may travel in shared memory now.
   int shared_memory_workers() const;
+  // Lets go of `workers`' regions (removed from the job): their memory is freed once no push
+  // still waiting to be summed holds it.
+  void DropSharedMemory(const std::set<int>& workers);
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,

@@ -88,6 +88,9 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
   job_->SetObserver(&metrics_);
   parameter_service_.ServePushSessions(config.push_sessions);
   parameter_service_.ServeSharedMemory(config.shared_memory);
+  job_->SetRemovedHook([service = &parameter_service_](const std::set<int>& workers) {
+    service->DropSharedMemory(workers);
+  });
   // With a job secret, worker tokens are signed with a key derived from it, so that every shard
   // can refuse a made-up token at once (common/secrets.h).
   const std::string token_key =

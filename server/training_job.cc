@@ -95,6 +95,12 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
 }
 
 std::set<int> TrainingJob::CheckDeadWorkers() {
+  std::set<int> removed = RemoveDeadWorkers();
+  if (!removed.empty() && removed_hook_) removed_hook_(removed);
+  return removed;
+}
+
+std::set<int> TrainingJob::RemoveDeadWorkers() {
   if (finished_.HasBeenNotified()) return {};
   const StepProgress p = aggregator_->Progress();
   if (p.epoch < 0) return {};

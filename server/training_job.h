@@ -6,6 +6,7 @@
 #ifndef DBS_SERVER_TRAINING_JOB_H_
 #define DBS_SERVER_TRAINING_JOB_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -75,6 +76,12 @@ class TrainingJob : public SchedulerListener {
   // Set before workers connect; it must outlive the job.
   void SetShardLog(ShardLog* log) { shard_log_ = log; }
 
+  // Called with the workers removed from the job (dead or gone) once they are, so that what
+  // the server holds for them can go (their shared memory). It must not call back into the
+  // job. Set before workers connect.
+  using RemovedHook = std::function<void(const std::set<int>& workers)>;
+  void SetRemovedHook(RemovedHook hook) { removed_hook_ = std::move(hook); }
+
   // Continues from a checkpoint (before any worker connects). FAILED_PRECONDITION when the
   // checkpoint is of a job with another configuration.
   // Settings that shape training (TrainingSettings) must match too, unless
@@ -125,12 +132,15 @@ class TrainingJob : public SchedulerListener {
   bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
+  // CheckDeadWorkers without telling the removed hook.
+  std::set<int> RemoveDeadWorkers();
   // Removes `dead` at the current step `p` (none of them pushed it), logging `why`, and tells the
   // followers; false when the step moved on meanwhile.
   bool RemoveAtStep(const StepProgress& p, const std::set<int>& dead, absl::string_view why);
   absl::Notification finished_;
   JobObserver* observer_ = nullptr;
   ShardLog* shard_log_ = nullptr;
+  RemovedHook removed_hook_;
   // A completed step (and the re-plan made at it) for the shard log.
   void LogStep(const StepStats& stats, const std::optional<PlanChange>& change, bool checkpointed);
   // After a restore: the workers and where the barrier stands, for followers.

@@ -177,12 +177,17 @@ TEST_F(HardeningTest, TwoEndingsAtOnceNotifyOnce) {
 
 // Item 5: Leave from any worker id aborted the whole job.
 TEST_F(HardeningTest, ALeavingWorkerIsRemovedAndTheJobGoesOn) {
+  std::vector<std::set<int>> told;  // what the server is told to let go of (shared memory)
+  job_->SetRemovedHook([&told](const std::set<int>& removed) { told.push_back(removed); });
   Push(0, 0, 0, 2);
   Push(1, 0, 0, 2);
   ASSERT_THAT(job_->scheduler()->Leave(2), IsOk());
   EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration())) << "the job was not aborted";
   // Removed at once, without waiting for the worker timeout.
   EXPECT_THAT(job_->CheckDeadWorkers(), ElementsAre(2));
+  EXPECT_THAT(told, ElementsAre(std::set<int>{2}));
+  EXPECT_TRUE(job_->CheckDeadWorkers().empty());
+  EXPECT_EQ(told.size(), 1u);
   // Its part of step 0 becomes an extra step; the others finish the epoch and report.
   const int num_steps = job_->aggregator()->Progress().num_steps;
   EXPECT_EQ(num_steps, 3);
@@ -206,6 +211,8 @@ TEST_F(HardeningTest, ALeavingWorkerIsRemovedAndTheJobGoesOn) {
 // Item 7: a worker that died between its last push and its report was never removed: the job
 // waited for its report until the stall timeout ended it.
 TEST_F(HardeningTest, AWorkerThatNeverReportsIsRemovedAfterTheWorkerTimeout) {
+  std::vector<std::set<int>> told;
+  job_->SetRemovedHook([&told](const std::set<int>& removed) { told.push_back(removed); });
   for (int step = 0; step < 2; ++step) {
     for (int w = 0; w < 3; ++w) Push(w, 0, step, 2);
   }
@@ -214,8 +221,10 @@ TEST_F(HardeningTest, AWorkerThatNeverReportsIsRemovedAfterTheWorkerTimeout) {
   EXPECT_TRUE(job_->CheckDeadWorkers().empty());
   clock_.Advance(absl::Seconds(9));
   EXPECT_TRUE(job_->CheckDeadWorkers().empty());
+  EXPECT_TRUE(told.empty());
   clock_.Advance(absl::Seconds(1));
   EXPECT_THAT(job_->CheckDeadWorkers(), ElementsAre(2));
+  EXPECT_THAT(told, ElementsAre(std::set<int>{2}));
   EXPECT_EQ(job_->aggregator()->Progress().epoch, 1) << "epoch 0 completed with two reports";
   EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 1));
   EXPECT_FALSE(job_->WaitFor(absl::ZeroDuration()));

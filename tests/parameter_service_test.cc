@@ -375,6 +375,15 @@ TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
   ASSERT_THAT(Send(shared, &r0), IsOk());
   EXPECT_EQ(r0.values().version(), 1);
   EXPECT_TRUE(r0.values().in_shared_memory());
+
+  // Once the worker is removed from the job its region goes; a push through it is refused.
+  parameter_service_->DropSharedMemory({0, 7});
+  EXPECT_EQ(parameter_service_->shared_memory_workers(), 0);
+  v1::PushGradientRequest next = shared;
+  next.set_step(1);
+  refused = Send(next, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("no shared memory attached"));
 }
 
 // A push session carries one worker's pushes of many steps, each answered as PushGradient

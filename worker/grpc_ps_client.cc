@@ -545,6 +545,15 @@ void GrpcPsClient::MaybeAttach(int worker_id) {
   v1::AttachSharedMemoryReply reply;
   const grpc::Status status = WithRetry(
       [&](grpc::ClientContext* ctx) { return parameters_->AttachSharedMemory(ctx, req, &reply); });
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      status.error_code() == grpc::StatusCode::CANCELLED) {
+    // Not a refusal: the push that follows meets the same trouble and reports it, and the next
+    // one tries again.
+    Detach();
+    shm_tried_ = false;
+    return;
+  }
   if (!status.ok()) return refused(status.error_message());
   RegionLocation theirs;
   theirs.pid = reply.parameters().pid();
