@@ -30,6 +30,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> params(model);
   int64_t version = 0;
   (void)dbs::ParsePushReply(message, &head, absl::MakeSpan(params), &version);
+  // A reply that says its values are in shared memory leaves the parameters alone.
+  std::vector<float> untouched(model, 7.0f);
+  bool shared = false;
+  if (dbs::ParsePushReply(message, &head, absl::MakeSpan(untouched), &version, &shared).ok() &&
+      shared && untouched != std::vector<float>(model, 7.0f)) {
+    __builtin_trap();
+  }
   // One chunk of a streamed answer: wherever it says it lies, it must land inside the model.
   size_t offset = 0, count = 0;
   if (dbs::ParsePushReplyPiece(message, &head, absl::MakeSpan(params), &version, &offset, &count)
