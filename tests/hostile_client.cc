@@ -5,6 +5,8 @@
 // clear code; one that is accepted, hangs past its deadline, or ends in UNKNOWN or code 12
 // is a finding. After each round it prints one JSON line (calls by method and code, findings)
 // and flushes it; it runs --rounds rounds (0: until killed). Used by tests/hostile_test.py.
+#include <unistd.h>
+
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,6 +47,7 @@ const char* const kMethods[] = {
     "/dbs.v1.ParameterService/PullParameters",      "/dbs.v1.ParameterService/Resume",
     "/dbs.v1.ParameterService/PushGradientStream",  "/dbs.v1.ParameterService/PullParametersStream",
     "/dbs.v1.ParameterService/RegisterModelStream", "/dbs.v1.ParameterService/PushGradientSession",
+    "/dbs.v1.ParameterService/AttachSharedMemory",
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
@@ -247,6 +251,26 @@ class Attacker {
           Deadline(&ctx);
           if (forge) Forge(&ctx);
           Note("/Resume", params_->Resume(&ctx, req, &reply), "forged resume");
+        }
+        // Shared memory that names anything: another process's descriptors, this one's
+        // standard input, absurd sizes.
+        for (const auto& [pid, fd, bytes] :
+             std::vector<std::tuple<int64_t, int64_t, uint64_t>>{{-1, -1, 0},
+                                                                 {1, 0, 12},
+                                                                 {getpid(), 0, 4},
+                                                                 {getpid(), 2, uint64_t{1} << 62},
+                                                                 {2147483648, 3, 12}}) {
+          dbs::v1::AttachSharedMemoryRequest req;
+          req.set_worker_id(id);
+          req.mutable_gradient()->set_pid(pid);
+          req.mutable_gradient()->set_fd(fd);
+          req.mutable_gradient()->set_bytes(bytes);
+          dbs::v1::AttachSharedMemoryReply reply;
+          grpc::ClientContext ctx;
+          Deadline(&ctx);
+          if (forge) Forge(&ctx);
+          Note("/AttachSharedMemory", params_->AttachSharedMemory(&ctx, req, &reply),
+               "forged shared memory");
         }
       }
     }
