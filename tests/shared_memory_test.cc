@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,15 +93,30 @@ TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
   EXPECT_EQ(SharedRegion::Create("test", 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// fp32 slots of `n` values made here (`writer`, cleared) and mapped again read-only as a
+// worker maps them (`reader`).
+struct Slots {
+  void Make(size_t n) {
+    auto made = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
+    ASSERT_TRUE(made.ok());
+    region = std::move(*made);
+    writer = std::make_unique<ParameterSlots>(region.get(), n, WireDtype::kFp32);
+    writer->Clear();
+    auto opened = SharedRegion::Open(region->location(), "slots");
+    ASSERT_TRUE(opened.ok());
+    peer = std::move(*opened);
+    reader = std::make_unique<ParameterSlots>(peer.get(), n, WireDtype::kFp32);
+  }
+  std::unique_ptr<SharedRegion> region, peer;
+  std::unique_ptr<ParameterSlots> writer, reader;
+};
+
 TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
   const size_t n = 1000;
-  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
-  ASSERT_TRUE(region.ok());
-  ParameterSlots writer(region->get(), n, WireDtype::kFp32);
-  writer.Clear();
-  auto peer = SharedRegion::Open((*region)->location(), "slots");
-  ASSERT_TRUE(peer.ok());
-  const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
+  Slots slots;
+  ASSERT_NO_FATAL_FAILURE(slots.Make(n));
+  ParameterSlots& writer = *slots.writer;
+  const ParameterSlots& reader = *slots.reader;
   std::vector<float> out(n);
   EXPECT_FALSE(reader.Read(0, absl::MakeSpan(out)));  // nothing written: not version 0's zeros
 
@@ -152,13 +168,10 @@ TEST(ParameterSlotsTest, SixteenBitSlotsRoundAsTheWireDoes) {
 // equal to v; every read that succeeds must hold one version's values only.
 TEST(ParameterSlotsTest, AReadThatRacesAWriteIsRefusedNeverTorn) {
   const size_t n = 1 << 16;
-  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
-  ASSERT_TRUE(region.ok());
-  ParameterSlots writer(region->get(), n, WireDtype::kFp32);
-  writer.Clear();
-  auto peer = SharedRegion::Open((*region)->location(), "slots");
-  ASSERT_TRUE(peer.ok());
-  const ParameterSlots reader(peer->get(), n, WireDtype::kFp32);
+  Slots slots;
+  ASSERT_NO_FATAL_FAILURE(slots.Make(n));
+  ParameterSlots& writer = *slots.writer;
+  const ParameterSlots& reader = *slots.reader;
   // Where the writer stands: the version it is writing.
   auto progress = SharedRegion::Create("progress", 64);
   ASSERT_TRUE(progress.ok());
