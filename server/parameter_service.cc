@@ -88,7 +88,8 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   DBS_RETURN_IF_ERROR(Allowed(ctx, req.worker_id()));
   if (!shared_memory_) {
     return absl::FailedPreconditionError(
-        "this dbs_ps shares no memory (--shared_memory=false): push over gRPC");
+        "this dbs_ps shares no memory (--shared_memory=false, or a shard of a sharded job): push "
+        "over gRPC");
   }
   if (!store_->registered()) return absl::FailedPreconditionError("register the model first");
   const size_t count = static_cast<size_t>(TotalElements(store_->layout()));

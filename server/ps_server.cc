@@ -87,7 +87,9 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype, clock) {
   job_->SetObserver(&metrics_);
   parameter_service_.ServePushSessions(config.push_sessions);
-  parameter_service_.ServeSharedMemory(config.shared_memory);
+  // A shard of a sharded job may hold a push until its leader has done the step the worker
+  // redoes, reading the worker's region only then: its shards share no memory.
+  parameter_service_.ServeSharedMemory(config.shared_memory && config.num_shards <= 1);
   job_->SetRemovedHook([service = &parameter_service_](const std::set<int>& workers) {
     service->DropSharedMemory(workers);
   });

@@ -325,6 +325,10 @@ TEST(GrpcPsClientShardTest, AWorkerThatDiesBetweenItsPushesToTheShardsIsRemovedF
   EXPECT_EQ(survivor_at_follower->global_samples, plans[0].BatchAt(0))
       << "the follower's step 0 without worker 1's gradient";
   EXPECT_EQ((*leader)->job()->scheduler()->History().back().dead, std::set<int>{ids[1]});
+  // Neither shard shares memory, even with a client that asks (a follower may read a push
+  // late): the pushes went over gRPC.
+  EXPECT_FALSE(clients[0][0]->shares_memory());
+  EXPECT_FALSE(clients[0][1]->shares_memory());
   // Both shards' step 1 waits for the survivor alone. The follower may answer step 0 a moment
   // before it has applied the leader's removal of worker 1 to step 1: wait for that, briefly.
   for (PsServer* server : {leader->get(), follower->get()}) {
@@ -540,6 +544,34 @@ TEST(GrpcPsClientSessionTest, AbandoningWhileSessionsEndNeverReachesAnEndedSessi
   EXPECT_GE(client.sessions_opened(), refused);
   EXPECT_GT(abandons.load(), 0);
   ASSERT_NO_FATAL_FAILURE(job.Step(0));
+}
+
+// A call refused before it starts (the client abandoned or interrupted) leaves no call in
+// progress: CI's ASan run once crashed in the test above when an Abandon cancelled the context
+// of such a call after its frame had gone. Refused, abandoned and completed calls all end with
+// nothing for Abandon to cancel.
+TEST(GrpcPsClientSessionTest, NoCallStaysInProgressBetweenCalls) {
+  TwoWorkerJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      job.Start(TwoWorkerConfig(), GrpcClientConfig{}, {{"a", {10}, false}, {"b", {2, 3}, false}}));
+  GrpcPsClient& client = *job.clients_[0];
+  const std::vector<float> g(job.n_, 0.0f);
+  EXPECT_FALSE(client.in_call());
+  client.Abandon();
+  const absl::StatusOr<StepOutcome> abandoned = client.PushGradient(
+      job.ids_[0], 0, 0, job.plans_[0].BatchAt(0), 0.0, 0.0, g, absl::MakeSpan(job.params_[0]));
+  ASSERT_EQ(abandoned.status().code(), absl::StatusCode::kCancelled) << abandoned.status();
+  EXPECT_FALSE(client.in_call()) << "an abandoned push left its context as the call in progress";
+  ASSERT_EQ(client.PullParameters(job.ids_[0], absl::MakeSpan(job.params_[0])).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_FALSE(client.in_call());
+  client.ResumeCalls();
+  const absl::StatusOr<StepOutcome> refused = client.PushGradient(
+      job.ids_[0], 0, 9, job.plans_[0].BatchAt(9), 0.0, 0.0, g, absl::MakeSpan(job.params_[0]));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_FALSE(client.in_call());
+  ASSERT_NO_FATAL_FAILURE(job.Step(0));
+  EXPECT_FALSE(client.in_call());
 }
 
 // Four workers register a model larger than a chunk at the same moment, each with values of its

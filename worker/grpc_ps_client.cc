@@ -343,8 +343,16 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
 
 bool GrpcPsClient::Begin(grpc::ClientContext* ctx) {
   absl::MutexLock lock(&interrupt_mu_);
+  // A refused call never started: it must not stay the call in progress, or a later Abandon
+  // or Interrupt would cancel its context after WithRetry's frame has gone.
+  if (interrupted_ || abandoned_) return false;
   current_ = ctx;
-  return !interrupted_ && !abandoned_;
+  return true;
+}
+
+bool GrpcPsClient::in_call() const {
+  absl::MutexLock lock(&interrupt_mu_);
+  return current_ != nullptr;
 }
 
 bool GrpcPsClient::Retarget(grpc::ClientContext* ctx) {

@@ -90,6 +90,9 @@ class GrpcPsClient : public PsClient {
   // Whether pushes travel in shared memory now (after the first push).
   bool shares_memory() const { return shm_slots_ != nullptr; }
   WireDtype wire_dtype() const { return wire_dtype_; }
+  // Whether a call is in progress (Abandon or Interrupt would cancel its context); false
+  // between calls, however the last one ended.
+  bool in_call() const;
 
   // From another thread: ends the call in flight, and any retry of it, with CANCELLED
   // ("abandoned"), and every later call at once, until ResumeCalls(). A sharded client
@@ -188,11 +191,12 @@ class GrpcPsClient : public PsClient {
   const std::string incarnation_;  // this process's, for every registration
   std::string token_;              // from RegisterWorker, sent with every later call
   // The call in progress, for Interrupt (from another thread).
-  absl::Mutex interrupt_mu_;
+  mutable absl::Mutex interrupt_mu_;
   grpc::ClientContext* current_ ABSL_GUARDED_BY(interrupt_mu_) = nullptr;
   bool interrupted_ ABSL_GUARDED_BY(interrupt_mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(interrupt_mu_) = false;
-  // Registers `ctx` as the call in progress; false if interrupted or abandoned already.
+  // Registers `ctx` as the call in progress; false, registering nothing, if interrupted or
+  // abandoned already.
   bool Begin(grpc::ClientContext* ctx);
   // Makes `ctx` the call in progress instead (the push session's); false as Begin.
   bool Retarget(grpc::ClientContext* ctx);
