@@ -148,6 +148,11 @@ def median_of(rounds, key):
     return statistics.median(r[key] for r in rounds)
 
 
+def wire_width(variant):
+    """Bytes per value on the wire for a variant such as bf16/shm."""
+    return 2 if variant.split("/")[0] in ("bf16", "fp16") else 4
+
+
 def summarize(results, clients):
     rows = []
     for key, entry in results.items():
@@ -169,8 +174,13 @@ def summarize(results, clients):
             "server_peak_rss_mib": max(r["server_peak_rss_bytes"] for r in dbs) / 2**20,
             "server_shared_rss_mib": max(r.get("server_shared_rss_bytes", 0) for r in dbs) / 2**20,
             "model_mib": entry["params"] * 4 / 2**20,
+            # What of the peak is the clients' own gradient regions, mapped to be read (/shm).
+            "client_regions_mib": (clients * entry["params"] * wire_width(entry["wire_dtype"])
+                                   / 2**20 if "shm" in entry["wire_dtype"].split("/") else 0),
             "client_cpu_ms_per_step": median_of(dbs, "client_cpu_ms_per_step"),
         })
+        rows[-1]["server_own_peak_mib"] = (rows[-1]["server_peak_rss_mib"]
+                                           - rows[-1]["client_regions_mib"])
     return rows
 
 
@@ -191,7 +201,9 @@ def table(rows, clients, rounds):
              "(fp32/arrival/window8). Faults/step: over all timed "
              "steps, and over their second half alone (the server's receive buffers grow over "
              "a large model's first steps). Peak RSS: VmHWM; in brackets, where not 0, what of "
-             "it is memory shared with the clients at the end (RssShmem: /shm's regions).", "",
+             "it is shared memory at the end (RssShmem: the parameter slots, which in fp32 are the "
+             "store's snapshots, and with /shm the clients' gradient regions) and, with /shm, the "
+             "peak less the clients' regions (the server's own).", "",
              "| parameters | wire / sum | dbs_ps step ms | gloo ms | ratio | server CPU ms/step "
              "| faults/step (2nd half) | server peak RSS MiB (model MiB) | client CPU ms/step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -202,8 +214,9 @@ def table(rows, clients, rounds):
             f"{r['ratio']:.2f}x | {r['server_cpu_ms_per_step']:.1f} | "
             f"{r['server_faults_per_step']:.0f} "
             f"({r['server_faults_per_step_second_half']:.0f}) | {r['server_peak_rss_mib']:.0f} "
-            + (f"[shared {r['server_shared_rss_mib']:.0f}] " if r.get('server_shared_rss_mib')
-               else "")
+            + (f"[shared {r['server_shared_rss_mib']:.0f}"
+               + (f"; own {r['server_own_peak_mib']:.0f}" if r.get('client_regions_mib') else "")
+               + "] " if r.get('server_shared_rss_mib') else "")
             + f"({r['model_mib']:.1f}) | {r['client_cpu_ms_per_step']:.2f} |")
     return "\n".join(lines) + "\n"
 

@@ -131,12 +131,12 @@ bool Fp32IsWireOrder() {
 #endif
 }
 
-grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values) {
-  auto* held = new std::shared_ptr<const std::vector<float>>(std::move(values));
-  const std::vector<float>& v = **held;
+grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values) {
+  auto* held = new std::shared_ptr<const ValueBuffer>(std::move(values));
+  const ValueBuffer& v = **held;
   return grpc::Slice(
       const_cast<float*>(v.data()), v.size() * sizeof(float),
-      [](void* p) { delete static_cast<std::shared_ptr<const std::vector<float>>*>(p); }, held);
+      [](void* p) { delete static_cast<std::shared_ptr<const ValueBuffer>*>(p); }, held);
 }
 
 LentValues::LentValues(absl::Span<const float> values) : values_(values) {}

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/step_wire.h"
+#include "common/value_buffer.h"
 #include "common/wire_values.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -75,7 +76,7 @@ bool Fp32IsWireOrder();
 
 // A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
 // sub-slice): no copy.
-grpc::Slice SliceOfValues(std::shared_ptr<const std::vector<float>> values);
+grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values);
 
 // Lends memory the caller owns (a worker's gradient) to gRPC without a copy: `Range` makes
 // slices that point into it, and `AwaitReturned` waits until gRPC has let go of every one, after

@@ -13,6 +13,11 @@ bool KeepFreedMemoryMapped() {
   return true;
 }
 
+bool ReleaseFreedMemory() {
+  MallocExtension::instance()->ReleaseFreeMemory();
+  return true;
+}
+
 std::optional<double> MemoryReleaseRate() {
   return MallocExtension::instance()->GetMemoryReleaseRate();
 }
@@ -20,6 +25,7 @@ std::optional<double> MemoryReleaseRate() {
 #else
 
 bool KeepFreedMemoryMapped() { return false; }
+bool ReleaseFreedMemory() { return false; }
 std::optional<double> MemoryReleaseRate() { return std::nullopt; }
 
 #endif

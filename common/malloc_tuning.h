@@ -13,6 +13,12 @@ namespace dbs {
 // was started in. Returns false (and does nothing) under another allocator.
 bool KeepFreedMemoryMapped();
 
+// Hands the memory the allocator holds free back to the kernel at once (tcmalloc's
+// ReleaseFreeMemory); what is allocated again later is faulted in again. For the end of a large
+// one-time use, such as a model's registration. Returns false (and does nothing) under another
+// allocator.
+bool ReleaseFreedMemory();
+
 // tcmalloc's release rate now; nullopt when the binary is not linked with tcmalloc (under
 // `--define=dbs_malloc=system`, as in the sanitizer builds).
 std::optional<double> MemoryReleaseRate();

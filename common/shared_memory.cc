@@ -21,6 +21,13 @@ constexpr size_t kPage = 4096;
 // anything is mapped.
 constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 40;
 
+// F_SEAL_FUTURE_WRITE (linux/fcntl.h; glibc 2.36 does not name it).
+#ifdef F_SEAL_FUTURE_WRITE
+constexpr int kSealFutureWrite = F_SEAL_FUTURE_WRITE;
+#else
+constexpr int kSealFutureWrite = 0x0010;
+#endif
+
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
@@ -41,7 +48,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(absl::string_
   const int fd = memfd_create(std::string(name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return absl::FailedPreconditionError(Errno("memfd_create"));
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     const std::string why = Errno("sizing and sealing a memory file");
     close(fd);
     return absl::FailedPreconditionError(why);
@@ -51,6 +58,16 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(absl::string_
     const std::string why = Errno("mmap");
     close(fd);
     return absl::ResourceExhaustedError(why);
+  }
+  // From now on only this mapping writes the region: nobody who opens the file, even as its
+  // owner, can write it or map it writable (F_SEAL_FUTURE_WRITE, Linux 5.1; older kernels
+  // refuse the seal and keep the rest).
+  if (fcntl(fd, F_ADD_SEALS, kSealFutureWrite | F_SEAL_SEAL) != 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL) != 0) {
+    const std::string why = Errno("sealing a memory file");
+    munmap(data, bytes);
+    close(fd);
+    return absl::FailedPreconditionError(why);
   }
   return std::unique_ptr<SharedRegion>(new SharedRegion(static_cast<uint8_t*>(data), bytes, fd));
 }
@@ -135,9 +152,7 @@ const uint8_t* ParameterSlots::Slot(int64_t version) const {
 
 void ParameterSlots::BeginWrite(int64_t version) {
   writing_ = version;
-  VersionOf(region_->data(), version % 2)->store(-1, std::memory_order_relaxed);
-  // Readers that see any of the new values see the slot marked empty.
-  std::atomic_thread_fence(std::memory_order_release);
+  MarkEmpty(static_cast<int>(version % 2));
 }
 
 void ParameterSlots::Write(size_t offset, absl::Span<const float> values) {
@@ -148,8 +163,23 @@ void ParameterSlots::Write(size_t offset, absl::Span<const float> values) {
 
 void ParameterSlots::EndWrite(bool ok) {
   if (writing_ < 0) return;
-  if (ok) VersionOf(region_->data(), writing_ % 2)->store(writing_, std::memory_order_release);
+  if (ok) MarkHolds(writing_);
   writing_ = -1;
+}
+
+float* ParameterSlots::Fp32Slot(int index) {
+  return reinterpret_cast<float*>(const_cast<uint8_t*>(Slot(index)));
+}
+
+void ParameterSlots::MarkEmpty(int index) {
+  VersionOf(region_->data(), index % 2)->store(-1, std::memory_order_relaxed);
+  // Readers that see any of the new values see the slot marked empty.
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void ParameterSlots::MarkHolds(int64_t version) {
+  if (version >= 0)
+    VersionOf(region_->data(), version % 2)->store(version, std::memory_order_release);
 }
 
 bool ParameterSlots::Holds(int64_t version) const {

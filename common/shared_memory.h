@@ -78,6 +78,13 @@ class ParameterSlots {
   // True when `version`'s slot holds it.
   bool Holds(int64_t version) const;
 
+  // Where the slots are the writer's own buffers of values (fp32): slot `index`'s memory,
+  // marked empty before anything is written there and stamped with the version it holds once
+  // that is all written.
+  float* Fp32Slot(int index);
+  void MarkEmpty(int index);
+  void MarkHolds(int64_t version);
+
   // Reader (a worker): copies `version`'s values into `out` (count values); false when its
   // slot does not hold it, before or after the copy.
   bool Read(int64_t version, absl::Span<float> out) const;

@@ -121,6 +121,47 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   return absl::OkStatus();
 }
 
+void ParameterServiceImpl::Registered() {
+  if (registered_hook_ && !registered_told_.exchange(true)) registered_hook_();
+}
+
+void ParameterServiceImpl::ServeSharedMemory(bool on) {
+  shared_memory_ = on;
+  store_->SetSnapshotMemory(on && ValuesAreTheSnapshot() ? this : nullptr);
+}
+
+std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshotBuffers(
+    size_t count) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, WireDtype::kFp32));
+  // Without a region the snapshots stay on the heap; an attach then tries to make slots of
+  // its own and tells the worker why it cannot.
+  if (!region.ok()) return {};
+  absl::MutexLock lock(&shm_mu_);
+  // A former model size's slots (a restored checkpoint of another model) go once nothing holds
+  // them; the workers attached to them attach again.
+  gradients_.clear();
+  slots_region_ = std::move(*region);
+  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, WireDtype::kFp32);
+  slots_->Clear();
+  slots_are_snapshots_ = true;
+  std::array<std::shared_ptr<ValueBuffer>, 2> buffers;
+  for (int i = 0; i < 2; ++i) {
+    buffers[i] = std::make_shared<ValueBuffer>(slots_->Fp32Slot(i), count, slots_region_);
+  }
+  return buffers;
+}
+
+void ParameterServiceImpl::SnapshotWriting(int index) {
+  absl::MutexLock lock(&shm_mu_);
+  if (slots_are_snapshots_) slots_->MarkEmpty(index);
+}
+
+void ParameterServiceImpl::SnapshotPublished(int index, int64_t version) {
+  absl::MutexLock lock(&shm_mu_);
+  if (slots_are_snapshots_ && version % 2 == index) slots_->MarkHolds(version);
+}
+
 void ParameterServiceImpl::DropSharedMemory(const std::set<int>& workers) {
   absl::MutexLock lock(&shm_mu_);
   for (int id : workers) gradients_.erase(id);
@@ -168,6 +209,9 @@ ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, in
     absl::MutexLock lock(&shm_mu_);
     if (slots_ != nullptr && gradients_.count(worker) > 0) {
       if (!slots_->Holds(snap.version)) {
+        // Where the slots are the store's snapshots, only the store writes them: this version
+        // lies elsewhere (its slot was held when the update began) and goes over gRPC.
+        if (slots_are_snapshots_) return ValuesOf(snap);
         // Attached while the update ran: written now, once (the next update writes the other
         // slot, and only after this step's answers are read).
         slots_->BeginWrite(snap.version);
@@ -221,8 +265,13 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
     absl::Status decoded = DecodeTensors(req->parameters(), *layout, true, absl::MakeSpan(initial));
     if (!decoded.ok()) return Answer(reactor, decoded);
   }
+  const bool first = !initial.empty();
   absl::StatusOr<ParameterSnapshot> snap = store_->Register(*layout, initial);
   claim_.Release(req->worker_id());
+  if (first && snap.ok()) {
+    std::vector<float>().swap(initial);
+    Registered();
+  }
   if (snap.ok()) {
     reply->head.set_version(snap->version);
     if (!req->omit_values()) reply->values = ValuesOf(*snap);
@@ -256,7 +305,7 @@ bool ParameterServiceImpl::ValuesAreTheSnapshot() const {
 }
 
 ValuesField ParameterServiceImpl::NewField(int64_t version,
-                                           std::shared_ptr<const std::vector<float>> values,
+                                           std::shared_ptr<const ValueBuffer> values,
                                            uint8_t** encode_to) {
   const size_t count = values->size();
   if (ValuesAreTheSnapshot()) {
@@ -286,24 +335,25 @@ ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   return values_;
 }
 
-void ParameterServiceImpl::BeginUpdate(int64_t version,
-                                       std::shared_ptr<const std::vector<float>> after) {
+void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) {
   {
     absl::MutexLock lock(&values_mu_);
     ReleaseValuesLocked();
     progress_ = Progress{};
   }
   const size_t count = after->size();
+  bool shared = false;
   {
     // Once any worker shares memory every update writes its values into the slots too, block by
-    // block while they are in the cache.
+    // block while they are in the cache, unless the slots are the store's own buffers.
     absl::MutexLock lock(&shm_mu_);
-    shm_writing_ = slots_ != nullptr ? slots_.get() : nullptr;
+    shared = slots_ != nullptr && !gradients_.empty();
+    shm_writing_ = slots_ != nullptr && !slots_are_snapshots_ ? slots_.get() : nullptr;
   }
   // Where every answer of the last version came from the slots, this one's are not serialized
   // for gRPC as the update runs (in 16 bits that is a pass over the model and a buffer of its
   // own): an answer over gRPC after all serializes them on first use (ValuesOf).
-  const bool for_grpc = grpc_answers_.exchange(false) || shm_writing_ == nullptr;
+  const bool for_grpc = grpc_answers_.exchange(false) || !shared;
   if (for_grpc) {
     // In fp32 the answers send the new values from the buffer the update writes them into:
     // ranges of it are sent only once final, and the store does not reuse it while a slice
@@ -1119,6 +1169,10 @@ class RegisterStreamReactor final
     DBS_ASSIGN_OR_RETURN(
         ParameterSnapshot snap,
         service_->store_->Register(layout_, first ? initial_ : std::vector<float>{}));
+    if (first) {
+      std::vector<float>().swap(initial_);
+      service_->Registered();
+    }
     v1::Parameters reply;
     reply.set_version(snap.version);
     if (!RawEncode(reply, out_)) return absl::InternalError("cannot serialize the reply");

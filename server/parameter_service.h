@@ -38,7 +38,9 @@ class PushStreamReactor;
 class PushSessionReactor;
 class PushReactor;
 
-class ParameterServiceImpl final : public ParameterRawService, private UpdateSink {
+class ParameterServiceImpl final : public ParameterRawService,
+                                   private UpdateSink,
+                                   private SnapshotMemory {
  public:
   // OK when `token` is the credential of registered worker `worker_id`
   // (Scheduler::Authenticate).
@@ -63,6 +65,7 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
         claim_(clock != nullptr ? clock : &real_clock_),
         pool_(SlicePool::Create()) {
     store_->SetUpdateSink(this);
+    ServeSharedMemory(true);
     aggregator_->SetValuesHook([this](int epoch, int step, int64_t version, size_t ready) {
       OnValuesReady(epoch, step, version, ready);
     });
@@ -74,6 +77,7 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
     sender_.reset();
     aggregator_->SetValuesHook(nullptr);
     store_->RemoveUpdateSink(this);
+    store_->SetSnapshotMemory(nullptr);
   }
 
   // A sharded job's follower: every push of (epoch, step) passes `gate` first (it may wait for
@@ -84,8 +88,12 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // workers push with PushGradient calls. Set before serving.
   void ServePushSessions(bool on) { push_sessions_ = on; }
   // Whether AttachSharedMemory is served (on by default); off, it answers FAILED_PRECONDITION
-  // and every worker pushes over gRPC. Set before serving.
-  void ServeSharedMemory(bool on) { shared_memory_ = on; }
+  // and every worker pushes over gRPC. On, in fp32, the store's snapshots lie in the parameter
+  // slots (SnapshotMemory below), made at registration. Set before serving.
+  void ServeSharedMemory(bool on);
+  // `hook` (null: none) is called once, after the first registration has stored the model's
+  // values and let go of its own copy of them. Set before serving.
+  void SetRegisteredHook(std::function<void()> hook) { registered_hook_ = std::move(hook); }
   // Workers whose pushes may travel in shared memory now.
   int shared_memory_workers() const;
   // Lets go of `workers`' regions (removed from the job): their memory is freed once no push
@@ -162,16 +170,23 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   // A field for `values` at `version`, its head written. Where the values travel as they lie
   // in memory (ValuesAreTheSnapshot) its body is `values` itself and `*encode_to` is null;
   // otherwise the body is a pooled buffer that the values must be encoded to at `*encode_to`.
-  ValuesField NewField(int64_t version, std::shared_ptr<const std::vector<float>> values,
+  ValuesField NewField(int64_t version, std::shared_ptr<const ValueBuffer> values,
                        uint8_t** encode_to);
   // True where the values travel as the snapshot holds them (fp32, little-endian).
   bool ValuesAreTheSnapshot() const;
   // Lets go of the cached serialized version, before the next one is written.
   void ReleaseValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
   // UpdateSink: the store's update writes the new values into the next answers' buffer.
-  void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> after) override;
+  void BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;
   void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
+  // SnapshotMemory (fp32 with shared memory on): the store's two snapshot buffers are the
+  // parameter slots, so the workers that share memory read the values where the update wrote
+  // them, and the server keeps no second copy. The store stamps a slot as it publishes a
+  // version there and marks it empty before it writes it again.
+  std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) override;
+  void SnapshotWriting(int index) override;
+  void SnapshotPublished(int index, int64_t version) override;
   // A pipelined update's first `ready` values are final (StepAggregator's values hook): the
   // streams that watch it send them.
   void OnValuesReady(int epoch, int step, int64_t version, size_t ready);
@@ -211,12 +226,18 @@ class ParameterServiceImpl final : public ParameterRawService, private UpdateSin
   Gate gate_;
   bool push_sessions_ = true;
   bool shared_memory_ = true;
-  // Shared memory: the parameter slots, made at the first attach and kept (their region's
-  // pointer never changes once set), and each attached worker's gradient region (a push's
+  std::function<void()> registered_hook_;
+  std::atomic<bool> registered_told_{false};
+  // Calls registered_hook_, the first time only.
+  void Registered();
+  // Shared memory: the parameter slots, made at registration where they are the store's
+  // snapshots (`slots_are_snapshots_`), at the first attach otherwise, and kept (their region's
+  // pointer never changes once set); each attached worker's gradient region (a push's
   // payload holds its region, so a replaced one stays mapped until summed).
   mutable absl::Mutex shm_mu_;
-  std::unique_ptr<SharedRegion> slots_region_ ABSL_GUARDED_BY(shm_mu_);
+  std::shared_ptr<SharedRegion> slots_region_ ABSL_GUARDED_BY(shm_mu_);
   std::unique_ptr<ParameterSlots> slots_ ABSL_GUARDED_BY(shm_mu_);
+  bool slots_are_snapshots_ ABSL_GUARDED_BY(shm_mu_) = false;
   std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
   // The slots the update in progress writes (null: none); only the store's update touches it.
   ParameterSlots* shm_writing_ = nullptr;

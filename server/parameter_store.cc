@@ -53,10 +53,10 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Register(const ModelLayout& la
   for (float v : initial) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError("initial values are not finite");
   }
-  std::shared_ptr<std::vector<float>> values = FreeBufferLocked(initial.size());
-  values->assign(initial.begin(), initial.end());
+  std::shared_ptr<ValueBuffer> values = FreeBufferLocked(initial.size(), 0);
+  std::copy(initial.begin(), initial.end(), values->begin());
   layout_ = layout;
-  values_ = std::move(values);
+  PublishLocked(std::move(values));
   return SnapshotLocked();
 }
 
@@ -95,7 +95,7 @@ absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
   // The values before the step: what Snapshot serves until the update ends, and what stays
   // should the update make a value non-finite.
   u.before = values_;
-  u.after = next_ != nullptr ? std::move(next_) : FreeBufferLocked(n);
+  u.after = next_ != nullptr ? std::move(next_) : FreeBufferLocked(n, version_ + 1);
   next_.reset();
   u.bad = n;
   update_ = std::move(u);
@@ -141,7 +141,7 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
         version_, " are kept"));
   }
   ++version_;
-  values_ = std::move(u.after);
+  PublishLocked(std::move(u.after));
   const ParameterSnapshot snapshot{version_, values_};
   if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
   return snapshot;
@@ -160,7 +160,7 @@ absl::StatusOr<absl::Span<float>> ParameterStore::ReserveNextBuffer() {
   absl::MutexLock lock(&mu_);
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
   if (update_.has_value()) return absl::FailedPreconditionError("an update is open");
-  if (next_ == nullptr) next_ = FreeBufferLocked(values_->size());
+  if (next_ == nullptr) next_ = FreeBufferLocked(values_->size(), version_ + 1);
   return absl::MakeSpan(*next_);
 }
 
@@ -217,13 +217,38 @@ void ParameterStore::RemoveUpdateSink(UpdateSink* sink) {
   if (sink_ == sink) sink_ = nullptr;
 }
 
-std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked(size_t size) const {
+void ParameterStore::SetSnapshotMemory(SnapshotMemory* memory) {
+  absl::MutexLock lock(&mu_);
+  memory_ = memory;
+  fixed_ = {};
+  fixed_size_ = 0;
+}
+
+std::shared_ptr<ValueBuffer> ParameterStore::FreeBufferLocked(size_t size, int64_t version) {
+  if (memory_ != nullptr && fixed_size_ != size) {
+    fixed_size_ = size;
+    fixed_ = memory_->CreateSnapshotBuffers(size);
+    for (const auto& b : fixed_) {
+      if (b == nullptr || b->size() != size) fixed_ = {};
+    }
+  }
+  const int index = static_cast<int>(version % 2);
+  if (fixed_[index] != nullptr && fixed_[index].use_count() == 1) {
+    // The version's own buffer is free (what it held, two versions ago, nobody reads): the
+    // pooled ones that nobody holds any more go.
+    pool_.erase(
+        std::remove_if(pool_.begin(), pool_.end(),
+                       [](const std::shared_ptr<ValueBuffer>& b) { return b.use_count() == 1; }),
+        pool_.end());
+    memory_->SnapshotWriting(index);
+    return fixed_[index];
+  }
   // A pooled buffer nobody outside holds any more (its pages are already mapped), so a step
   // allocates nothing.
   for (const auto& b : pool_) {
     if (b.use_count() == 1 && b->size() == size) return b;
   }
-  auto buffer = std::make_shared<std::vector<float>>(size);
+  auto buffer = std::make_shared<ValueBuffer>(size);
   if (pool_.size() < kSnapshotPool) {
     pool_.push_back(buffer);
   } else {
@@ -239,6 +264,12 @@ std::shared_ptr<std::vector<float>> ParameterStore::FreeBufferLocked(size_t size
   return buffer;
 }
 
+void ParameterStore::PublishLocked(std::shared_ptr<const ValueBuffer> values) {
+  values_ = std::move(values);
+  const int index = static_cast<int>(version_ % 2);
+  if (memory_ != nullptr && values_ == fixed_[index]) memory_->SnapshotPublished(index, version_);
+}
+
 ParameterSnapshot ParameterStore::SnapshotLocked() const {
   return ParameterSnapshot{version_, values_};
 }
@@ -247,7 +278,7 @@ StoreState ParameterStore::SaveState() const {
   absl::MutexLock lock(&mu_);
   StoreState s;
   s.layout = layout_;
-  if (values_) s.values = *values_;
+  if (values_) s.values = std::vector<float>(values_->begin(), values_->end());
   s.version = version_;
   s.optimizer = optimizer_->SaveState();
   s.torn = torn_;
@@ -261,13 +292,15 @@ absl::Status ParameterStore::LoadState(const StoreState& s) {
   }
   absl::MutexLock lock(&mu_);
   DBS_RETURN_IF_ERROR(optimizer_->LoadState(s.optimizer, s.values.size()));
-  std::shared_ptr<std::vector<float>> values = FreeBufferLocked(s.values.size());
-  values->assign(s.values.begin(), s.values.end());
-  layout_ = s.layout;
-  values_ = std::move(values);
-  version_ = s.version;
+  // Let go of what the state replaces first: its buffers may be the new version's.
+  values_.reset();
   update_.reset();
   next_.reset();
+  std::shared_ptr<ValueBuffer> values = FreeBufferLocked(s.values.size(), s.version);
+  std::copy(s.values.begin(), s.values.end(), values->begin());
+  layout_ = s.layout;
+  version_ = s.version;
+  PublishLocked(std::move(values));
   torn_ = false;
   return absl::OkStatus();
 }

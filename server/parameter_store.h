@@ -7,6 +7,7 @@
 #ifndef DBS_SERVER_PARAMETER_STORE_H_
 #define DBS_SERVER_PARAMETER_STORE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
+#include "common/value_buffer.h"
 #include "server/optimizer.h"
 
 namespace dbs {
@@ -29,7 +31,7 @@ struct GradientScale {
 
 struct ParameterSnapshot {
   int64_t version = 0;
-  std::shared_ptr<const std::vector<float>> values;
+  std::shared_ptr<const ValueBuffer> values;
 };
 
 // Everything the store holds, for checkpoints.
@@ -53,11 +55,28 @@ class UpdateSink {
   // `after` is the buffer the update writes the new values into (the snapshot EndUpdate
   // publishes): a sink may hold it, and read a range of it once WriteUpdate has been called for
   // that range. The store does not reuse a buffer anyone else holds.
-  virtual void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> after) = 0;
+  virtual void BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) = 0;
   // Values [offset, offset + values.size()), which lie in `after` at `offset`.
   virtual void WriteUpdate(size_t offset, absl::Span<const float> values) = 0;
   // `ok`: the update stands and `snapshot` holds the values written; otherwise they are void.
   virtual void EndUpdate(bool ok, const ParameterSnapshot& snapshot) = 0;
+};
+
+// Where the store keeps its snapshots, given: two buffers of the model's size, the version v
+// in buffer v % 2 whenever that one is free (nobody but the store holds it), on the heap
+// otherwise. dbs_ps's shared-memory slots are these buffers in fp32, so that the workers on its
+// host read the parameters where the update wrote them (docs/dataplane.md#shared-memory). Called
+// under the store's lock.
+class SnapshotMemory {
+ public:
+  virtual ~SnapshotMemory() = default;
+  // Two buffers of `count` values (null: the heap instead, for this model size).
+  virtual std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) = 0;
+  // Buffer `index` is about to be written: what it held is void from now on.
+  virtual void SnapshotWriting(int index) = 0;
+  // Buffer `index` holds the parameters of `version` from now on, never written again while
+  // they are the store's (until SnapshotWriting).
+  virtual void SnapshotPublished(int index, int64_t version) = 0;
 };
 
 class ParameterStore {
@@ -125,6 +144,9 @@ class ParameterStore {
   // is removed with RemoveUpdateSink (which does nothing when another sink has replaced it).
   void SetUpdateSink(UpdateSink* sink);
   void RemoveUpdateSink(UpdateSink* sink);
+  // From now on the snapshots lie in `memory`'s buffers where they can (see SnapshotMemory),
+  // which must outlive the store. Before any update is open.
+  void SetSnapshotMemory(SnapshotMemory* memory);
 
   bool registered() const;
   // The layout; empty before Register.
@@ -139,9 +161,12 @@ class ParameterStore {
   // Records the first value that became non-finite in `update_->bad`.
   void UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t from,
                         size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A snapshot buffer of `size` values that nobody else holds (its contents are stale).
-  std::shared_ptr<std::vector<float>> FreeBufferLocked(size_t size) const
+  // A snapshot buffer of `size` values for `version` that nobody else holds (its contents are
+  // stale): the snapshot memory's buffer for it if free, a pooled one otherwise.
+  std::shared_ptr<ValueBuffer> FreeBufferLocked(size_t size, int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `values` the parameters of `version_` (telling the snapshot memory).
+  void PublishLocked(std::shared_ptr<const ValueBuffer> values) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   UpdateSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -150,22 +175,27 @@ class ParameterStore {
   // The parameters: the snapshot every reader shares, never written again. An update writes
   // the next version into another buffer and publishes that, so the store keeps no copy of
   // its own besides (null before Register).
-  std::shared_ptr<const std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const ValueBuffer> values_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // Snapshot buffers, reused once nobody else holds them (the step before last's, usually).
   static constexpr size_t kSnapshotPool = 3;
-  mutable std::vector<std::shared_ptr<std::vector<float>>> pool_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<ValueBuffer>> pool_ ABSL_GUARDED_BY(mu_);
+  // SetSnapshotMemory's, and its buffers for a model of `fixed_size_` values (none if it gave
+  // none for that size).
+  SnapshotMemory* memory_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::array<std::shared_ptr<ValueBuffer>, 2> fixed_ ABSL_GUARDED_BY(mu_);
+  size_t fixed_size_ ABSL_GUARDED_BY(mu_) = 0;
   // The open update (BeginUpdate .. EndUpdate).
   struct Update {
     // What the update starts from, and what stays published should it fail.
-    std::shared_ptr<const std::vector<float>> before;
-    std::shared_ptr<std::vector<float>> after;
+    std::shared_ptr<const ValueBuffer> before;
+    std::shared_ptr<ValueBuffer> after;
     size_t done = 0;  // values updated
     size_t bad = 0;   // the first non-finite value, or the model's size
   };
   std::optional<Update> update_ ABSL_GUARDED_BY(mu_);
   // The buffer reserved for the next update (ReserveNextBuffer); BeginUpdate takes it.
-  std::shared_ptr<std::vector<float>> next_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ValueBuffer> next_ ABSL_GUARDED_BY(mu_);
   std::vector<float> block_ ABSL_GUARDED_BY(mu_);  // UpdatePassLocked's scaled gradient
   bool torn_ ABSL_GUARDED_BY(mu_) = false;
 };

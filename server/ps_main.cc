@@ -222,6 +222,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.receive_window_mb = absl::GetFlag(FLAGS_receive_window_mb);
   c.push_sessions = absl::GetFlag(FLAGS_push_sessions);
   c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  c.release_freed_memory = [] { dbs::ReleaseFreedMemory(); };
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);

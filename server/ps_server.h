@@ -5,6 +5,7 @@
 #define DBS_SERVER_PS_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -74,6 +75,11 @@ struct ServerConfig {
   int shard = 0;
   int num_shards = 1;
   std::string leader;
+  // Called once, when the model's first registration has stored its values: main hands the
+  // memory the allocator holds free back to the kernel (ReleaseFreedMemory), which is then
+  // mostly what that registration used for a moment (the values as received, gRPC's buffers
+  // for them) and the steps do not reuse where workers share memory. Null: nothing.
+  std::function<void()> release_freed_memory;
 };
 
 // The channel arguments that bound gRPC's receive window to `receive_window_mb` MiB (none

@@ -372,7 +372,8 @@ class DataplaneSmallTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         p = subprocess.run(
             [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
-             "--variants=fp32,bf16/arrival/chunk64/window8", "--rounds=1", "--warmup=1", "--steps=5",
+             "--variants=fp32,bf16/arrival/chunk64/window8,fp32/shm", "--rounds=1", "--warmup=1",
+             "--steps=5",
              f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
              f"--client_bin={os.path.join(RUNFILES, 'bench', 'dataplane_client')}"],
             capture_output=True, text=True, timeout=600)
@@ -380,7 +381,7 @@ class DataplaneSmallTest(unittest.TestCase):
         with open(os.path.join(out, "dataplane.json")) as f:
             record = json.load(f)
         rows = {r["wire_dtype"]: r for r in record["summary"]}
-        self.assertEqual(set(rows), {"fp32", "bf16/arrival/chunk64/window8"})
+        self.assertEqual(set(rows), {"fp32", "bf16/arrival/chunk64/window8", "fp32/shm"})
         for r in rows.values():
             self.assertEqual(r["params"], 46730)
             self.assertGreater(r["dbs_step_ms"], 0)
@@ -392,9 +393,21 @@ class DataplaneSmallTest(unittest.TestCase):
             self.assertLessEqual(3 * r["server_faults_per_step_second_half"],
                                  5 * r["server_faults_per_step"])
             self.assertGreater(r["client_cpu_ms_per_step"], 0)
+        # Through shared memory the server maps the clients' 4 gradient regions and its slots
+        # (in fp32 the store's snapshots: shared even over the socket); its own memory is the
+        # peak less the clients' regions.
+        shm = rows["fp32/shm"]
+        regions = 4 * 46730 * 4 / 2**20
+        self.assertAlmostEqual(shm["client_regions_mib"], regions)
+        self.assertAlmostEqual(shm["server_own_peak_mib"], shm["server_peak_rss_mib"] - regions)
+        self.assertGreater(shm["server_shared_rss_mib"], regions)
+        self.assertEqual(rows["fp32"]["client_regions_mib"], 0)
+        self.assertGreater(rows["fp32"]["server_shared_rss_mib"], 0)
         self.assertTrue(os.path.exists(os.path.join(out, "dataplane.png")))
         with open(os.path.join(out, "dataplane.md")) as f:
-            self.assertIn("| 46,730 | bf16/arrival/chunk64/window8 |", f.read())
+            text = f.read()
+        self.assertIn("| 46,730 | bf16/arrival/chunk64/window8 |", text)
+        self.assertRegex(text, r"\| 46,730 \| fp32/shm \| .* \[shared \d+; own \d+\]")
 
     def test_a_mode_given_twice_or_unknown_is_refused_before_anything_runs(self):
         for variant in ("fp32/window8/window4", "fp32/fast", "fp32/window0", "int8"):

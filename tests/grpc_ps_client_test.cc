@@ -118,6 +118,8 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   c.host = "127.0.0.1";
   c.port = 0;
   c.job.scheduler.expected_workers = 2;
+  std::atomic<int> released{0};
+  c.release_freed_memory = [&] { ++released; };
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
@@ -142,6 +144,7 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   ASSERT_THAT(version, IsOk());
   EXPECT_EQ(*version, 0);
   EXPECT_EQ(pulled, initial);
+  EXPECT_EQ(released.load(), 1) << "once, after the registration that stored the values";
   (*server)->Stop(absl::CancelledError("test over"));
 }
 
@@ -583,6 +586,8 @@ TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
   c.port = 0;
   c.metrics_port = 0;
   c.job.scheduler.expected_workers = 4;
+  std::atomic<int> released{0};
+  c.release_freed_memory = [&] { ++released; };
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
@@ -631,6 +636,7 @@ TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
   const double received = Sample(metrics, "dbs_received_bytes_total", {});
   EXPECT_GT(received, kValues * 4.0);
   EXPECT_LT(received, kValues * 4.0 * 1.5) << metrics;
+  EXPECT_EQ(released.load(), 1) << "four registrations, one of them storing the values";
   (*server)->Stop(absl::CancelledError("test over"));
 }
 

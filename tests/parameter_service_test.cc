@@ -29,6 +29,7 @@
 namespace dbs {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 const ModelLayout kLayout = {{"w", {2}}, {"b", {1}}};
@@ -49,6 +50,7 @@ class ServiceTest : public ::testing::Test {
     parameter_service_ = std::make_unique<ParameterServiceImpl>(
         job_->store(), job_->aggregator(),
         [s](int id, absl::string_view token) { return s->Authenticate(id, token); });
+    parameter_service_->SetRegisteredHook([this] { ++registered_hooks_; });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -86,6 +88,8 @@ class ServiceTest : public ::testing::Test {
       ASSERT_THAT(DecodeParameters(reply, kLayout, absl::MakeSpan(got)), IsOk());
       EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
     }
+    // Once, for the registration that stored the values (main releases freed memory there).
+    EXPECT_EQ(registered_hooks_, 1);
   }
 
   void TearDown() override {
@@ -148,6 +152,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> tokens_;  // by worker id
+  int registered_hooks_ = 0;         // calls of the service's registered hook
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> sched_;
   std::unique_ptr<v1::ParameterService::Stub> params_;
@@ -384,6 +389,74 @@ TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
   refused = Send(next, &reply);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(refused.error_message(), HasSubstr("no shared memory attached"));
+}
+
+// In fp32 the parameter slots are the store's snapshots: a worker that shares memory reads the
+// values where the update wrote them. A version whose slot someone still held when its update
+// began lies elsewhere, and its answer travels over gRPC instead (the server never writes a
+// slot the store does not own); the client reads either.
+TEST_F(ServiceTest, TheSlotsAreTheStoresSnapshotsAndAHeldSlotsVersionGoesOverGrpc) {
+  // Version 0 (slot 0), held here as a slow reader would.
+  ParameterSnapshot held = *job_->store()->Snapshot();
+  EXPECT_FALSE(held.values->owns_memory()) << "the registered values lie in slot 0";
+  auto region = SharedRegion::Create("dbs-gradient", 12);
+  ASSERT_THAT(region, IsOk());
+  v1::AttachSharedMemoryRequest req;
+  req.set_worker_id(0);
+  const RegionLocation mine = (*region)->location();
+  req.mutable_gradient()->set_pid(mine.pid);
+  req.mutable_gradient()->set_fd(mine.fd);
+  req.mutable_gradient()->set_bytes(mine.bytes);
+  v1::AttachSharedMemoryReply slots_at;
+  grpc::ClientContext ctx;
+  Sign(&ctx, 0);
+  ASSERT_THAT(params_->AttachSharedMemory(&ctx, req, &slots_at), IsOk());
+  auto slots_region =
+      SharedRegion::Open(RegionLocation{slots_at.parameters().pid(), slots_at.parameters().fd(),
+                                        slots_at.parameters().bytes()},
+                         "dbs-parameters");
+  ASSERT_THAT(slots_region, IsOk());
+  const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
+  EXPECT_TRUE(slots.Holds(0)) << "the store published version 0 in its slot";
+
+  // Step 0 (version 1, slot 1): worker 0 reads it from the slot, worker 1 gets it carried.
+  auto step = [&](int s, const std::vector<float>& g0, const std::vector<float>& g1,
+                  v1::PushGradientReply* r0, v1::PushGradientReply* r1) {
+    v1::PushGradientRequest shared = Push(0, s, {});
+    shared.clear_gradient();
+    shared.set_gradient_in_shared_memory(true);
+    shared.set_answer_in_shared_memory(true);
+    std::memcpy((*region)->data(), g0.data(), 12);
+    grpc::Status s0;
+    std::thread t([&]() { s0 = Send(shared, r0); });
+    EXPECT_THAT(Send(Push(1, s, g1), r1), IsOk());
+    t.join();
+    EXPECT_THAT(s0, IsOk()) << s0.error_message();
+  };
+  v1::PushGradientReply r0, r1;
+  step(0, {2, 0, 4}, {0, 2, 0}, &r0, &r1);
+  EXPECT_TRUE(r0.values().in_shared_memory());
+  EXPECT_EQ(r0.values().version(), 1);
+  std::vector<float> values(3);
+  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(values)));
+  EXPECT_EQ(values, (std::vector<float>{0.5f, 1.5f, 2.0f}));
+  EXPECT_FALSE(job_->store()->Snapshot()->values->owns_memory());
+
+  // Step 1 (version 2) belongs in slot 0, which is still held: it goes elsewhere, slot 0 is
+  // left as it was, and worker 0's answer carries the values.
+  step(1, {4, 0, 0}, {0, 0, 4}, &r0, &r1);
+  EXPECT_FALSE(r0.values().in_shared_memory());
+  EXPECT_EQ(r0.values().version(), 2);
+  std::vector<float> carried(3);
+  ASSERT_EQ(r0.values().values().size(), 12u);
+  std::memcpy(carried.data(), r0.values().values().data(), 12);
+  EXPECT_EQ(carried, (std::vector<float>{-0.5f, 1.5f, 1.0f}));
+  std::memcpy(carried.data(), r1.values().values().data(), 12);
+  EXPECT_EQ(carried, (std::vector<float>{-0.5f, 1.5f, 1.0f}));
+  EXPECT_FALSE(slots.Read(2, absl::MakeSpan(values)));
+  EXPECT_TRUE(slots.Holds(0));
+  EXPECT_THAT(*held.values, ElementsAre(1.0f, 2.0f, 3.0f)) << "what a reader holds stays";
+  EXPECT_TRUE(job_->store()->Snapshot()->values->owns_memory());
 }
 
 // A push session carries one worker's pushes of many steps, each answered as PushGradient

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,7 +20,7 @@ using ::testing::HasSubstr;
 // Records what an update hands to its sink.
 class RecordingSink : public UpdateSink {
  public:
-  void BeginUpdate(int64_t version, std::shared_ptr<const std::vector<float>> buffer) override {
+  void BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> buffer) override {
     began.emplace_back(version, buffer->size());
     written.assign(buffer->size(), std::nanf(""));
     next = 0;
@@ -40,7 +41,7 @@ class RecordingSink : public UpdateSink {
   size_t next = 0;
   std::vector<bool> ended;
   ParameterSnapshot last;
-  std::shared_ptr<const std::vector<float>> after;  // the update's buffer, held
+  std::shared_ptr<const ValueBuffer> after;  // the update's buffer, held
 };
 
 std::unique_ptr<ParameterStore> SgdStore(double lr) {
@@ -206,6 +207,118 @@ TEST(ParameterStoreTest, TheNextBufferIsReservedUntilAnUpdateTakesIt) {
   next = store->ReserveNextBuffer();
   ASSERT_THAT(next, IsOk());
   EXPECT_NE(next->data(), store->Snapshot()->values->data());
+}
+
+// Two buffers of its own, with what the store told about them, in order: "w<i>" (buffer i is
+// about to be written) and "p<i>:<version>" (it holds that version).
+class RecordingMemory : public SnapshotMemory {
+ public:
+  std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) override {
+    ++created;
+    if (refuse) return {};
+    std::array<std::shared_ptr<ValueBuffer>, 2> buffers;  // the store's alone
+    for (int i = 0; i < 2; ++i) {
+      memory[i] = std::make_shared<std::vector<float>>(count);
+      buffers[i] = std::make_shared<ValueBuffer>(memory[i]->data(), count, memory[i]);
+    }
+    return buffers;
+  }
+  void SnapshotWriting(int index) override { told.push_back("w" + std::to_string(index)); }
+  void SnapshotPublished(int index, int64_t version) override {
+    told.push_back("p" + std::to_string(index) + ":" + std::to_string(version));
+  }
+  const float* at(int i) const { return memory[i]->data(); }
+  bool refuse = false;
+  int created = 0;
+  std::shared_ptr<std::vector<float>> memory[2];
+  std::vector<std::string> told;
+};
+
+// With snapshot memory the version v lies in its buffer v % 2, marked as written before and
+// published after; a buffer someone still holds is not written (that version goes to the heap,
+// unpublished), and the next free one is used again.
+TEST(ParameterStoreTest, SnapshotsLieInTheGivenBuffersByVersionWhenFree) {
+  auto store = SgdStore(1.0);
+  RecordingMemory memory;
+  store->SetSnapshotMemory(&memory);
+  ASSERT_THAT(store->Register({{"w", {4}}}, std::vector<float>{1, 2, 3, 4}), IsOk());
+  EXPECT_EQ(memory.created, 1);
+  EXPECT_EQ(store->Snapshot()->values->data(), memory.at(0));
+  EXPECT_THAT(memory.told, ElementsAre("w0", "p0:0"));
+  memory.told.clear();
+  const std::vector<GradientScale> scales = {{4, 1.0f}};
+  // The step's sum lies in the next version's buffer, reserved (and so marked) at once.
+  absl::StatusOr<absl::Span<float>> next = store->ReserveNextBuffer();
+  ASSERT_THAT(next, IsOk());
+  EXPECT_EQ(next->data(), memory.at(1));
+  EXPECT_THAT(memory.told, ElementsAre("w1"));
+  std::fill(next->begin(), next->end(), 1.0f);
+  absl::StatusOr<ParameterSnapshot> v1 = store->ApplyGradient(*next, scales);
+  ASSERT_THAT(v1, IsOk());
+  EXPECT_EQ(v1->values->data(), memory.at(1));
+  EXPECT_THAT(*v1->values, ElementsAre(0.0f, 1.0f, 2.0f, 3.0f));
+  EXPECT_THAT(memory.told, ElementsAre("w1", "p1:1"));
+  memory.told.clear();
+  // Version 2 goes where version 0 was, nobody holding it.
+  std::vector<float> sum = {1, 1, 1, 1};
+  absl::StatusOr<ParameterSnapshot> v2 = store->ApplyGradient(absl::MakeSpan(sum), scales);
+  ASSERT_THAT(v2, IsOk());
+  EXPECT_EQ(v2->values->data(), memory.at(0));
+  EXPECT_THAT(memory.told, ElementsAre("w0", "p0:2"));
+  memory.told.clear();
+  // A reader still holds version 1: version 3 lies on the heap and its buffer is left alone.
+  ParameterSnapshot held = *v1;
+  v1 = absl::StatusOr<ParameterSnapshot>();
+  sum = {1, 1, 1, 1};
+  absl::StatusOr<ParameterSnapshot> v3 = store->ApplyGradient(absl::MakeSpan(sum), scales);
+  ASSERT_THAT(v3, IsOk());
+  EXPECT_TRUE(v3->values->owns_memory());
+  EXPECT_THAT(*v3->values, ElementsAre(-2.0f, -1.0f, 0.0f, 1.0f));
+  EXPECT_THAT(*held.values, ElementsAre(0.0f, 1.0f, 2.0f, 3.0f)) << "what a reader holds stays";
+  EXPECT_TRUE(memory.told.empty());
+  // Version 4 is in buffer 0 again (version 2 is nobody's any more).
+  v2 = absl::StatusOr<ParameterSnapshot>();
+  sum = {1, 1, 1, 1};
+  absl::StatusOr<ParameterSnapshot> v4 = store->ApplyGradient(absl::MakeSpan(sum), scales);
+  ASSERT_THAT(v4, IsOk());
+  EXPECT_EQ(v4->values->data(), memory.at(0));
+  EXPECT_THAT(memory.told, ElementsAre("w0", "p0:4"));
+  memory.told.clear();
+  // An update that fails leaves its buffer marked written, never published.
+  held = ParameterSnapshot{};
+  sum = {std::numeric_limits<float>::infinity(), 0, 0, 0};
+  v3 = absl::StatusOr<ParameterSnapshot>();
+  EXPECT_THAT(store->ApplyGradient(absl::MakeSpan(sum), scales),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(memory.told, ElementsAre("w1"));
+  memory.told.clear();
+  // A restored checkpoint lies in its version's buffer too (version 7: buffer 1).
+  StoreState state = store->SaveState();
+  state.version = 7;
+  ASSERT_THAT(store->LoadState(state), IsOk());
+  EXPECT_EQ(store->Snapshot()->values->data(), memory.at(1));
+  EXPECT_THAT(*store->Snapshot()->values, ElementsAre(-3.0f, -2.0f, -1.0f, 0.0f));
+  EXPECT_THAT(memory.told, ElementsAre("w1", "p1:7"));
+  EXPECT_EQ(memory.created, 1) << "the same model size keeps the same buffers";
+}
+
+// Memory that gives no buffers leaves the snapshots on the heap, asked once per model size.
+TEST(ParameterStoreTest, SnapshotMemoryThatGivesNoneLeavesTheHeap) {
+  auto store = SgdStore(1.0);
+  RecordingMemory memory;
+  memory.refuse = true;
+  store->SetSnapshotMemory(&memory);
+  ASSERT_THAT(store->Register({{"w", {4}}}, std::vector<float>{1, 2, 3, 4}), IsOk());
+  std::vector<float> sum = {1, 1, 1, 1};
+  const std::vector<GradientScale> scales = {{4, 1.0f}};
+  for (int i = 0; i < 3; ++i) {
+    sum = {1, 1, 1, 1};
+    ASSERT_THAT(store->ApplyGradient(absl::MakeSpan(sum), scales), IsOk());
+  }
+  EXPECT_TRUE(store->Snapshot()->values->owns_memory());
+  EXPECT_THAT(*store->Snapshot()->values, ElementsAre(-2.0f, -1.0f, 0.0f, 1.0f));
+  EXPECT_EQ(memory.created, 1);
+  EXPECT_TRUE(memory.told.empty());
 }
 
 TEST(ParameterStoreTest, AnAbandonedUpdateRestoresTheValuesAndTearsTheStore) {

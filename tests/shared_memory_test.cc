@@ -49,6 +49,34 @@ TEST(SharedRegionTest, AnotherProcessOpensItThroughProc) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// Only the creator's own mapping writes a region: a process that opens it (even of the same
+// user, even asking to write) can neither write it nor map it writable, so the server's slots
+// (in fp32 its parameters themselves) and a worker's gradient change only as their owner
+// writes them.
+TEST(SharedRegionTest, NobodyButItsCreatorCanWriteIt) {
+  auto region = SharedRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  (*region)->data()[0] = 1;  // the creator's mapping writes
+  const RegionLocation where = (*region)->location();
+  const std::string path = "/proc/" + std::to_string(where.pid) + "/fd/" + std::to_string(where.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << "the owner may open it";
+  constexpr int kSealFutureWrite = 0x0010;  // F_SEAL_FUTURE_WRITE
+  if ((fcntl(fd, F_GET_SEALS) & kSealFutureWrite) == 0) {
+    close(fd);
+    GTEST_SKIP() << "this kernel (before Linux 5.1) has no F_SEAL_FUTURE_WRITE";
+  }
+  EXPECT_EQ(write(fd, "x", 1), -1) << "but not write it";
+  EXPECT_EQ(pwrite(fd, "x", 1, 10), -1);
+  void* writable = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_EQ(writable, MAP_FAILED) << "nor map it writable";
+  if (writable != MAP_FAILED) munmap(writable, 4096);
+  EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1) << "nor change its seals";
+  close(fd);
+  EXPECT_EQ((*region)->data()[10], 0);
+  EXPECT_EQ((*region)->data()[0], 1);
+}
+
 TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
   auto region = SharedRegion::Create("test", 8192);
   ASSERT_TRUE(region.ok()) << region.status();
