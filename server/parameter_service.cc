@@ -205,28 +205,31 @@ absl::StatusOr<std::shared_ptr<const WirePayload>> ParameterServiceImpl::SharedG
 
 ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
                                                bool shared) {
+  bool in_slot = false;
   if (shared) {
     absl::MutexLock lock(&shm_mu_);
     if (slots_ != nullptr && gradients_.count(worker) > 0) {
-      if (!slots_->Holds(snap.version)) {
-        // Where the slots are the store's snapshots, only the store writes them: this version
-        // lies elsewhere (its slot was held when the update began) and goes over gRPC.
-        if (slots_are_snapshots_) return ValuesOf(snap);
-        // Attached while the update ran: written now, once (the next update writes the other
-        // slot, and only after this step's answers are read).
+      in_slot = slots_->Holds(snap.version);
+      // Where the slots are the store's snapshots only the store writes them: a version that
+      // is not in its slot lies elsewhere (the slot was held when its update began) and goes
+      // over gRPC. Otherwise the worker attached while the update ran: the version is written
+      // now, once (the next update writes the other slot, and only after this step's answers
+      // are read).
+      if (!in_slot && !slots_are_snapshots_) {
         slots_->BeginWrite(snap.version);
         slots_->Write(0, *snap.values);
         slots_->EndWrite(true);
+        in_slot = true;
       }
-      v1::PushGradientReply field;
-      v1::FlatParameters* values = field.mutable_values();
-      values->set_version(snap.version);
-      values->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
-      values->set_in_shared_memory(true);
-      return ValuesField{grpc::Slice(field.SerializeAsString()), grpc::Slice()};
     }
   }
-  return ValuesOf(snap);
+  if (!in_slot) return ValuesOf(snap);
+  v1::PushGradientReply field;
+  v1::FlatParameters* values = field.mutable_values();
+  values->set_version(snap.version);
+  values->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+  values->set_in_shared_memory(true);
+  return ValuesField{grpc::Slice(field.SerializeAsString()), grpc::Slice()};
 }
 
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
