@@ -122,6 +122,37 @@ class ServiceTest : public ::testing::Test {
     return params_->PushGradient(&ctx, req, reply);
   }
 
+  // AttachSharedMemory for worker `id`'s gradient region at `where` (signed unless `sign` is
+  // false).
+  grpc::Status Attach(int id, const RegionLocation& where, v1::AttachSharedMemoryReply* reply,
+                      bool sign = true) {
+    v1::AttachSharedMemoryRequest req;
+    req.set_worker_id(id);
+    req.mutable_gradient()->set_pid(where.pid);
+    req.mutable_gradient()->set_fd(where.fd);
+    req.mutable_gradient()->set_bytes(where.bytes);
+    grpc::ClientContext ctx;
+    if (sign) Sign(&ctx, id);
+    return params_->AttachSharedMemory(&ctx, req, reply);
+  }
+
+  // The server's parameter slots an attach answered with, opened as a worker opens them.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> OpenSlots(
+      const v1::AttachSharedMemoryReply& reply) {
+    return SharedRegion::Open(RegionLocation{reply.parameters().pid(), reply.parameters().fd(),
+                                             reply.parameters().bytes()},
+                              "dbs-parameters");
+  }
+
+  // Worker `id`'s push of `step` with its gradient in its region and its answer in the slots.
+  v1::PushGradientRequest SharedPush(int id, int step) {
+    v1::PushGradientRequest req = Push(id, step, {});
+    req.clear_gradient();
+    req.set_gradient_in_shared_memory(true);
+    req.set_answer_in_shared_memory(true);
+    return req;
+  }
+
   std::vector<float> Current(int64_t* version) {
     v1::PullParametersRequest req;
     req.set_worker_id(0);
@@ -290,53 +321,37 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
 // its answer names the version, whose values the server's slots hold. A worker that did not
 // attach is answered as always, in the same step.
 TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
-  auto attach = [&](int id, const RegionLocation& where, v1::AttachSharedMemoryReply* reply,
-                    bool sign = true) {
-    v1::AttachSharedMemoryRequest req;
-    req.set_worker_id(id);
-    req.mutable_gradient()->set_pid(where.pid);
-    req.mutable_gradient()->set_fd(where.fd);
-    req.mutable_gradient()->set_bytes(where.bytes);
-    grpc::ClientContext ctx;
-    if (sign) Sign(&ctx, id);
-    return params_->AttachSharedMemory(&ctx, req, reply);
-  };
   auto region = SharedRegion::Create("dbs-gradient", 12);  // the model's 3 values in fp32
   ASSERT_THAT(region, IsOk());
   v1::AttachSharedMemoryReply slots_at;
-  EXPECT_EQ(attach(0, (*region)->location(), &slots_at, false).error_code(),
+  EXPECT_EQ(Attach(0, (*region)->location(), &slots_at, false).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   auto misnamed = SharedRegion::Create("secrets", 12);
   ASSERT_THAT(misnamed, IsOk());
-  grpc::Status refused = attach(0, (*misnamed)->location(), &slots_at);
+  grpc::Status refused = Attach(0, (*misnamed)->location(), &slots_at);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("not a memory file named \"dbs-gradient\""));
   RegionLocation wrong = (*region)->location();
   wrong.bytes = 16;
-  refused = attach(0, wrong, &slots_at);
+  refused = Attach(0, wrong, &slots_at);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("the model's 3 values in fp32 take 12"));
   wrong = (*region)->location();
   wrong.fd = 100000;  // what a worker on another host would name
-  EXPECT_EQ(attach(0, wrong, &slots_at).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Attach(0, wrong, &slots_at).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 
   // Not attached yet: a push that says its gradient is in shared memory is refused.
-  v1::PushGradientRequest shared = Push(0, 0, {});
-  shared.clear_gradient();
-  shared.set_gradient_in_shared_memory(true);
-  shared.set_answer_in_shared_memory(true);
+  v1::PushGradientRequest shared = SharedPush(0, 0);
   v1::PushGradientReply reply;
   refused = Send(shared, &reply);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(refused.error_message(), HasSubstr("no shared memory attached"));
   EXPECT_EQ(parameter_service_->shared_memory_workers(), 0);
 
-  ASSERT_THAT(attach(0, (*region)->location(), &slots_at), IsOk());
+  ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
   EXPECT_EQ(parameter_service_->shared_memory_workers(), 1);
-  RegionLocation slots_where{slots_at.parameters().pid(), slots_at.parameters().fd(),
-                             slots_at.parameters().bytes()};
-  EXPECT_EQ(slots_where.bytes, ParameterSlots::RegionBytes(3, WireDtype::kFp32));
-  auto slots_region = SharedRegion::Open(slots_where, "dbs-parameters");
+  EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3, WireDtype::kFp32));
+  auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
   const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
 
@@ -401,20 +416,9 @@ TEST_F(ServiceTest, TheSlotsAreTheStoresSnapshotsAndAHeldSlotsVersionGoesOverGrp
   EXPECT_FALSE(held.values->owns_memory()) << "the registered values lie in slot 0";
   auto region = SharedRegion::Create("dbs-gradient", 12);
   ASSERT_THAT(region, IsOk());
-  v1::AttachSharedMemoryRequest req;
-  req.set_worker_id(0);
-  const RegionLocation mine = (*region)->location();
-  req.mutable_gradient()->set_pid(mine.pid);
-  req.mutable_gradient()->set_fd(mine.fd);
-  req.mutable_gradient()->set_bytes(mine.bytes);
   v1::AttachSharedMemoryReply slots_at;
-  grpc::ClientContext ctx;
-  Sign(&ctx, 0);
-  ASSERT_THAT(params_->AttachSharedMemory(&ctx, req, &slots_at), IsOk());
-  auto slots_region =
-      SharedRegion::Open(RegionLocation{slots_at.parameters().pid(), slots_at.parameters().fd(),
-                                        slots_at.parameters().bytes()},
-                         "dbs-parameters");
+  ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
+  auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
   const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
   EXPECT_TRUE(slots.Holds(0)) << "the store published version 0 in its slot";
@@ -422,10 +426,7 @@ TEST_F(ServiceTest, TheSlotsAreTheStoresSnapshotsAndAHeldSlotsVersionGoesOverGrp
   // Step 0 (version 1, slot 1): worker 0 reads it from the slot, worker 1 gets it carried.
   auto step = [&](int s, const std::vector<float>& g0, const std::vector<float>& g1,
                   v1::PushGradientReply* r0, v1::PushGradientReply* r1) {
-    v1::PushGradientRequest shared = Push(0, s, {});
-    shared.clear_gradient();
-    shared.set_gradient_in_shared_memory(true);
-    shared.set_answer_in_shared_memory(true);
+    const v1::PushGradientRequest shared = SharedPush(0, s);
     std::memcpy((*region)->data(), g0.data(), 12);
     grpc::Status s0;
     std::thread t([&]() { s0 = Send(shared, r0); });
