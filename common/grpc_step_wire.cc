@@ -132,11 +132,16 @@ bool Fp32IsWireOrder() {
 }
 
 grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values) {
-  auto* held = new std::shared_ptr<const ValueBuffer>(std::move(values));
-  const ValueBuffer& v = **held;
+  const float* data = values->data();
+  const size_t bytes = values->size() * sizeof(float);
+  return SliceOfMemory(data, bytes, std::move(values));
+}
+
+grpc::Slice SliceOfMemory(const void* data, size_t bytes, std::shared_ptr<const void> keep) {
+  auto* held = new std::shared_ptr<const void>(std::move(keep));
   return grpc::Slice(
-      const_cast<float*>(v.data()), v.size() * sizeof(float),
-      [](void* p) { delete static_cast<std::shared_ptr<const ValueBuffer>*>(p); }, held);
+      const_cast<void*>(data), bytes,
+      [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }, held);
 }
 
 LentValues::LentValues(absl::Span<const float> values) : values_(values) {}

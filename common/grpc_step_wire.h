@@ -77,6 +77,9 @@ bool Fp32IsWireOrder();
 // A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
 // sub-slice): no copy.
 grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values);
+// The same for `bytes` bytes at `data`, which `keep` keeps alive (and, while anyone holds the
+// slice, counts one more user of).
+grpc::Slice SliceOfMemory(const void* data, size_t bytes, std::shared_ptr<const void> keep);
 
 // Lends memory the caller owns (a worker's gradient) to gRPC without a copy: `Range` makes
 // slices that point into it, and `AwaitReturned` waits until gRPC has let go of every one, after

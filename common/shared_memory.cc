@@ -131,14 +131,18 @@ RegionLocation SharedRegion::location() const {
   return where;
 }
 
+int ParameterSlots::SlotsFor(WireDtype dtype) { return dtype == WireDtype::kFp32 ? 2 : 1; }
+
 size_t ParameterSlots::RegionBytes(size_t count, WireDtype dtype) {
-  return kPage + 2 * RoundUp(count * BytesPerValue(dtype), kPage);
+  return kPage +
+         static_cast<size_t>(SlotsFor(dtype)) * RoundUp(count * BytesPerValue(dtype), kPage);
 }
 
 ParameterSlots::ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype)
     : region_(region),
       count_(count),
       dtype_(dtype),
+      slots_(SlotsFor(dtype)),
       slot_bytes_(RoundUp(count * BytesPerValue(dtype), kPage)) {}
 
 void ParameterSlots::Clear() {
@@ -146,13 +150,19 @@ void ParameterSlots::Clear() {
   VersionOf(region_->data(), 1)->store(-1, std::memory_order_release);
 }
 
-const uint8_t* ParameterSlots::Slot(int64_t version) const {
-  return region_->data() + kPage + static_cast<size_t>(version % 2) * slot_bytes_;
+const uint8_t* ParameterSlots::Slot(int64_t version) const { return Bytes(IndexOf(version)); }
+
+const uint8_t* ParameterSlots::Bytes(int index) const {
+  return region_->data() + kPage + static_cast<size_t>(index) * slot_bytes_;
+}
+
+int64_t ParameterSlots::HeldVersion(int index) const {
+  return VersionOf(region_->data(), index)->load(std::memory_order_acquire);
 }
 
 void ParameterSlots::BeginWrite(int64_t version) {
   writing_ = version;
-  MarkEmpty(static_cast<int>(version % 2));
+  MarkEmpty(IndexOf(version));
 }
 
 void ParameterSlots::Write(size_t offset, absl::Span<const float> values) {
@@ -168,28 +178,28 @@ void ParameterSlots::EndWrite(bool ok) {
 }
 
 float* ParameterSlots::Fp32Slot(int index) {
-  return reinterpret_cast<float*>(const_cast<uint8_t*>(Slot(index)));
+  return reinterpret_cast<float*>(const_cast<uint8_t*>(Bytes(index)));
 }
 
 void ParameterSlots::MarkEmpty(int index) {
-  VersionOf(region_->data(), index % 2)->store(-1, std::memory_order_relaxed);
+  VersionOf(region_->data(), index % slots_)->store(-1, std::memory_order_relaxed);
   // Readers that see any of the new values see the slot marked empty.
   std::atomic_thread_fence(std::memory_order_release);
 }
 
 void ParameterSlots::MarkHolds(int64_t version) {
   if (version >= 0)
-    VersionOf(region_->data(), version % 2)->store(version, std::memory_order_release);
+    VersionOf(region_->data(), IndexOf(version))->store(version, std::memory_order_release);
 }
 
 bool ParameterSlots::Holds(int64_t version) const {
   return version >= 0 &&
-         VersionOf(region_->data(), version % 2)->load(std::memory_order_acquire) == version;
+         VersionOf(region_->data(), IndexOf(version))->load(std::memory_order_acquire) == version;
 }
 
 bool ParameterSlots::Read(int64_t version, absl::Span<float> out) const {
   if (version < 0 || out.size() != count_) return false;
-  std::atomic<int64_t>* stamp = VersionOf(region_->data(), version % 2);
+  std::atomic<int64_t>* stamp = VersionOf(region_->data(), IndexOf(version));
   if (stamp->load(std::memory_order_acquire) != version) return false;
   DecodeValues(Slot(version), dtype_, out);
   std::atomic_thread_fence(std::memory_order_acquire);

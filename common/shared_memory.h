@@ -54,20 +54,26 @@ class SharedRegion {
   int fd_;  // -1 for an opened region
 };
 
-// The server's answers in shared memory: two slots of the model's values in the wire dtype, the
-// parameters of version v in slot v % 2, each with the version it holds. The server writes a
-// version while the workers may still read the one before (in the other slot); it writes into a
-// slot only after every worker of the step has pushed, that is, has read the version the slot
-// held two versions ago. A reader checks the slot's version before and after its copy (a
-// sequence lock): a copy that raced a write is refused, never returned torn.
+// The server's answers in shared memory: slots of the model's values in the wire dtype, each
+// stamped with the version it holds; version v lies in slot v % slots.
+//  - fp32: two slots, which are the server's own two snapshot buffers (Fp32Slot): the server
+//    writes a version (its running sum lies there first) while the workers may still read the
+//    one before, in the other slot, and writes into a slot only after every worker of the step
+//    has pushed, that is, has read the version the slot held two versions ago.
+//  - bf16 and fp16: one slot, the encoded copy of the newest version, which the server writes
+//    only once every worker of the step has pushed, that is, has read the version it held.
+// A reader checks the slot's version before and after its copy (a sequence lock): a copy that
+// raced a write is refused, never returned torn.
 class ParameterSlots {
  public:
+  // How many slots a region of `dtype` values has (see above).
+  static int SlotsFor(WireDtype dtype);
   // The region's size for `count` values of `dtype`.
   static size_t RegionBytes(size_t count, WireDtype dtype);
   // Over `region` (which must be RegionBytes long; it is not owned and must outlive this).
   ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype);
 
-  // Writer (the server): marks both slots empty.
+  // Writer (the server): marks every slot empty.
   void Clear();
   // Starts writing `version` into its slot (marked empty until EndWrite).
   void BeginWrite(int64_t version);
@@ -77,6 +83,13 @@ class ParameterSlots {
   void EndWrite(bool ok);
   // True when `version`'s slot holds it.
   bool Holds(int64_t version) const;
+  // The slot `version` lies in, the version slot `index` holds (-1: none) and its bytes (the
+  // model's values in the wire dtype, `value_bytes()` long).
+  int IndexOf(int64_t version) const { return static_cast<int>(version % slots_); }
+  int64_t HeldVersion(int index) const;
+  const uint8_t* Bytes(int index) const;
+  size_t value_bytes() const { return count_ * BytesPerValue(dtype_); }
+  size_t count() const { return count_; }
 
   // Where the slots are the writer's own buffers of values (fp32): slot `index`'s memory,
   // marked empty before anything is written there and stamped with the version it holds once
@@ -94,6 +107,7 @@ class ParameterSlots {
   SharedRegion* const region_;
   const size_t count_;
   const WireDtype dtype_;
+  const int slots_;
   const size_t slot_bytes_;
   int64_t writing_ = -1;
 };

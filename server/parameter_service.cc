@@ -106,13 +106,9 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
                        SharedRegion::Open(where, kGradientRegion));
   absl::MutexLock lock(&shm_mu_);
-  if (slots_ == nullptr) {
-    DBS_ASSIGN_OR_RETURN(
-        slots_region_,
-        SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, wire_dtype_)));
-    slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, wire_dtype_);
-    slots_->Clear();
-  }
+  // Made at registration (CreateSnapshotBuffers) unless that failed: tried again here, and the
+  // worker told why if it fails again.
+  if (slots_ == nullptr) DBS_RETURN_IF_ERROR(MakeSlotsLocked(count, wire_dtype_));
   gradients_[req.worker_id()] = std::move(region);
   const RegionLocation slots = slots_region_->location();
   reply->mutable_parameters()->set_pid(slots.pid);
@@ -127,23 +123,36 @@ void ParameterServiceImpl::Registered() {
 
 void ParameterServiceImpl::ServeSharedMemory(bool on) {
   shared_memory_ = on;
-  store_->SetSnapshotMemory(on && ValuesAreTheSnapshot() ? this : nullptr);
+  store_->SetSnapshotMemory(on ? this : nullptr);
+}
+
+absl::Status ParameterServiceImpl::MakeSlotsLocked(size_t count, WireDtype dtype) {
+  DBS_ASSIGN_OR_RETURN(
+      std::shared_ptr<SharedRegion> region,
+      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, dtype)));
+  // A former model size's slots (a restored checkpoint of another model) go once nothing holds
+  // them; the workers attached to them attach again.
+  gradients_.clear();
+  slots_region_ = std::move(region);
+  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, dtype);
+  slots_->Clear();
+  slots_are_snapshots_ = false;
+  for (auto& hold : slot_holds_) {
+    hold = std::make_shared<std::shared_ptr<SharedRegion>>(slots_region_);
+  }
+  return absl::OkStatus();
 }
 
 std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshotBuffers(
     size_t count) {
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, WireDtype::kFp32));
-  // Without a region the snapshots stay on the heap; an attach then tries to make slots of
-  // its own and tells the worker why it cannot.
-  if (!region.ok()) return {};
+  const bool snapshots = ValuesAreTheSnapshot();
   absl::MutexLock lock(&shm_mu_);
-  // A former model size's slots (a restored checkpoint of another model) go once nothing holds
-  // them; the workers attached to them attach again.
-  gradients_.clear();
-  slots_region_ = std::move(*region);
-  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, WireDtype::kFp32);
-  slots_->Clear();
+  // Without a region the snapshots stay on the heap; an attach then tries to make slots of
+  // its own and tells the worker why it cannot. In 16 bits the slot holds the encoded values
+  // and the snapshots stay on the heap too.
+  if (!MakeSlotsLocked(count, snapshots ? WireDtype::kFp32 : wire_dtype_).ok() || !snapshots) {
+    return {};
+  }
   slots_are_snapshots_ = true;
   std::array<std::shared_ptr<ValueBuffer>, 2> buffers;
   for (int i = 0; i < 2; ++i) {
@@ -203,27 +212,19 @@ absl::StatusOr<std::shared_ptr<const WirePayload>> ParameterServiceImpl::SharedG
   return payload;
 }
 
+bool ParameterServiceImpl::SharesSlotOf(int64_t version, int worker) const {
+  absl::MutexLock lock(&shm_mu_);
+  return slots_ != nullptr && gradients_.count(worker) > 0 && slots_->Holds(version);
+}
+
 ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
                                                bool shared) {
-  bool in_slot = false;
-  if (shared) {
-    absl::MutexLock lock(&shm_mu_);
-    if (slots_ != nullptr && gradients_.count(worker) > 0) {
-      in_slot = slots_->Holds(snap.version);
-      // Where the slots are the store's snapshots only the store writes them: a version that
-      // is not in its slot lies elsewhere (the slot was held when its update began) and goes
-      // over gRPC. Otherwise the worker attached while the update ran: the version is written
-      // now, once (the next update writes the other slot, and only after this step's answers
-      // are read).
-      if (!in_slot && !slots_are_snapshots_) {
-        slots_->BeginWrite(snap.version);
-        slots_->Write(0, *snap.values);
-        slots_->EndWrite(true);
-        in_slot = true;
-      }
-    }
+  // A version that is not in its slot lies elsewhere (the slot was held when its update began)
+  // and goes over gRPC; in 16 bits ValuesOf may write it into the slot first.
+  if (!shared || !SharesSlotOf(snap.version, worker)) {
+    ValuesField values = ValuesOf(snap);
+    if (!shared || !SharesSlotOf(snap.version, worker)) return values;
   }
-  if (!in_slot) return ValuesOf(snap);
   v1::PushGradientReply field;
   v1::FlatParameters* values = field.mutable_values();
   values->set_version(snap.version);
@@ -311,18 +312,45 @@ ValuesField ParameterServiceImpl::NewField(int64_t version,
                                            std::shared_ptr<const ValueBuffer> values,
                                            uint8_t** encode_to) {
   const size_t count = values->size();
+  uint8_t head[64];
+  const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
   if (ValuesAreTheSnapshot()) {
-    uint8_t head[64];
-    const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
     *encode_to = nullptr;
     return ValuesField{grpc::Slice(head, n), SliceOfValues(std::move(values))};
   }
-  uint8_t* data = nullptr;
-  const size_t size = ValuesFieldSize(version, count, wire_dtype_);
-  grpc::Slice all = pool_->Acquire(size, &data);
-  const size_t start = WriteValuesFieldHead(version, wire_dtype_, count, data);
-  *encode_to = data + start;
-  return ValuesField{all.sub(0, start), all.sub(start, size)};
+  // A buffer of its own for the body, not a sub-slice of a buffer with the head: gRPC copies a
+  // sub-slice of a few bytes at once, before the values are encoded into the buffer.
+  return ValuesField{grpc::Slice(head, n),
+                     pool_->Acquire(count * BytesPerValue(wire_dtype_), encode_to)};
+}
+
+ValuesField ParameterServiceImpl::SlotFieldLocked(int64_t version, int index) {
+  uint8_t head[64];
+  const size_t n = WriteValuesFieldHead(version, wire_dtype_, slots_->count(), head);
+  return ValuesField{
+      grpc::Slice(head, n),
+      SliceOfMemory(slots_->Bytes(index), slots_->value_bytes(), slot_holds_[index])};
+}
+
+ValuesField ParameterServiceImpl::EncodedSlotValuesLocked(const ParameterSnapshot& snap) {
+  absl::MutexLock lock(&shm_mu_);
+  if (slots_ == nullptr || slots_are_snapshots_ || slots_->count() != snap.values->size()) {
+    return {};
+  }
+  const int index = slots_->IndexOf(snap.version);
+  if (!slots_->Holds(snap.version)) {
+    // Written here (the first registration's version, or one whose update found the slot held)
+    // only while no update writes the slots, no answer over gRPC still sends what the slot
+    // holds, and that is an older version, which every sharing worker has read (it pushed since).
+    if (updating_slot_ || slot_holds_[index].use_count() != 1 ||
+        slots_->HeldVersion(index) > snap.version) {
+      return {};
+    }
+    slots_->BeginWrite(snap.version);
+    slots_->Write(0, *snap.values);
+    slots_->EndWrite(true);
+  }
+  return SlotFieldLocked(snap.version, index);
 }
 
 ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
@@ -330,40 +358,53 @@ ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     ReleaseValuesLocked();
-    uint8_t* encode_to = nullptr;
-    values_ = NewField(snap.version, snap.values, &encode_to);
-    if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
+    values_ = EncodedSlotValuesLocked(snap);
+    if (values_.size() == 0) {
+      uint8_t* encode_to = nullptr;
+      values_ = NewField(snap.version, snap.values, &encode_to);
+      if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
+    }
     values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
   }
   return values_;
 }
 
 void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) {
+  const size_t count = after->size();
+  bool shared = false;
   {
     absl::MutexLock lock(&values_mu_);
     ReleaseValuesLocked();
     progress_ = Progress{};
-  }
-  const size_t count = after->size();
-  bool shared = false;
-  {
-    // Once any worker shares memory every update writes its values into the slots too, block by
-    // block while they are in the cache, unless the slots are the store's own buffers.
-    absl::MutexLock lock(&shm_mu_);
+    absl::MutexLock shm(&shm_mu_);
     shared = slots_ != nullptr && !gradients_.empty();
-    shm_writing_ = slots_ != nullptr && !slots_are_snapshots_ ? slots_.get() : nullptr;
+    // Where the slots hold encoded values (16 bits) the update encodes the new values into the
+    // version's slot, block by block while they are in the cache, and the answers over gRPC send
+    // that slot too: unless one still sends what the slot holds, when this version's answers
+    // come from a buffer of their own (below) and the sharing workers get it over gRPC.
+    shm_writing_ = nullptr;
+    if (slots_ != nullptr && !slots_are_snapshots_ && slots_->count() == count) {
+      const int index = slots_->IndexOf(version);
+      if (slot_holds_[index].use_count() == 1) {
+        slots_->BeginWrite(version);
+        shm_writing_ = slots_.get();
+        updating_slot_ = true;
+        updating_ = SlotFieldLocked(version, index);
+      } else if (slots_->HeldVersion(index) >= version) {
+        slots_->MarkEmpty(index);  // from before a restored checkpoint: not this version
+      }
+    }
   }
   // Where every answer of the last version came from the slots, this one's are not serialized
   // for gRPC as the update runs (in 16 bits that is a pass over the model and a buffer of its
   // own): an answer over gRPC after all serializes them on first use (ValuesOf).
   const bool for_grpc = grpc_answers_.exchange(false) || !shared;
-  if (for_grpc) {
+  if (for_grpc && shm_writing_ == nullptr) {
     // In fp32 the answers send the new values from the buffer the update writes them into:
     // ranges of it are sent only once final, and the store does not reuse it while a slice
     // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
     updating_ = NewField(version, std::move(after), &updating_values_);
   }
-  if (shm_writing_ != nullptr) shm_writing_->BeginWrite(version);
   absl::MutexLock lock(&values_mu_);
   progress_.version = version;
   progress_.field = updating_;
@@ -383,6 +424,7 @@ void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot)
   if (shm_writing_ != nullptr) shm_writing_->EndWrite(ok);
   shm_writing_ = nullptr;
   absl::MutexLock lock(&values_mu_);
+  updating_slot_ = false;
   if (!ok) {
     progress_ = Progress{};  // its streams get the step's error
     return;

@@ -3,6 +3,7 @@
 #ifndef DBS_SERVER_PARAMETER_SERVICE_H_
 #define DBS_SERVER_PARAMETER_SERVICE_H_
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -145,9 +146,11 @@ class ParameterServiceImpl final : public ParameterRawService,
   // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
   static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
   // The values of a push's answer: the version only where the worker asked for them in shared
-  // memory (`shared`), is attached and the slots hold them (written here if the update did not);
-  // otherwise ValuesOf.
+  // memory (`shared`), is attached and the slots hold them (an encoded slot may be written by
+  // ValuesOf first); otherwise ValuesOf.
   ValuesField AnswerValues(const ParameterSnapshot& snap, int worker, bool shared);
+  // Whether `worker` is attached and `version` lies in its slot.
+  bool SharesSlotOf(int64_t version, int worker) const;
   absl::Status DoAttachSharedMemory(grpc::CallbackServerContext* ctx,
                                     const v1::AttachSharedMemoryRequest& req,
                                     v1::AttachSharedMemoryReply* reply);
@@ -176,14 +179,26 @@ class ParameterServiceImpl final : public ParameterRawService,
   bool ValuesAreTheSnapshot() const;
   // Lets go of the cached serialized version, before the next one is written.
   void ReleaseValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
+  // New parameter slots for `count` values of `dtype` (replacing any, and every worker's
+  // region): not the store's snapshots until CreateSnapshotBuffers says so.
+  absl::Status MakeSlotsLocked(size_t count, WireDtype dtype)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
+  // The field of `version` whose body is slot `index` itself (held while gRPC sends it).
+  ValuesField SlotFieldLocked(int64_t version, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
+  // Where the slots hold encoded values: `snap`'s field from its slot, written there first if
+  // it may be; empty where the slot cannot serve it.
+  ValuesField EncodedSlotValuesLocked(const ParameterSnapshot& snap)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
   // UpdateSink: the store's update writes the new values into the next answers' buffer.
   void BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;
   void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
-  // SnapshotMemory (fp32 with shared memory on): the store's two snapshot buffers are the
-  // parameter slots, so the workers that share memory read the values where the update wrote
-  // them, and the server keeps no second copy. The store stamps a slot as it publishes a
-  // version there and marks it empty before it writes it again.
+  // SnapshotMemory (with shared memory on): the parameter slots are made when the store first
+  // holds a model of that size. In fp32 the store's two snapshot buffers are the slots, so the
+  // workers that share memory read the values where the update wrote them, and the server keeps
+  // no second copy; the store stamps a slot as it publishes a version there and marks it empty
+  // before it writes it again. In 16 bits the one slot holds the encoded values, the snapshots
+  // stay on the heap.
   std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) override;
   void SnapshotWriting(int index) override;
   void SnapshotPublished(int index, int64_t version) override;
@@ -230,14 +245,16 @@ class ParameterServiceImpl final : public ParameterRawService,
   std::atomic<bool> registered_told_{false};
   // Calls registered_hook_, the first time only.
   void Registered();
-  // Shared memory: the parameter slots, made at registration where they are the store's
-  // snapshots (`slots_are_snapshots_`), at the first attach otherwise, and kept (their region's
-  // pointer never changes once set); each attached worker's gradient region (a push's
-  // payload holds its region, so a replaced one stays mapped until summed).
+  // Shared memory: the parameter slots, made at registration (at the first attach if that
+  // failed) and the store's snapshots in fp32 (`slots_are_snapshots_`); each attached worker's
+  // gradient region (a push's payload holds its region, so a replaced one stays mapped until
+  // summed). Where the slots hold encoded values, `slot_holds_[i]` is held by every slice of
+  // slot i that gRPC may still send: the slot is written only while nobody else holds it.
   mutable absl::Mutex shm_mu_;
   std::shared_ptr<SharedRegion> slots_region_ ABSL_GUARDED_BY(shm_mu_);
   std::unique_ptr<ParameterSlots> slots_ ABSL_GUARDED_BY(shm_mu_);
   bool slots_are_snapshots_ ABSL_GUARDED_BY(shm_mu_) = false;
+  std::array<std::shared_ptr<const void>, 2> slot_holds_ ABSL_GUARDED_BY(shm_mu_);
   std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
   // The slots the update in progress writes (null: none); only the store's update touches it.
   ParameterSlots* shm_writing_ = nullptr;
@@ -246,6 +263,8 @@ class ParameterServiceImpl final : public ParameterRawService,
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   ValuesField values_ ABSL_GUARDED_BY(values_mu_);
+  // An update is writing an encoded slot (BeginUpdate to EndUpdate).
+  bool updating_slot_ ABSL_GUARDED_BY(values_mu_) = false;
   // The update in progress: its field, and where its values are encoded to (none where the
   // field's body is the update's own buffer). Only the store's update touches them (under the
   // store's lock).

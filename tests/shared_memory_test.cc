@@ -177,7 +177,9 @@ TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
   EXPECT_FALSE(reader.Read(5, absl::MakeSpan(wrong)));
 }
 
-TEST(ParameterSlotsTest, SixteenBitSlotsRoundAsTheWireDoes) {
+// In 16 bits one slot holds the newest version, rounded as the wire rounds it: beginning the
+// next version voids the one it held.
+TEST(ParameterSlotsTest, SixteenBitsHaveOneSlotRoundedAsTheWireRoundsIt) {
   const size_t n = 5;
   auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kBf16));
   ASSERT_TRUE(region.ok());
@@ -190,6 +192,20 @@ TEST(ParameterSlotsTest, SixteenBitSlotsRoundAsTheWireDoes) {
   std::vector<float> out(n);
   ASSERT_TRUE(slots.Read(1, absl::MakeSpan(out)));
   for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], Bf16ToFloat(FloatToBf16(values[i])));
+  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kBf16), 1);
+  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kFp16), 1);
+  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kFp32), 2);
+  EXPECT_EQ(ParameterSlots::RegionBytes(n, WireDtype::kBf16), 2u * 4096u);  // head, one slot
+  EXPECT_EQ(slots.IndexOf(2), slots.IndexOf(1));
+  slots.BeginWrite(2);
+  EXPECT_FALSE(slots.Read(1, absl::MakeSpan(out)));
+  EXPECT_EQ(slots.HeldVersion(0), -1);
+  slots.Write(0, std::vector<float>(n, 2.0f));
+  slots.EndWrite(true);
+  EXPECT_EQ(slots.HeldVersion(0), 2);
+  ASSERT_TRUE(slots.Read(2, absl::MakeSpan(out)));
+  EXPECT_EQ(out, std::vector<float>(n, 2.0f));
+  EXPECT_FALSE(slots.Holds(1));
 }
 
 // A writer in another process rewrites the slots as fast as it can, every value of version v
