@@ -19,6 +19,7 @@
 #include "common/malloc_tuning.h"
 #include "common/shard_range.h"
 #include "common/signal_watcher.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "server/ps_server.h"
 
@@ -169,35 +170,35 @@ std::string HostName() {
   return name;
 }
 
-// Every flag is read here; ValidateServerConfig checks them all in one place.
-absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
-  dbs::ServerConfig c;
-  dbs::JobConfig& job = c.job;
+dbs::OptimizerConfig OptimizerFromFlags() {
+  dbs::OptimizerConfig o;
+  o.name = absl::GetFlag(FLAGS_optimizer);
+  o.sgd.lr = o.adam.lr = absl::GetFlag(FLAGS_lr);
+  o.sgd.momentum = absl::GetFlag(FLAGS_momentum);
+  o.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
+  o.sgd.weight_decay = o.adam.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.adam.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  o.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
+  o.adam.eps = absl::GetFlag(FLAGS_adam_eps);
+  return o;
+}
+
+// The job's flags: its workers and batches, the policy, the optimizer, timeouts, checkpoints,
+// re-planning and the data plane.
+absl::StatusOr<dbs::JobConfig> JobConfigFromFlags() {
+  dbs::JobConfig job;
   job.scheduler.expected_workers = absl::GetFlag(FLAGS_workers);
   job.scheduler.epochs = absl::GetFlag(FLAGS_epochs);
   job.scheduler.global_batch = absl::GetFlag(FLAGS_global_batch);
   job.scheduler.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<dbs::PolicyKind> policy = dbs::ParsePolicy(absl::GetFlag(FLAGS_policy));
-  if (!policy.ok()) return policy.status();
-  job.policy = *policy;
+  DBS_ASSIGN_OR_RETURN(job.policy, dbs::ParsePolicy(absl::GetFlag(FLAGS_policy)));
   job.speed_window = absl::GetFlag(FLAGS_speed_window);
   job.min_batch = absl::GetFlag(FLAGS_min_batch);
   job.max_batch = absl::GetFlag(FLAGS_max_batch);
   job.smoothing = absl::GetFlag(FLAGS_smoothing);
   job.deadband = absl::GetFlag(FLAGS_deadband);
-  absl::StatusOr<std::map<std::string, double>> split =
-      dbs::ParseFixedSplit(absl::GetFlag(FLAGS_fixed_split));
-  if (!split.ok()) return split.status();
-  job.fixed_split = *std::move(split);
-  job.optimizer.name = absl::GetFlag(FLAGS_optimizer);
-  job.optimizer.sgd.lr = job.optimizer.adam.lr = absl::GetFlag(FLAGS_lr);
-  job.optimizer.sgd.momentum = absl::GetFlag(FLAGS_momentum);
-  job.optimizer.sgd.nesterov = absl::GetFlag(FLAGS_nesterov);
-  job.optimizer.sgd.weight_decay = job.optimizer.adam.weight_decay =
-      absl::GetFlag(FLAGS_weight_decay);
-  job.optimizer.adam.beta1 = absl::GetFlag(FLAGS_adam_beta1);
-  job.optimizer.adam.beta2 = absl::GetFlag(FLAGS_adam_beta2);
-  job.optimizer.adam.eps = absl::GetFlag(FLAGS_adam_eps);
+  DBS_ASSIGN_OR_RETURN(job.fixed_split, dbs::ParseFixedSplit(absl::GetFlag(FLAGS_fixed_split)));
+  job.optimizer = OptimizerFromFlags();
   job.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   job.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
   job.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
@@ -206,11 +207,35 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
   job.count_communication = absl::GetFlag(FLAGS_count_communication);
   job.noise_margin = absl::GetFlag(FLAGS_noise_margin);
-  absl::StatusOr<dbs::WireDtype> wire = dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype));
-  if (!wire.ok()) return wire.status();
-  job.wire_dtype = *wire;
+  DBS_ASSIGN_OR_RETURN(job.wire_dtype, dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   job.deterministic = absl::GetFlag(FLAGS_deterministic);
   job.pipelined = absl::GetFlag(FLAGS_pipelined);
+  return job;
+}
+
+// Which shard this is and its leader, the job's credential and the TLS files.
+absl::Status ReadShardAndSecurityFlags(dbs::ServerConfig* c) {
+  const std::string shard_flag = absl::GetFlag(FLAGS_shard);
+  using Shard = std::pair<int, int>;  // this shard, how many
+  DBS_ASSIGN_OR_RETURN(Shard shard, dbs::ParseShard(shard_flag, HostName()));
+  c->shard = shard.first;
+  c->num_shards = shard.second;
+  c->leader = absl::GetFlag(FLAGS_leader);
+  // Every pod of a StatefulSet gets the same flags: the one that turns out to lead ignores
+  // --leader (which names it).
+  if (absl::StartsWith(shard_flag, "ordinal/") && c->shard == 0) c->leader.clear();
+  DBS_ASSIGN_OR_RETURN(c->job_token,
+                       dbs::SecretFrom(absl::GetFlag(FLAGS_job_token),
+                                       absl::GetFlag(FLAGS_job_token_file), "--job_token"));
+  return dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_cert), &c->tls_cert_pem},
+                             {absl::GetFlag(FLAGS_tls_key), &c->tls_key_pem},
+                             {absl::GetFlag(FLAGS_tls_client_ca), &c->tls_client_ca_pem}});
+}
+
+// Every flag is read here; ValidateServerConfig checks them all in one place.
+absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
+  dbs::ServerConfig c;
+  DBS_ASSIGN_OR_RETURN(c.job, JobConfigFromFlags());
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.port_file = absl::GetFlag(FLAGS_port_file);
@@ -229,24 +254,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
   c.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_s));
-  const std::string shard_flag = absl::GetFlag(FLAGS_shard);
-  absl::StatusOr<std::pair<int, int>> shard = dbs::ParseShard(shard_flag, HostName());
-  if (!shard.ok()) return shard.status();
-  c.shard = shard->first;
-  c.num_shards = shard->second;
-  c.leader = absl::GetFlag(FLAGS_leader);
-  // Every pod of a StatefulSet gets the same flags: the one that turns out to lead ignores
-  // --leader (which names it).
-  if (absl::StartsWith(shard_flag, "ordinal/") && c.shard == 0) c.leader.clear();
-  absl::StatusOr<std::string> secret = dbs::SecretFrom(
-      absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");
-  if (!secret.ok()) return secret.status();
-  c.job_token = *secret;
-  absl::Status pems =
-      dbs::ReadFilesInto({{absl::GetFlag(FLAGS_tls_cert), &c.tls_cert_pem},
-                          {absl::GetFlag(FLAGS_tls_key), &c.tls_key_pem},
-                          {absl::GetFlag(FLAGS_tls_client_ca), &c.tls_client_ca_pem}});
-  if (!pems.ok()) return pems;
+  DBS_RETURN_IF_ERROR(ReadShardAndSecurityFlags(&c));
   return c;
 }
 
