@@ -50,11 +50,8 @@ std::vector<std::pair<double, double>> Isotonic(std::vector<Weighted> pts, doubl
   return knots;
 }
 
-}  // namespace
-
-StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
-                                 const StepTimeModelOptions& options) {
-  // Measurements oldest first; each point as (sequence, batch, steps, seconds per step).
+// The valid measurements, as (batch, seconds per step, steps), by their sequence number.
+std::map<int, std::vector<Weighted>> BySequence(absl::Span<const StepTimePoint> points) {
   std::map<int, std::vector<Weighted>> by_sequence;
   for (const StepTimePoint& p : points) {
     if (!(p.batch > 0) || p.steps <= 0 || !(p.seconds > 0) || !std::isfinite(p.seconds) ||
@@ -63,6 +60,44 @@ StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
     }
     by_sequence[p.sequence].push_back({p.batch, p.seconds / p.steps, static_cast<double>(p.steps)});
   }
+  return by_sequence;
+}
+
+// A new measurement (`group`, sequence `seq`) against the curve so far (`before`, fitted to
+// `kept`), at the batches measured before only: between measured batches the curve is unknown
+// and may bend (a quota's knee can double the time in one sample).
+struct Level {
+  double measured = 0.0;    // its steps' time, weighted
+  double predicted = 0.0;   // what `before` predicts for them
+  double new_weight = 0.0;  // its steps there
+  double old_weight = 0.0;  // the recency-weighted steps measured there before
+};
+Level LevelAgainst(const std::vector<std::pair<int, Weighted>>& kept,
+                   const std::vector<Weighted>& group, int seq, const StepTimeModel& before) {
+  Level level;
+  for (const Weighted& p : group) {
+    double weight_there = 0.0;
+    for (const auto& [k_seq, k] : kept) {
+      if (std::abs(k.batch - p.batch) < 0.5) {
+        weight_there += k.weight * std::ldexp(1.0, -std::min(60, seq - k_seq));
+      }
+    }
+    if (weight_there > 0) {
+      level.measured += p.weight * p.seconds;
+      level.predicted += p.weight * before.Predict(p.batch);
+      level.new_weight += p.weight;
+      level.old_weight += weight_there;
+    }
+  }
+  return level;
+}
+
+}  // namespace
+
+StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
+                                 const StepTimeModelOptions& options) {
+  // Measurements oldest first.
+  const std::map<int, std::vector<Weighted>> by_sequence = BySequence(points);
   StepTimeModel model;
   if (by_sequence.empty()) return model;
   const int newest = by_sequence.rbegin()->first;
@@ -82,35 +117,19 @@ StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
     if (!kept.empty()) {
       // Where this measurement repeats batches already measured, a large deviation is a change
       // of speed, not of shape: move the whole curve.
-      const StepTimeModel before = pooled(seq);
-      double measured = 0.0, predicted = 0.0, new_weight = 0.0, old_weight = 0.0;
-      for (const Weighted& p : group) {
-        // Only a batch measured before says anything about the level: between measured batches
-        // the curve is unknown and may bend (a quota's knee can double the time in one sample).
-        double weight_there = 0.0;
-        for (const auto& [k_seq, k] : kept) {
-          if (std::abs(k.batch - p.batch) < 0.5) {
-            weight_there += k.weight * std::ldexp(1.0, -std::min(60, seq - k_seq));
-          }
-        }
-        if (weight_there > 0) {
-          measured += p.weight * p.seconds;
-          predicted += p.weight * before.Predict(p.batch);
-          new_weight += p.weight;
-          old_weight += weight_there;
-        }
-      }
-      if (measured > 0 && predicted > 0) {
+      const Level level = LevelAgainst(kept, group, seq, pooled(seq));
+      if (level.measured > 0 && level.predicted > 0) {
         // A change of speed moves the whole curve to the new level at once. Short of that, the
         // level moves by the new measurement's share of the evidence (its steps against the
         // recency-weighted steps measured there before), so slow drifts are followed and a
         // short, noisy window does not move the curve by its noise.
-        const double ratio = measured / predicted;
+        const double ratio = level.measured / level.predicted;
         double scale = ratio;
         if (std::abs(std::log(ratio)) > std::log1p(options.change_threshold)) {
           model.last_change_ = seq;
         } else {
-          scale = (old_weight + new_weight * ratio) / (old_weight + new_weight);
+          scale =
+              (level.old_weight + level.new_weight * ratio) / (level.old_weight + level.new_weight);
         }
         for (auto& [unused, p] : kept) p.seconds *= scale;
       }
