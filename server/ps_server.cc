@@ -100,42 +100,50 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
       config.job_token.empty() ? std::string() : TokenKeyFromSecret(config.job_token);
   job_->scheduler()->SetTokenKey(token_key);
   if (config.num_shards > 1 && config.shard == 0) {
-    shard_log_ = std::make_unique<ShardLog>(config.num_shards, TrainingSettings(config.job));
-    shard_service_ = std::make_unique<ShardServiceImpl>(
-        shard_log_.get(), config.job_token, [job = job_.get()](int shard, const MissingPushes& m) {
-          return job->RemoveMissingAtShard(shard, m.epoch, m.step, m.workers);
-        });
-    job_->SetShardLog(shard_log_.get());
-    // A follower lost mid-job takes its range of the model with it: stop as if told to, so that
-    // the workers wait and retry, and every shard can be restarted from their newest common
-    // checkpoint (an orchestrator restarts on this exit code: docs/deploying.md#exit-codes).
-    shard_log_->SetOnLost([this](int shard) {
-      const absl::Status why = absl::UnavailableError(absl::StrCat(
-          "shard ", shard, "/", config_.num_shards,
-          " stopped following: the job cannot go on without its part of the model; restart every "
-          "shard with --restore (or --restore_if_present) to continue from the newest "
-          "checkpoint they all hold"));
-      LOG(ERROR) << why.message();
-      Stop(why);
-    });
+    LeadShards();
   } else if (follower()) {
-    // The leader decides every step's workers and samples; this shard's barrier follows it.
-    follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));
-    follower_->SetTokenKey(token_key);
-    job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
-    parameter_service_.SetGate(
-        [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });
-    follower_->SetOnFirstEvent([this] {
-      serving_.store(true);
-      if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(true);
-    });
-    if (!config.job.checkpoint_dir.empty()) {
-      follower_->SetCheckpointing(
-          [job = job_.get()] { return job->SaveCheckpoint(); },
-          [this](int64_t version, int epoch, int step, const StepQuotas& quotas) {
-            return RestoreShard(version, epoch, step, quotas);
-          });
-    }
+    FollowLeader(token_key);
+  }
+}
+
+void PsServer::LeadShards() {
+  shard_log_ = std::make_unique<ShardLog>(config_.num_shards, TrainingSettings(config_.job));
+  shard_service_ = std::make_unique<ShardServiceImpl>(
+      shard_log_.get(), config_.job_token, [job = job_.get()](int shard, const MissingPushes& m) {
+        return job->RemoveMissingAtShard(shard, m.epoch, m.step, m.workers);
+      });
+  job_->SetShardLog(shard_log_.get());
+  // A follower lost mid-job takes its range of the model with it: stop as if told to, so that
+  // the workers wait and retry, and every shard can be restarted from their newest common
+  // checkpoint (an orchestrator restarts on this exit code: docs/deploying.md#exit-codes).
+  shard_log_->SetOnLost([this](int shard) {
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
+        "shard ", shard, "/", config_.num_shards,
+        " stopped following: the job cannot go on without its part of the model; restart every "
+        "shard with --restore (or --restore_if_present) to continue from the newest "
+        "checkpoint they all hold"));
+    LOG(ERROR) << why.message();
+    Stop(why);
+  });
+}
+
+void PsServer::FollowLeader(const std::string& token_key) {
+  // The leader decides every step's workers and samples; this shard's barrier follows it.
+  follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));
+  follower_->SetTokenKey(token_key);
+  job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
+  parameter_service_.SetGate(
+      [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });
+  follower_->SetOnFirstEvent([this] {
+    serving_.store(true);
+    if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(true);
+  });
+  if (!config_.job.checkpoint_dir.empty()) {
+    follower_->SetCheckpointing(
+        [job = job_.get()] { return job->SaveCheckpoint(); },
+        [this](int64_t version, int epoch, int step, const StepQuotas& quotas) {
+          return RestoreShard(version, epoch, step, quotas);
+        });
   }
 }
 

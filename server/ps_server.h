@@ -126,6 +126,10 @@ class PsServer {
   absl::Status RestoreNewestCheckpoint();
   // Where each valid checkpoint in the checkpoint directory stands.
   std::set<CheckpointAt> CheckpointsHeld() const;
+  // The constructor's part for a sharded job: the leader's shard log and service, and what it
+  // does when a follower is lost; a follower's link to the leader, its gate and checkpoints.
+  void LeadShards();
+  void FollowLeader(const std::string& token_key);
   // A follower: its own checkpoint of the leader's restored step (see ShardFollower).
   absl::Status RestoreShard(int64_t version, int epoch, int step, const StepQuotas& quotas);
   // Binds the port and starts the services, NOT_SERVING.
