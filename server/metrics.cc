@@ -77,6 +77,15 @@ Metrics::Metrics()
       steps_(CounterFamily(*registry_, "dbs_steps_total",
                            "Synchronous steps completed by this process")
                  .Add({})),
+      shared_memory_workers_(
+          GaugeFamily(*registry_, "dbs_shared_memory_workers",
+                      "Workers on this host whose steps pass through memory shared with dbs_ps")
+              .Add({})),
+      shared_answers_over_grpc_(
+          CounterFamily(*registry_, "dbs_shared_memory_answers_over_grpc_total",
+                        "Answers a sharing worker asked for in shared memory that went over gRPC "
+                        "(the version was not in the parameter slots)")
+              .Add({})),
       epochs_completed_(
           GaugeFamily(*registry_, "dbs_epochs_completed", "Epochs completed").Add({})),
       epoch_(GaugeFamily(*registry_, "dbs_epoch",
@@ -140,6 +149,10 @@ void Metrics::OnCall(const char* method, size_t received, size_t sent, int code)
   calls_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
   if (code != 0) refused_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
 }
+
+void Metrics::OnSharedMemoryWorkers(int workers) { shared_memory_workers_.Set(workers); }
+
+void Metrics::OnSharedAnswerOverGrpc() { shared_answers_over_grpc_.Increment(); }
 
 std::string Metrics::WorkerLabel(const RunInfo& run, int id) {
   return id >= 0 && id < static_cast<int>(run.workers.size()) ? run.workers[id].name

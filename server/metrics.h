@@ -30,6 +30,8 @@ class Metrics : public JobObserver, public CallObserver {
   void OnStep(absl::Duration wall, const std::map<int, double>& compute) override;
   void OnCheckpoint(absl::Duration took, bool ok) override;
   void OnCall(const char* method, size_t received, size_t sent, int code) override;
+  void OnSharedMemoryWorkers(int workers) override;
+  void OnSharedAnswerOverGrpc() override;
 
   // The Prometheus text format of every metric, the scrape-time ones set from `run` and
   // `progress` (see docs/deploying.md#metrics for the list).
@@ -59,6 +61,8 @@ class Metrics : public JobObserver, public CallObserver {
   prometheus::Family<prometheus::Counter>& calls_;
   prometheus::Family<prometheus::Counter>& refused_;
   prometheus::Counter& steps_;
+  prometheus::Gauge& shared_memory_workers_;
+  prometheus::Counter& shared_answers_over_grpc_;
   prometheus::Gauge& epochs_completed_;
   prometheus::Gauge& epoch_;
   prometheus::Gauge& epoch_seconds_;

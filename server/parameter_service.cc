@@ -110,6 +110,7 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   // worker told why if it fails again.
   if (slots_ == nullptr) DBS_RETURN_IF_ERROR(MakeSlotsLocked(count, wire_dtype_));
   gradients_[req.worker_id()] = std::move(region);
+  TellSharingLocked();
   const RegionLocation slots = slots_region_->location();
   reply->mutable_parameters()->set_pid(slots.pid);
   reply->mutable_parameters()->set_fd(slots.fd);
@@ -133,6 +134,7 @@ absl::Status ParameterServiceImpl::MakeSlotsLocked(size_t count, WireDtype dtype
   // A former model size's slots (a restored checkpoint of another model) go once nothing holds
   // them; the workers attached to them attach again.
   gradients_.clear();
+  TellSharingLocked();
   slots_region_ = std::move(region);
   slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, dtype);
   slots_->Clear();
@@ -174,6 +176,13 @@ void ParameterServiceImpl::SnapshotPublished(int index, int64_t version) {
 void ParameterServiceImpl::DropSharedMemory(const std::set<int>& workers) {
   absl::MutexLock lock(&shm_mu_);
   for (int id : workers) gradients_.erase(id);
+  TellSharingLocked();
+}
+
+void ParameterServiceImpl::TellSharingLocked() {
+  if (hooks_.observer != nullptr) {
+    hooks_.observer->OnSharedMemoryWorkers(static_cast<int>(gradients_.size()));
+  }
 }
 
 int ParameterServiceImpl::shared_memory_workers() const {
@@ -223,7 +232,11 @@ ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, in
   // and goes over gRPC; in 16 bits ValuesOf may write it into the slot first.
   if (!shared || !SharesSlotOf(snap.version, worker)) {
     ValuesField values = ValuesOf(snap);
-    if (!shared || !SharesSlotOf(snap.version, worker)) return values;
+    if (!shared) return values;
+    if (!SharesSlotOf(snap.version, worker)) {
+      if (hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
+      return values;
+    }
   }
   v1::PushGradientReply field;
   v1::FlatParameters* values = field.mutable_values();

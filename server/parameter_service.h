@@ -151,6 +151,8 @@ class ParameterServiceImpl final : public ParameterRawService,
   ValuesField AnswerValues(const ParameterSnapshot& snap, int worker, bool shared);
   // Whether `worker` is attached and `version` lies in its slot.
   bool SharesSlotOf(int64_t version, int worker) const;
+  // Tells the observer how many workers share memory now.
+  void TellSharingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
   absl::Status DoAttachSharedMemory(grpc::CallbackServerContext* ctx,
                                     const v1::AttachSharedMemoryRequest& req,
                                     v1::AttachSharedMemoryReply* reply);

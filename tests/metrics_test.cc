@@ -63,6 +63,9 @@ TEST(MetricsTest, RendersTheRunAndWhatTheObserversHeard) {
   m.OnCheckpoint(absl::Milliseconds(20), true);
   m.OnCall("PushGradient", 1000, 2000, 0);
   m.OnCall("PushGradient", 10, 0, 7);
+  m.OnSharedMemoryWorkers(2);
+  m.OnSharedMemoryWorkers(1);
+  m.OnSharedAnswerOverGrpc();
   const std::string text = m.Render(run, progress);
   for (const char* line : {
            "dbs_steps_total 2",
@@ -88,6 +91,8 @@ TEST(MetricsTest, RendersTheRunAndWhatTheObserversHeard) {
            "dbs_worker_speed_samples_per_second{worker=\"fast\"} 15",
            "dbs_worker_compute_seconds_total{worker=\"slow\"} 4",
            "dbs_worker_wait_seconds_total{worker=\"slow\"} 2",
+           "dbs_shared_memory_workers 1",
+           "dbs_shared_memory_answers_over_grpc_total 1",
        }) {
     EXPECT_THAT(text, HasSubstr(line));
   }

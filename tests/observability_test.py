@@ -85,6 +85,8 @@ class ObservabilityTest(ProcessTestCase):
                 value = float(result[0]["value"][1])
         print(f"prometheus query dbs_steps_total = {value}", flush=True)
         self.assertGreater(value, 0, "prometheus scraped a steps counter above zero")
+        # Both workers run on dbs_ps's host: each has pushed by now, through shared memory.
+        self.assertIn("\ndbs_shared_memory_workers 2\n", get(f"http://127.0.0.1:{metrics}/metrics"))
         self.stop(ps, workers)
 
     def test_the_status_page_renders_a_row_per_worker_in_chromium(self):

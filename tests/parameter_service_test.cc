@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/call_observer.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/grpc_step_wire.h"
@@ -34,6 +35,20 @@ using ::testing::HasSubstr;
 
 const ModelLayout kLayout = {{"w", {2}}, {"b", {1}}};
 
+// What the service tells its observer of shared memory.
+class SharingObserver : public CallObserver {
+ public:
+  void OnCall(const char*, size_t, size_t, int) override {}
+  void OnSharedMemoryWorkers(int workers) override { workers_ = workers; }
+  void OnSharedAnswerOverGrpc() override { ++over_grpc_; }
+  int workers() const { return workers_; }
+  int over_grpc() const { return over_grpc_; }
+
+ private:
+  std::atomic<int> workers_{-1};  // -1: never told
+  std::atomic<int> over_grpc_{0};
+};
+
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -50,7 +65,7 @@ class ServiceTest : public ::testing::Test {
     parameter_service_ = std::make_unique<ParameterServiceImpl>(
         job_->store(), job_->aggregator(),
         [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr,
-        CallHooks{}, wire_dtype_);
+        CallHooks{&sharing_, nullptr}, wire_dtype_);
     parameter_service_->SetRegisteredHook([this] { ++registered_hooks_; });
     parameter_service_->ServeSharedMemory(serve_shared_memory_);
     grpc::ServerBuilder builder;
@@ -203,6 +218,7 @@ class ServiceTest : public ::testing::Test {
     return r0;
   }
 
+  SharingObserver sharing_;                  // the service's observer
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's (set before SetUp)
   bool serve_shared_memory_ = true;          // dbs_ps --shared_memory (set before SetUp)
   FakeClock clock_;
@@ -378,6 +394,7 @@ TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
 
   ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
   EXPECT_EQ(parameter_service_->shared_memory_workers(), 1);
+  EXPECT_EQ(sharing_.workers(), 1) << "the observer (dbs_shared_memory_workers) is told";
   EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3, WireDtype::kFp32));
   auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
@@ -427,6 +444,8 @@ TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
   // Once the worker is removed from the job its region goes; a push through it is refused.
   parameter_service_->DropSharedMemory({0, 7});
   EXPECT_EQ(parameter_service_->shared_memory_workers(), 0);
+  EXPECT_EQ(sharing_.workers(), 0);
+  EXPECT_EQ(sharing_.over_grpc(), 0);
   v1::PushGradientRequest next = shared;
   next.set_step(1);
   refused = Send(next, &reply);
@@ -466,6 +485,7 @@ TEST_F(ServiceTest, TheSlotsAreTheStoresSnapshotsAndAHeldSlotsVersionGoesOverGrp
   SharedStep(1, region->get(), {4, 0, 0}, {0, 0, 4}, &r0, &r1);
   EXPECT_FALSE(r0.values().in_shared_memory());
   EXPECT_EQ(r0.values().version(), 2);
+  EXPECT_EQ(sharing_.over_grpc(), 1) << "counted (dbs_shared_memory_answers_over_grpc_total)";
   std::vector<float> carried(3);
   ASSERT_EQ(r0.values().values().size(), 12u);
   std::memcpy(carried.data(), r0.values().values().data(), 12);
@@ -525,6 +545,7 @@ TEST_F(Bf16ServiceTest, OneSlotHoldsTheNewestVersionUnlessAnAnswerStillSendsIt) 
   SharedStep(1, region->get(), {4, 0, 0}, {0, 0, 4}, &r0, &r1);
   EXPECT_FALSE(r0.values().in_shared_memory());
   EXPECT_EQ(r0.values().version(), 2);
+  EXPECT_EQ(sharing_.over_grpc(), 1);
   EXPECT_EQ(Carried(r0), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
   EXPECT_EQ(Carried(r1), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
   EXPECT_TRUE(slots.Holds(1));
