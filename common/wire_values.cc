@@ -126,6 +126,7 @@ void DecodeHalves(const uint8_t* in, absl::Span<float> out) {
 }  // namespace
 
 void EncodeValues(absl::Span<const float> values, WireDtype dtype, uint8_t* out) {
+  if (values.empty()) return;  // its data() may be null, which memcpy must not get
   switch (dtype) {
     case WireDtype::kFp32:
       std::memcpy(out, values.data(), values.size() * sizeof(float));
@@ -138,6 +139,7 @@ void EncodeValues(absl::Span<const float> values, WireDtype dtype, uint8_t* out)
 }
 
 void DecodeValues(const uint8_t* in, WireDtype dtype, absl::Span<float> out) {
+  if (out.empty()) return;
   switch (dtype) {
     case WireDtype::kFp32:
       std::memcpy(out.data(), in, out.size() * sizeof(float));
