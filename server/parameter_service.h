@@ -127,7 +127,8 @@ class ParameterServiceImpl final : public ParameterRawService,
   // The step's parameters serialized for the replies: once per snapshot, shared by all. An
   // update's are serialized as it produces them (the UpdateSink below); others (the first
   // registration's, a restored checkpoint's) on first use. In fp32 on a little-endian machine
-  // the field's values are the snapshot's own memory: only its head is written.
+  // the field's values are the snapshot's own memory: only its head is written; in 16 bits with
+  // shared memory on they are the encoded parameter slot.
   ValuesField ValuesOf(const ParameterSnapshot& snapshot);
 
  private:
