@@ -228,11 +228,11 @@ bool ParameterServiceImpl::SharesSlotOf(int64_t version, int worker) const {
 
 ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
                                                bool shared) {
+  if (!shared) return ValuesOf(snap);
   // A version that is not in its slot lies elsewhere (the slot was held when its update began)
   // and goes over gRPC; in 16 bits ValuesOf may write it into the slot first.
-  if (!shared || !SharesSlotOf(snap.version, worker)) {
+  if (!SharesSlotOf(snap.version, worker)) {
     ValuesField values = ValuesOf(snap);
-    if (!shared) return values;
     if (!SharesSlotOf(snap.version, worker)) {
       if (hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
       return values;

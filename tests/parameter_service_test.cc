@@ -207,14 +207,16 @@ class ServiceTest : public ::testing::Test {
     return got;
   }
 
-  // Runs step 0 with both workers' correct gradients; returns worker 0's reply.
-  v1::PushGradientReply GoodStep() {
+  // Runs step 0 with both workers' correct gradients; returns worker 0's reply (and worker 1's
+  // in `*r1_out` unless null).
+  v1::PushGradientReply GoodStep(v1::PushGradientReply* r1_out = nullptr) {
     v1::PushGradientReply r0, r1;
     grpc::Status s0;
     std::thread t([&]() { s0 = Send(Push(0, 0, {2, 0, 4}), &r0); });
     EXPECT_THAT(Send(Push(1, 0, {0, 2, 0}), &r1), IsOk());
     t.join();
     EXPECT_THAT(s0, IsOk()) << s0.error_message();
+    if (r1_out != nullptr) *r1_out = r1;
     return r0;
   }
 
@@ -570,12 +572,8 @@ class Bf16WithoutSharedMemoryTest : public Bf16ServiceTest {
 };
 
 TEST_F(Bf16WithoutSharedMemoryTest, TheAnswersCarryTheUpdateOfATinyModel) {
-  v1::PushGradientReply r0, r1;
-  grpc::Status s0;
-  std::thread t([&]() { s0 = Send(Push(0, 0, {2, 0, 4}), &r0); });
-  EXPECT_THAT(Send(Push(1, 0, {0, 2, 0}), &r1), IsOk());
-  t.join();
-  ASSERT_THAT(s0, IsOk()) << s0.error_message();
+  v1::PushGradientReply r1;
+  const v1::PushGradientReply r0 = GoodStep(&r1);
   EXPECT_EQ(r0.values().version(), 1);
   EXPECT_EQ(Carried(r0), (std::vector<float>{0.5f, 1.5f, 2.0f}));
   EXPECT_EQ(Carried(r1), (std::vector<float>{0.5f, 1.5f, 2.0f}));
