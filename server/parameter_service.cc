@@ -467,7 +467,7 @@ absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* 
   push->num_samples = req->num_samples();
   push->loss_sum = req->loss_sum();
   push->compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
-  if (gate_) DBS_RETURN_IF_ERROR(gate_(push->epoch, push->step));
+  if (gate_) DBS_RETURN_IF_ERROR(gate_(push->worker_id, push->epoch, push->step));
   // Who, which step and how many samples are checked before the values are read: a push the
   // barrier would refuse costs no pass over its (possibly 512 MiB) payload.
   DBS_RETURN_IF_ERROR(aggregator_->Precheck(*push));

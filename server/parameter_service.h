@@ -81,9 +81,10 @@ class ParameterServiceImpl final : public ParameterRawService,
     store_->SetSnapshotMemory(nullptr);
   }
 
-  // A sharded job's follower: every push of (epoch, step) passes `gate` first (it may wait for
-  // the leader; see ShardFollower::Gate). Set before serving.
-  using Gate = std::function<absl::Status(int epoch, int step)>;
+  // A sharded job: every push of `worker_id` for (epoch, step) passes `gate` first (at a
+  // follower it may wait for the leader, ShardFollower::Gate; the leader refuses a worker that
+  // has not resumed since a restore, TrainingJob::AdmitPush). Set before serving.
+  using Gate = std::function<absl::Status(int worker_id, int epoch, int step)>;
   void SetGate(Gate gate) { gate_ = std::move(gate); }
   // Whether PushGradientSession is served (on by default); off, it answers UNIMPLEMENTED and
   // workers push with PushGradient calls. Set before serving.

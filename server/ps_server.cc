@@ -113,6 +113,8 @@ void PsServer::LeadShards() {
         return job->RemoveMissingAtShard(shard, m.epoch, m.step, m.workers);
       });
   job_->SetShardLog(shard_log_.get());
+  parameter_service_.SetGate(
+      [job = job_.get()](int worker, int, int) { return job->AdmitPush(worker); });
   // A follower lost mid-job takes its range of the model with it: stop as if told to, so that
   // the workers wait and retry, and every shard can be restarted from their newest common
   // checkpoint (an orchestrator restarts on this exit code: docs/deploying.md#exit-codes).
@@ -133,7 +135,7 @@ void PsServer::FollowLeader(const std::string& token_key) {
   follower_->SetTokenKey(token_key);
   job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
   parameter_service_.SetGate(
-      [f = follower_.get()](int epoch, int step) { return f->Gate(epoch, step); });
+      [f = follower_.get()](int, int epoch, int step) { return f->Gate(epoch, step); });
   follower_->SetOnFirstEvent([this] {
     serving_.store(true);
     if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(true);

@@ -488,7 +488,21 @@ absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings)
   aggregator_->LoadState(st.aggregator, std::move(quotas));
   absl::MutexLock lock(&mu_);
   audits_ = st.audits;
+  to_resume_.clear();
+  if (shard_log_ != nullptr) {
+    for (size_t id = 0; id < st.scheduler.tokens.size(); ++id) {
+      if (scheduler_->IsRegistered(static_cast<int>(id))) to_resume_.insert(static_cast<int>(id));
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status TrainingJob::AdmitPush(int worker_id) const {
+  absl::MutexLock lock(&mu_);
+  if (to_resume_.count(worker_id) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("dbs_ps restarted from a checkpoint; worker ", worker_id,
+                   " must resume before it pushes, so that every shard redoes the same step"));
 }
 
 absl::Status TrainingJob::RestoreShard(const JobState& st, StepQuotas quotas,
@@ -520,10 +534,13 @@ void TrainingJob::SeedShardLog(const JobState& st, const StepQuotas& quotas) {
   shard_log_->Seed(std::move(events));
 }
 
-absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id,
-                                                ParameterSnapshot* parameters) const {
+absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id, ParameterSnapshot* parameters) {
   if (!scheduler_->IsRegistered(worker_id)) {
     return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    to_resume_.erase(worker_id);
   }
   ResumePoint rp;
   DBS_ASSIGN_OR_RETURN(*parameters, store_->Snapshot());

@@ -92,8 +92,16 @@ class TrainingJob : public SchedulerListener {
   absl::Status RestoreShard(const JobState& state, StepQuotas quotas, bool allow_other_settings);
   // Writes a checkpoint now (no-op without a checkpoint directory).
   absl::Status SaveCheckpoint();
-  // Where `worker_id` should continue, and the parameters to continue from.
-  absl::StatusOr<ResumePoint> Resume(int worker_id, ParameterSnapshot* parameters) const;
+  // Where `worker_id` should continue, and the parameters to continue from. After a sharded
+  // job's restore it also readmits the worker's pushes (AdmitPush).
+  absl::StatusOr<ResumePoint> Resume(int worker_id, ParameterSnapshot* parameters);
+  // Whether the barrier may take a push from `worker_id`. The leader of a sharded job restored
+  // from a checkpoint refuses (FAILED_PRECONDITION) the pushes of the workers it restored until
+  // each has resumed: a push retried across the restart may follow another shard's answer from
+  // before it (whose step this shard's checkpoint does not hold), and taking it would let the
+  // leader complete a step the other shards wait for in vain. Resuming, the worker redoes the
+  // restored step on every shard.
+  absl::Status AdmitPush(int worker_id) const;
 
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
   void OnEpochCompleted(const EpochRecord& record) override;
@@ -130,7 +138,8 @@ class TrainingJob : public SchedulerListener {
   absl::Mutex checkpoint_mu_;  // one writer at a time
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
+  std::set<int> leavers_ ABSL_GUARDED_BY(mu_);    // left while training ran
+  std::set<int> to_resume_ ABSL_GUARDED_BY(mu_);  // AdmitPush
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
   // CheckDeadWorkers without telling the removed hook.
   std::set<int> RemoveDeadWorkers();

@@ -890,9 +890,22 @@ class ShardedRestartTest(ProcessTestCase):
     def test_killed_shards_restore_the_same_step_and_workers_continue(self):
         """Issue 11 item 4: each shard checkpoints its own range at the leader's checkpoints;
         after both are killed, the restarted leader restores its newest and the follower its
-        own checkpoint of the same step."""
+        own checkpoint of the same step.
+
+        Both are killed as the leader begins its next checkpoint: the workers then often hold
+        the follower's answer to the step but not the leader's, and retry their pushes into the
+        restarted leader, which must have them resume and redo the step on both shards first
+        (TrainingJob::AdmitPush; taking the retried pushes stalled the restored follower)."""
         leader, port, follower, fport, procs = self.start_training()
+        held = set(os.listdir(self.ckpt[0]))
+        deadline = time.monotonic() + 60
+        while set(os.listdir(self.ckpt[0])) <= held and leader.poll() is None:
+            self.assertLess(time.monotonic(), deadline, "the leader wrote no further checkpoint")
+            time.sleep(0.0005)
+        # A step or so later (here, without the resume rule, 15 ms failed 3 runs of 6).
+        time.sleep(0.015)
         leader.kill()
+        time.sleep(0.005)  # time for the follower to answer a step the leader did not
         follower.kill()
         leader.wait()
         follower.wait()

@@ -348,5 +348,53 @@ TEST(MidEpochReplanTest, AWorkerWithSlowCommunicationGetsFewerSamples) {
   EXPECT_EQ(ReplannedBatchOfTheSlowCommunicator(false), 2) << "compute alone looks balanced";
 }
 
+// Both shards of a two-shard job were killed after step 0, whose checkpoint they restore. A
+// worker's push of step 1 had reached the old follower, which answered, but not the old leader:
+// retried into the restored leader, taking it would complete a step 1 the restored follower
+// waits for in vain (it lost that push). The restored leader refuses the restored workers'
+// pushes until each has resumed and redoes the step on every shard.
+TEST(ShardRestoreTest, TheRestoredLeaderTakesAWorkersPushesOnlyOnceItResumed) {
+  FakeClock clock;
+  JobConfig config = TwoWorkerConfig();
+  config.checkpoint_dir = ::testing::TempDir() + "/shard_restore";
+  mkdir(config.checkpoint_dir.c_str(), 0755);
+  auto before = TwoWorkerJob(config, &clock);
+  std::vector<float> g = {1.0f};
+  for (int worker : {0, 1}) {
+    before->aggregator()->Push({worker, 0, 0, 2, 0.0, g}, [](const absl::StatusOr<StepResult>&) {});
+  }
+  ASSERT_THAT(before->SaveCheckpoint(), IsOk());
+  before->Abort(absl::CancelledError("killed"));
+  std::vector<std::string> refused;
+  absl::StatusOr<JobState> saved = LoadNewestCheckpoint(config.checkpoint_dir, &refused);
+  ASSERT_THAT(saved, IsOk());
+
+  auto leader = *TrainingJob::Create(config, &clock);
+  ShardLog log(2, TrainingSettings(config));
+  leader->SetShardLog(&log);
+  ASSERT_THAT(leader->Restore(*saved), IsOk());
+  for (int worker : {0, 1}) {
+    EXPECT_THAT(leader->AdmitPush(worker),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("must resume")))
+        << "worker " << worker;
+  }
+  ParameterSnapshot parameters;
+  absl::StatusOr<ResumePoint> resumed = leader->Resume(0, &parameters);
+  ASSERT_THAT(resumed, IsOk());
+  EXPECT_EQ(resumed->step, 1) << "worker 0 redoes step 1";
+  EXPECT_THAT(leader->AdmitPush(0), IsOk());
+  EXPECT_THAT(leader->AdmitPush(1), StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_))
+      << "worker 1 has not resumed yet";
+  EXPECT_THAT(leader->Resume(7, &parameters), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  leader->Abort(absl::CancelledError("done"));
+
+  // One server restored takes a retried push at once: no other shard can be behind it.
+  auto alone = *TrainingJob::Create(config, &clock);
+  ASSERT_THAT(alone->Restore(*saved), IsOk());
+  EXPECT_THAT(alone->AdmitPush(0), IsOk());
+  EXPECT_THAT(alone->AdmitPush(1), IsOk());
+  alone->Abort(absl::CancelledError("done"));
+}
+
 }  // namespace
 }  // namespace dbs
