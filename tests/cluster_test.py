@@ -55,6 +55,24 @@ def is_progress(line):
     return PROGRESS_LINE.search(line if isinstance(line, bytes) else line.encode()) is not None
 
 
+def gist(out, err, limit=1500):
+    """What a process printed on stdout and stderr (bytes), for a failure message: progress lines
+    left out, a line repeated on end written once with its count, the last `limit` characters of
+    each stream. (A worker resuming again and again said why only on stdout.)"""
+    def squeeze(data):
+        lines = []
+        for line in data.decode(errors="replace").splitlines():
+            if is_progress(line):
+                continue
+            if lines and lines[-1][0] == line:
+                lines[-1][1] += 1
+            else:
+                lines.append([line, 1])
+        text = "\n".join(line if n == 1 else f"{line} (x{n})" for line, n in lines)
+        return text[-limit:]
+    return squeeze(out) + "\n-- stderr --\n" + squeeze(err)
+
+
 
 class DelayingProxy:
     """A TCP proxy on a loopback port of its own that holds every new connection for `delay_s`
@@ -884,8 +902,7 @@ class ShardedRestartTest(ProcessTestCase):
             everyone = [proc] + others
             for p in everyone:
                 p.kill()
-            self.fail(what + ": " + " | ".join(p.communicate()[1].decode()[-1500:]
-                                               for p in everyone))
+            self.fail(what + ": " + "\n | ".join(gist(*p.communicate()) for p in everyone))
 
     def test_killed_shards_restore_the_same_step_and_workers_continue(self):
         """Issue 11 item 4: each shard checkpoints its own range at the leader's checkpoints;
