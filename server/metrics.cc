@@ -159,20 +159,22 @@ std::string Metrics::WorkerLabel(const RunInfo& run, int id) {
                                                               : absl::StrCat("id", id);
 }
 
-void Metrics::SetFromRun(const RunInfo& run, const StepProgress& progress) {
-  {
-    absl::MutexLock lock(&names_mu_);
-    for (size_t id = 0; id < run.workers.size(); ++id) names_[id] = run.workers[id].name;
-    for (auto it = unnamed_wait_.begin(); it != unnamed_wait_.end();) {
-      auto name = names_.find(it->first);
-      if (name == names_.end()) {
-        ++it;
-        continue;
-      }
-      barrier_wait_.Add({{"worker", name->second}}).Increment(it->second);
-      it = unnamed_wait_.erase(it);
+void Metrics::NameWorkers(const RunInfo& run) {
+  absl::MutexLock lock(&names_mu_);
+  for (size_t id = 0; id < run.workers.size(); ++id) names_[id] = run.workers[id].name;
+  for (auto it = unnamed_wait_.begin(); it != unnamed_wait_.end();) {
+    auto name = names_.find(it->first);
+    if (name == names_.end()) {
+      ++it;
+      continue;
     }
+    barrier_wait_.Add({{"worker", name->second}}).Increment(it->second);
+    it = unnamed_wait_.erase(it);
   }
+}
+
+void Metrics::SetFromRun(const RunInfo& run, const StepProgress& progress) {
+  NameWorkers(run);
   int completed = 0;
   int revisions = 0;
   std::set<int> removed;

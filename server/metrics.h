@@ -45,6 +45,8 @@ class Metrics : public JobObserver, public CallObserver {
   void SetFromRun(const RunInfo& run, const StepProgress& progress);
   // The worker label of id `id`: its name.
   static std::string WorkerLabel(const RunInfo& run, int id);
+  // Learns the workers' names and labels the barrier waits counted before them.
+  void NameWorkers(const RunInfo& run);
   // Workers by id (the barrier-wait counters are labelled by name once it is known).
   absl::Mutex names_mu_;
   std::map<int, std::string> names_ ABSL_GUARDED_BY(names_mu_);

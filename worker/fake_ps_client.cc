@@ -138,22 +138,9 @@ bool FakePsClient::MaybeRestart(int epoch, int step) {
   return true;
 }
 
-absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch, int step,
-                                                       int num_samples, double loss_sum,
-                                                       double compute_seconds,
-                                                       absl::Span<const float> gradient,
-                                                       absl::Span<float> params) {
-  if (clock_ != nullptr) clock_->Advance(config_.push_time);
-  if (epoch == evict_at_.first && step == evict_at_.second) evicted_ = true;
-  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
-  MaybeRestart(epoch, step);
-  if (std::make_pair(epoch, step) == forget_revision_at_ && epoch == epoch_) {
-    forget_revision_at_ = {-1, -1};
-    reconnected_ = true;
-    ++restarts_;
-    schedule_ = before_revision_;
-    test_range_ = test_before_revision_;
-  }
+absl::Status FakePsClient::CheckPush(int epoch, int step, int num_samples,
+                                     absl::Span<const float> gradient,
+                                     absl::Span<float> params) const {
   const int num_steps = static_cast<int>(schedule_.size());
   if (epoch != epoch_ || step != step_ || step_ >= num_steps) {
     return absl::FailedPreconditionError(absl::StrCat("push for epoch ", epoch, " step ", step,
@@ -171,6 +158,45 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
   if (params.size() != params_.size()) {
     return absl::InvalidArgumentError("the parameter buffer does not match the model");
   }
+  return absl::OkStatus();
+}
+
+void FakePsClient::ReviseAt(int epoch, int step, StepOutcome* out) {
+  auto rev = revisions_at_.find({epoch, step});
+  if (rev == revisions_at_.end()) return;
+  out->revised = true;
+  out->revision = rev->second;
+  out->revision.revision = ++revision_;
+  // The server follows its own revision (when it is well-formed).
+  if (rev->second.from_step == step + 1 &&
+      rev->second.num_steps == rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
+    before_revision_ = schedule_;
+    test_before_revision_ = test_range_;
+    schedule_.resize(rev->second.num_steps);
+    std::copy(rev->second.steps.begin(), rev->second.steps.end(),
+              schedule_.begin() + rev->second.from_step);
+    test_range_ = rev->second.test_range;
+  }
+  revisions_at_.erase(rev);
+}
+
+absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch, int step,
+                                                       int num_samples, double loss_sum,
+                                                       double compute_seconds,
+                                                       absl::Span<const float> gradient,
+                                                       absl::Span<float> params) {
+  if (clock_ != nullptr) clock_->Advance(config_.push_time);
+  if (epoch == evict_at_.first && step == evict_at_.second) evicted_ = true;
+  if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  MaybeRestart(epoch, step);
+  if (std::make_pair(epoch, step) == forget_revision_at_ && epoch == epoch_) {
+    forget_revision_at_ = {-1, -1};
+    reconnected_ = true;
+    ++restarts_;
+    schedule_ = before_revision_;
+    test_range_ = test_before_revision_;
+  }
+  if (absl::Status s = CheckPush(epoch, step, num_samples, gradient, params); !s.ok()) return s;
   for (size_t i = 0; num_samples > 0 && i < params_.size(); ++i) {
     params_[i] -= config_.learning_rate * gradient[i];
   }
@@ -181,24 +207,7 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
   out.global_loss = num_samples > 0 ? loss_sum / num_samples : 0.0;
   out.global_samples = num_samples;
   out.version = version_;
-  auto rev = revisions_at_.find({epoch, step});
-  if (rev != revisions_at_.end()) {
-    out.revised = true;
-    out.revision = rev->second;
-    out.revision.revision = ++revision_;
-    // The server follows its own revision (when it is well-formed).
-    if (rev->second.from_step == step + 1 &&
-        rev->second.num_steps ==
-            rev->second.from_step + static_cast<int>(rev->second.steps.size())) {
-      before_revision_ = schedule_;
-      test_before_revision_ = test_range_;
-      schedule_.resize(rev->second.num_steps);
-      std::copy(rev->second.steps.begin(), rev->second.steps.end(),
-                schedule_.begin() + rev->second.from_step);
-      test_range_ = rev->second.test_range;
-    }
-    revisions_at_.erase(rev);
-  }
+  ReviseAt(epoch, step, &out);
   ++step_;
   checkpoints_[step_] = params_;
   return out;

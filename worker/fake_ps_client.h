@@ -87,6 +87,11 @@ class FakePsClient : public PsClient {
 
  private:
   absl::Status CheckWorker(int worker_id) const;
+  // A push's step, sample count and sizes against the server's state.
+  absl::Status CheckPush(int epoch, int step, int num_samples, absl::Span<const float> gradient,
+                         absl::Span<float> params) const;
+  // The revision set for (epoch, step), if any, goes into `out` and the server follows it.
+  void ReviseAt(int epoch, int step, StepOutcome* out);
   // Restarts the server when a scripted restart is due at (epoch, step); true when it did.
   bool MaybeRestart(int epoch, int step);
   void StartEpoch(int epoch);
