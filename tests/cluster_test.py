@@ -909,7 +909,8 @@ class ShardedRestartTest(ProcessTestCase):
         after both are killed, the restarted leader restores its newest and the follower its
         own checkpoint of the same step.
 
-        Both are killed as the leader begins its next checkpoint: the workers then often hold
+        Both are killed a step or so after the leader begins its next checkpoint (the leader
+        first, the follower 5 ms later): the workers then often hold
         the follower's answer to the step but not the leader's, and retry their pushes into the
         restarted leader, which must have them resume and redo the step on both shards first
         (TrainingJob::AdmitPush; taking the retried pushes stalled the restored follower)."""
