@@ -910,10 +910,10 @@ class ShardedRestartTest(ProcessTestCase):
         own checkpoint of the same step.
 
         Both are killed a step or so after the leader begins its next checkpoint (the leader
-        first, the follower 5 ms later): the workers then often hold
-        the follower's answer to the step but not the leader's, and retry their pushes into the
-        restarted leader, which must have them resume and redo the step on both shards first
-        (TrainingJob::AdmitPush; taking the retried pushes stalled the restored follower)."""
+        first, the follower 5 ms later): the workers then often hold the follower's answer to
+        the step but not the leader's, and retry their pushes into the restarted leader, which
+        must have them resume and redo the step on both shards first (TrainingJob::AdmitPush;
+        taking the retried pushes stalled the restored follower)."""
         leader, port, follower, fport, procs = self.start_training()
         held = set(os.listdir(self.ckpt[0]))
         deadline = time.monotonic() + 60
