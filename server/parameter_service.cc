@@ -382,6 +382,16 @@ ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
   return values_;
 }
 
+bool ParameterServiceImpl::AnswersHoldASlot() {
+  absl::MutexLock lock(&values_mu_);
+  ReleaseValuesLocked();
+  absl::MutexLock shm(&shm_mu_);
+  for (const auto& hold : slot_holds_) {
+    if (hold != nullptr && hold.use_count() > 1) return true;
+  }
+  return false;
+}
+
 void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) {
   const size_t count = after->size();
   bool shared = false;

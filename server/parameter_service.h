@@ -131,6 +131,10 @@ class ParameterServiceImpl final : public ParameterRawService,
   // the field's values are the snapshot's own memory: only its head is written; in 16 bits with
   // shared memory on they are the encoded parameter slot.
   ValuesField ValuesOf(const ParameterSnapshot& snapshot);
+  // Lets go of the cached answer (as the next update does) and says whether an answer gRPC has
+  // not yet let go of still holds an encoded parameter slot, which the next update then leaves
+  // as it is. For tests that need gRPC's last answer released.
+  bool AnswersHoldASlot();
 
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,

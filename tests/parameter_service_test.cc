@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/call_observer.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
@@ -526,6 +528,13 @@ TEST_F(Bf16ServiceTest, OneSlotHoldsTheNewestVersionUnlessAnAnswerStillSendsIt) 
   std::vector<float> values(3);
   ASSERT_TRUE(slots.Read(0, absl::MakeSpan(values))) << "the registration's answer wrote it";
   EXPECT_EQ(values, (std::vector<float>{1, 2, 3}));
+  // The registrations' answers were sent from the slot; gRPC lets go of them a moment after the
+  // workers have them.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (parameter_service_->AnswersHoldASlot() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_FALSE(parameter_service_->AnswersHoldASlot()) << "gRPC still sends an answer";
 
   // Step 0 (version 1): worker 0 reads it from the slot, which no longer holds version 0;
   // worker 1's answer over gRPC carries the same bytes.
