@@ -64,6 +64,16 @@ void SlicePool::Release(void* p) {
   delete buffer;
 }
 
+size_t SlicePool::DropFree() {
+  std::vector<Buffer*> free;
+  {
+    absl::MutexLock lock(&mu_);
+    free.swap(free_);
+  }
+  for (Buffer* b : free) delete b;
+  return free.size();
+}
+
 int64_t SlicePool::allocations() const {
   absl::MutexLock lock(&mu_);
   return allocations_;

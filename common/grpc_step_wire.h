@@ -35,6 +35,10 @@ class SlicePool : public std::enable_shared_from_this<SlicePool> {
   // A slice of `bytes` bytes; `*data` is where to write them before the slice is shared.
   grpc::Slice Acquire(size_t bytes, uint8_t** data);
 
+  // Lets go of the free buffers (a caller that will not need them for a while); returns how
+  // many.
+  size_t DropFree();
+
   // Buffers allocated so far (for tests: steady state allocates none).
   int64_t allocations() const;
 

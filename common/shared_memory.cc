@@ -131,58 +131,31 @@ RegionLocation SharedRegion::location() const {
   return where;
 }
 
-int ParameterSlots::SlotsFor(WireDtype dtype) { return dtype == WireDtype::kFp32 ? 2 : 1; }
-
-size_t ParameterSlots::RegionBytes(size_t count, WireDtype dtype) {
-  return kPage +
-         static_cast<size_t>(SlotsFor(dtype)) * RoundUp(count * BytesPerValue(dtype), kPage);
+size_t ParameterSlots::RegionBytes(size_t count) {
+  return kPage + 2 * RoundUp(count * sizeof(float), kPage);
 }
 
-ParameterSlots::ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype)
-    : region_(region),
-      count_(count),
-      dtype_(dtype),
-      slots_(SlotsFor(dtype)),
-      slot_bytes_(RoundUp(count * BytesPerValue(dtype), kPage)) {}
+ParameterSlots::ParameterSlots(SharedRegion* region, size_t count)
+    : region_(region), count_(count), slot_bytes_(RoundUp(count * sizeof(float), kPage)) {}
 
 void ParameterSlots::Clear() {
   VersionOf(region_->data(), 0)->store(-1, std::memory_order_release);
   VersionOf(region_->data(), 1)->store(-1, std::memory_order_release);
 }
 
-const uint8_t* ParameterSlots::Slot(int64_t version) const { return Bytes(IndexOf(version)); }
-
-const uint8_t* ParameterSlots::Bytes(int index) const {
-  return region_->data() + kPage + static_cast<size_t>(index) * slot_bytes_;
+const float* ParameterSlots::Slot(int64_t version) const {
+  return reinterpret_cast<const float*>(region_->data() + kPage +
+                                        static_cast<size_t>(IndexOf(version)) * slot_bytes_);
 }
 
 int64_t ParameterSlots::HeldVersion(int index) const {
   return VersionOf(region_->data(), index)->load(std::memory_order_acquire);
 }
 
-void ParameterSlots::BeginWrite(int64_t version) {
-  writing_ = version;
-  MarkEmpty(IndexOf(version));
-}
-
-void ParameterSlots::Write(size_t offset, absl::Span<const float> values) {
-  if (writing_ < 0 || offset > count_ || values.size() > count_ - offset) return;
-  const size_t width = BytesPerValue(dtype_);
-  EncodeValues(values, dtype_, const_cast<uint8_t*>(Slot(writing_)) + offset * width);
-}
-
-void ParameterSlots::EndWrite(bool ok) {
-  if (writing_ < 0) return;
-  if (ok) MarkHolds(writing_);
-  writing_ = -1;
-}
-
-float* ParameterSlots::Fp32Slot(int index) {
-  return reinterpret_cast<float*>(const_cast<uint8_t*>(Bytes(index)));
-}
+float* ParameterSlots::Fp32Slot(int index) { return const_cast<float*>(Slot(index)); }
 
 void ParameterSlots::MarkEmpty(int index) {
-  VersionOf(region_->data(), index % slots_)->store(-1, std::memory_order_relaxed);
+  VersionOf(region_->data(), index % 2)->store(-1, std::memory_order_relaxed);
   // Readers that see any of the new values see the slot marked empty.
   std::atomic_thread_fence(std::memory_order_release);
 }
@@ -197,11 +170,11 @@ bool ParameterSlots::Holds(int64_t version) const {
          VersionOf(region_->data(), IndexOf(version))->load(std::memory_order_acquire) == version;
 }
 
-bool ParameterSlots::Read(int64_t version, absl::Span<float> out) const {
+bool ParameterSlots::Read(int64_t version, absl::Span<float> out, WireDtype rounded_as) const {
   if (version < 0 || out.size() != count_) return false;
   std::atomic<int64_t>* stamp = VersionOf(region_->data(), IndexOf(version));
   if (stamp->load(std::memory_order_acquire) != version) return false;
-  DecodeValues(Slot(version), dtype_, out);
+  CopyRoundedAsWire(Slot(version), count_, rounded_as, out.data());
   std::atomic_thread_fence(std::memory_order_acquire);
   return stamp->load(std::memory_order_relaxed) == version;
 }

@@ -54,62 +54,47 @@ class SharedRegion {
   int fd_;  // -1 for an opened region
 };
 
-// The server's answers in shared memory: slots of the model's values in the wire dtype, each
-// stamped with the version it holds; version v lies in slot v % slots.
-//  - fp32: two slots, which are the server's own two snapshot buffers (Fp32Slot): the server
-//    writes a version (its running sum lies there first) while the workers may still read the
-//    one before, in the other slot, and writes into a slot only after every worker of the step
-//    has pushed, that is, has read the version the slot held two versions ago.
-//  - bf16 and fp16: one slot, the encoded copy of the newest version, which the server writes
-//    only once every worker of the step has pushed, that is, has read the version it held.
+// The server's answers in shared memory: two slots of the model's values in fp32, which are
+// the server's own two snapshot buffers (Fp32Slot), each stamped with the version it holds;
+// version v lies in slot v % 2. The server writes a version there (its running sum lies there
+// first) while the workers may still read the one before, in the other slot, and writes into a
+// slot only after every worker of the step has pushed, that is, has read the version the slot
+// held two versions ago. The values are fp32 whatever the job's wire dtype: a reader of a 16-bit
+// job rounds them as the wire would (Read), so it gets what an answer over gRPC carries.
 // A reader checks the slot's version before and after its copy (a sequence lock): a copy that
 // raced a write is refused, never returned torn.
 class ParameterSlots {
  public:
-  // How many slots a region of `dtype` values has (see above).
-  static int SlotsFor(WireDtype dtype);
-  // The region's size for `count` values of `dtype`.
-  static size_t RegionBytes(size_t count, WireDtype dtype);
+  // The region's size for `count` values.
+  static size_t RegionBytes(size_t count);
   // Over `region` (which must be RegionBytes long; it is not owned and must outlive this).
-  ParameterSlots(SharedRegion* region, size_t count, WireDtype dtype);
+  ParameterSlots(SharedRegion* region, size_t count);
 
   // Writer (the server): marks every slot empty.
   void Clear();
-  // Starts writing `version` into its slot (marked empty until EndWrite).
-  void BeginWrite(int64_t version);
-  // Values [offset, offset + values.size()) of the version begun.
-  void Write(size_t offset, absl::Span<const float> values);
-  // The version begun is in its slot (`ok`) or the slot stays empty.
-  void EndWrite(bool ok);
   // True when `version`'s slot holds it.
   bool Holds(int64_t version) const;
-  // The slot `version` lies in, the version slot `index` holds (-1: none) and its bytes (the
-  // model's values in the wire dtype, `value_bytes()` long).
-  int IndexOf(int64_t version) const { return static_cast<int>(version % slots_); }
+  // The slot `version` lies in and the version slot `index` holds (-1: none).
+  static int IndexOf(int64_t version) { return static_cast<int>(version % 2); }
   int64_t HeldVersion(int index) const;
-  const uint8_t* Bytes(int index) const;
-  size_t value_bytes() const { return count_ * BytesPerValue(dtype_); }
   size_t count() const { return count_; }
 
-  // Where the slots are the writer's own buffers of values (fp32): slot `index`'s memory,
-  // marked empty before anything is written there and stamped with the version it holds once
-  // that is all written.
+  // Slot `index`'s memory (the writer's), marked empty before anything is written there and
+  // stamped with the version it holds once that is all written.
   float* Fp32Slot(int index);
   void MarkEmpty(int index);
   void MarkHolds(int64_t version);
 
-  // Reader (a worker): copies `version`'s values into `out` (count values); false when its
-  // slot does not hold it, before or after the copy.
-  bool Read(int64_t version, absl::Span<float> out) const;
+  // Reader (a worker): copies `version`'s values into `out` (count values), rounded as
+  // `rounded_as` rounds them on the wire; false when its slot does not hold it, before or
+  // after the copy.
+  bool Read(int64_t version, absl::Span<float> out, WireDtype rounded_as = WireDtype::kFp32) const;
 
  private:
-  const uint8_t* Slot(int64_t version) const;
+  const float* Slot(int64_t version) const;
   SharedRegion* const region_;
   const size_t count_;
-  const WireDtype dtype_;
-  const int slots_;
   const size_t slot_bytes_;
-  int64_t writing_ = -1;
 };
 
 }  // namespace dbs

@@ -151,6 +151,33 @@ void DecodeValues(const uint8_t* in, WireDtype dtype, absl::Span<float> out) {
   }
 }
 
+namespace {
+
+template <uint16_t (*kToHalf)(float), float (*kFromHalf)(uint16_t)>
+void RoundHalves(const float* in, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = kFromHalf(kToHalf(in[i]));
+}
+
+// bf16's, compiled for AVX2 too (multiversion.h), as its encode is.
+DBS_WIDE_VECTORS void RoundBf16(const float* in, size_t n, float* out) {
+  RoundHalves<FloatToBf16, Bf16ToFloat>(in, n, out);
+}
+
+}  // namespace
+
+void CopyRoundedAsWire(const float* in, size_t n, WireDtype dtype, float* out) {
+  if (n == 0) return;
+  switch (dtype) {
+    case WireDtype::kFp32:
+      if (in != out) std::memcpy(out, in, n * sizeof(float));
+      return;
+    case WireDtype::kBf16:
+      return RoundBf16(in, n, out);
+    case WireDtype::kFp16:
+      return RoundHalves<FloatToFp16, Fp16ToFloat>(in, n, out);
+  }
+}
+
 absl::Status WirePayload::CheckCount(size_t count) const {
   const size_t bpv = BytesPerValue(dtype);
   if (bytes % bpv != 0 || bytes / bpv != count) {

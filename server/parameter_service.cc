@@ -106,9 +106,11 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
                        SharedRegion::Open(where, kGradientRegion));
   absl::MutexLock lock(&shm_mu_);
-  // Made at registration (CreateSnapshotBuffers) unless that failed: tried again here, and the
-  // worker told why if it fails again.
-  if (slots_ == nullptr) DBS_RETURN_IF_ERROR(MakeSlotsLocked(count, wire_dtype_));
+  // Made at registration as the store's snapshot buffers (CreateSnapshotBuffers), or not at all.
+  if (slots_ == nullptr || slots_->count() != count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this dbs_ps keeps no parameters in shared memory (", no_slots_, "): push over gRPC"));
+  }
   gradients_[req.worker_id()] = std::move(region);
   TellSharingLocked();
   const RegionLocation slots = slots_region_->location();
@@ -119,7 +121,7 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
 }
 
 void ParameterServiceImpl::Registered() {
-  if (registered_hook_ && !registered_told_.exchange(true)) registered_hook_();
+  if (freed_memory_hook_ && !registered_told_.exchange(true)) freed_memory_hook_();
 }
 
 void ParameterServiceImpl::ServeSharedMemory(bool on) {
@@ -127,35 +129,29 @@ void ParameterServiceImpl::ServeSharedMemory(bool on) {
   store_->SetSnapshotMemory(on ? this : nullptr);
 }
 
-absl::Status ParameterServiceImpl::MakeSlotsLocked(size_t count, WireDtype dtype) {
-  DBS_ASSIGN_OR_RETURN(
-      std::shared_ptr<SharedRegion> region,
-      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count, dtype)));
+std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshotBuffers(
+    size_t count) {
+  absl::MutexLock lock(&shm_mu_);
   // A former model size's slots (a restored checkpoint of another model) go once nothing holds
   // them; the workers attached to them attach again.
   gradients_.clear();
   TellSharingLocked();
-  slots_region_ = std::move(region);
-  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count, dtype);
-  slots_->Clear();
-  slots_are_snapshots_ = false;
-  for (auto& hold : slot_holds_) {
-    hold = std::make_shared<std::shared_ptr<SharedRegion>>(slots_region_);
-  }
-  return absl::OkStatus();
-}
-
-std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshotBuffers(
-    size_t count) {
-  const bool snapshots = ValuesAreTheSnapshot();
-  absl::MutexLock lock(&shm_mu_);
-  // Without a region the snapshots stay on the heap; an attach then tries to make slots of
-  // its own and tells the worker why it cannot. In 16 bits the slot holds the encoded values
-  // and the snapshots stay on the heap too.
-  if (!MakeSlotsLocked(count, snapshots ? WireDtype::kFp32 : wire_dtype_).ok() || !snapshots) {
+  slots_.reset();
+  slots_region_.reset();
+  if (!Fp32IsWireOrder()) {
+    // The slots hold the values as they lie in memory, which a worker reads as the wire's.
+    no_slots_ = "this machine's floats are not little-endian";
     return {};
   }
-  slots_are_snapshots_ = true;
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count));
+  if (!region.ok()) {  // the snapshots stay on the heap, the answers go over gRPC
+    no_slots_ = std::string(region.status().message());
+    return {};
+  }
+  slots_region_ = std::move(*region);
+  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count);
+  slots_->Clear();
   std::array<std::shared_ptr<ValueBuffer>, 2> buffers;
   for (int i = 0; i < 2; ++i) {
     buffers[i] = std::make_shared<ValueBuffer>(slots_->Fp32Slot(i), count, slots_region_);
@@ -165,12 +161,12 @@ std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshot
 
 void ParameterServiceImpl::SnapshotWriting(int index) {
   absl::MutexLock lock(&shm_mu_);
-  if (slots_are_snapshots_) slots_->MarkEmpty(index);
+  if (slots_ != nullptr) slots_->MarkEmpty(index);
 }
 
 void ParameterServiceImpl::SnapshotPublished(int index, int64_t version) {
   absl::MutexLock lock(&shm_mu_);
-  if (slots_are_snapshots_ && version % 2 == index) slots_->MarkHolds(version);
+  if (slots_ != nullptr && version % 2 == index) slots_->MarkHolds(version);
 }
 
 void ParameterServiceImpl::DropSharedMemory(const std::set<int>& workers) {
@@ -228,22 +224,19 @@ bool ParameterServiceImpl::SharesSlotOf(int64_t version, int worker) const {
 
 ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
                                                bool shared) {
-  if (!shared) return ValuesOf(snap);
-  // A version that is not in its slot lies elsewhere (the slot was held when its update began)
-  // and goes over gRPC; in 16 bits ValuesOf may write it into the slot first.
-  if (!SharesSlotOf(snap.version, worker)) {
-    ValuesField values = ValuesOf(snap);
-    if (!SharesSlotOf(snap.version, worker)) {
-      if (hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
-      return values;
-    }
+  if (shared && SharesSlotOf(snap.version, worker)) {
+    v1::PushGradientReply field;
+    v1::FlatParameters* values = field.mutable_values();
+    values->set_version(snap.version);
+    values->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
+    values->set_in_shared_memory(true);
+    return ValuesField{grpc::Slice(field.SerializeAsString()), grpc::Slice()};
   }
-  v1::PushGradientReply field;
-  v1::FlatParameters* values = field.mutable_values();
-  values->set_version(snap.version);
-  values->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
-  values->set_in_shared_memory(true);
-  return ValuesField{grpc::Slice(field.SerializeAsString()), grpc::Slice()};
+  // A version that is not in its slot lies elsewhere (the slot was held when its update began)
+  // and goes over gRPC.
+  if (shared && hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
+  grpc_answers_.store(true, std::memory_order_relaxed);
+  return ValuesOf(snap);
 }
 
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
@@ -337,59 +330,16 @@ ValuesField ParameterServiceImpl::NewField(int64_t version,
                      pool_->Acquire(count * BytesPerValue(wire_dtype_), encode_to)};
 }
 
-ValuesField ParameterServiceImpl::SlotFieldLocked(int64_t version, int index) {
-  uint8_t head[64];
-  const size_t n = WriteValuesFieldHead(version, wire_dtype_, slots_->count(), head);
-  return ValuesField{
-      grpc::Slice(head, n),
-      SliceOfMemory(slots_->Bytes(index), slots_->value_bytes(), slot_holds_[index])};
-}
-
-ValuesField ParameterServiceImpl::EncodedSlotValuesLocked(const ParameterSnapshot& snap) {
-  absl::MutexLock lock(&shm_mu_);
-  if (slots_ == nullptr || slots_are_snapshots_ || slots_->count() != snap.values->size()) {
-    return {};
-  }
-  const int index = slots_->IndexOf(snap.version);
-  if (!slots_->Holds(snap.version)) {
-    // Written here (the first registration's version, or one whose update found the slot held)
-    // only while no update writes the slots, no answer over gRPC still sends what the slot
-    // holds, and that is an older version, which every sharing worker has read (it pushed since).
-    if (updating_slot_ || slot_holds_[index].use_count() != 1 ||
-        slots_->HeldVersion(index) > snap.version) {
-      return {};
-    }
-    slots_->BeginWrite(snap.version);
-    slots_->Write(0, *snap.values);
-    slots_->EndWrite(true);
-  }
-  return SlotFieldLocked(snap.version, index);
-}
-
 ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
-  grpc_answers_.store(true, std::memory_order_relaxed);
   absl::MutexLock lock(&values_mu_);
   if (values_of_.values != snap.values || values_of_.version != snap.version) {
     ReleaseValuesLocked();
-    values_ = EncodedSlotValuesLocked(snap);
-    if (values_.size() == 0) {
-      uint8_t* encode_to = nullptr;
-      values_ = NewField(snap.version, snap.values, &encode_to);
-      if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
-    }
+    uint8_t* encode_to = nullptr;
+    values_ = NewField(snap.version, snap.values, &encode_to);
+    if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
     values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
   }
   return values_;
-}
-
-bool ParameterServiceImpl::AnswersHoldASlot() {
-  absl::MutexLock lock(&values_mu_);
-  ReleaseValuesLocked();
-  absl::MutexLock shm(&shm_mu_);
-  for (const auto& hold : slot_holds_) {
-    if (hold != nullptr && hold.use_count() > 1) return true;
-  }
-  return false;
 }
 
 void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) {
@@ -401,32 +351,20 @@ void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const Va
     progress_ = Progress{};
     absl::MutexLock shm(&shm_mu_);
     shared = slots_ != nullptr && !gradients_.empty();
-    // Where the slots hold encoded values (16 bits) the update encodes the new values into the
-    // version's slot, block by block while they are in the cache, and the answers over gRPC send
-    // that slot too: unless one still sends what the slot holds, when this version's answers
-    // come from a buffer of their own (below) and the sharing workers get it over gRPC.
-    shm_writing_ = nullptr;
-    if (slots_ != nullptr && !slots_are_snapshots_ && slots_->count() == count) {
-      const int index = slots_->IndexOf(version);
-      if (slot_holds_[index].use_count() == 1) {
-        slots_->BeginWrite(version);
-        shm_writing_ = slots_.get();
-        updating_slot_ = true;
-        updating_ = SlotFieldLocked(version, index);
-      } else if (slots_->HeldVersion(index) >= version) {
-        slots_->MarkEmpty(index);  // from before a restored checkpoint: not this version
-      }
-    }
   }
   // Where every answer of the last version came from the slots, this one's are not serialized
   // for gRPC as the update runs (in 16 bits that is a pass over the model and a buffer of its
-  // own): an answer over gRPC after all serializes them on first use (ValuesOf).
+  // own): an answer over gRPC after all serializes them on first use (ValuesOf). The buffers
+  // kept for such encodings go too (the registration's, in a job whose workers all share
+  // memory), so that a job that sends nothing over gRPC keeps no encoded copy of the model.
   const bool for_grpc = grpc_answers_.exchange(false) || !shared;
-  if (for_grpc && shm_writing_ == nullptr) {
+  if (for_grpc) {
     // In fp32 the answers send the new values from the buffer the update writes them into:
     // ranges of it are sent only once final, and the store does not reuse it while a slice
     // holds it. Otherwise WriteUpdate encodes them into the field's own buffer.
     updating_ = NewField(version, std::move(after), &updating_values_);
+  } else if (pool_->DropFree() > 0 && freed_memory_hook_) {
+    freed_memory_hook_();
   }
   absl::MutexLock lock(&values_mu_);
   progress_.version = version;
@@ -435,7 +373,6 @@ void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const Va
 }
 
 void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
-  if (shm_writing_ != nullptr) shm_writing_->Write(offset, values);
   if (updating_values_ == nullptr) return;  // the field's body is the update's buffer
   EncodeValues(values, wire_dtype_, updating_values_ + offset * BytesPerValue(wire_dtype_));
 }
@@ -444,10 +381,7 @@ void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot)
   ValuesField done = std::move(updating_);
   updating_ = ValuesField{};
   updating_values_ = nullptr;
-  if (shm_writing_ != nullptr) shm_writing_->EndWrite(ok);
-  shm_writing_ = nullptr;
   absl::MutexLock lock(&values_mu_);
-  updating_slot_ = false;
   if (!ok) {
     progress_ = Progress{};  // its streams get the step's error
     return;

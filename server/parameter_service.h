@@ -93,9 +93,12 @@ class ParameterServiceImpl final : public ParameterRawService,
   // and every worker pushes over gRPC. On, in fp32, the store's snapshots lie in the parameter
   // slots (SnapshotMemory below), made at registration. Set before serving.
   void ServeSharedMemory(bool on);
-  // `hook` (null: none) is called once, after the first registration has stored the model's
-  // values and let go of its own copy of them. Set before serving.
-  void SetRegisteredHook(std::function<void()> hook) { registered_hook_ = std::move(hook); }
+  // `hook` (null: none) is called when the service has let go of model-sized memory it will not
+  // need again soon, so that the allocator can hand it back: once after the first registration
+  // has stored the model's values and let go of its own copy of them, and whenever an update
+  // lets go of the buffers kept for encoding answers over gRPC because the last version's
+  // answers all went through shared memory. Set before serving.
+  void SetFreedMemoryHook(std::function<void()> hook) { freed_memory_hook_ = std::move(hook); }
   // Workers whose pushes may travel in shared memory now.
   int shared_memory_workers() const;
   // Lets go of `workers`' regions (removed from the job): their memory is freed once no push
@@ -128,13 +131,9 @@ class ParameterServiceImpl final : public ParameterRawService,
   // The step's parameters serialized for the replies: once per snapshot, shared by all. An
   // update's are serialized as it produces them (the UpdateSink below); others (the first
   // registration's, a restored checkpoint's) on first use. In fp32 on a little-endian machine
-  // the field's values are the snapshot's own memory: only its head is written; in 16 bits with
-  // shared memory on they are the encoded parameter slot.
+  // the field's values are the snapshot's own memory: only its head is written; in 16 bits they
+  // are encoded into a pooled buffer of their own.
   ValuesField ValuesOf(const ParameterSnapshot& snapshot);
-  // Lets go of the cached answer (as the next update does) and says whether an answer gRPC has
-  // not yet let go of still holds an encoded parameter slot, which the next update then leaves
-  // as it is. For tests that need gRPC's last answer released.
-  bool AnswersHoldASlot();
 
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
@@ -152,8 +151,7 @@ class ParameterServiceImpl final : public ParameterRawService,
   // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
   static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
   // The values of a push's answer: the version only where the worker asked for them in shared
-  // memory (`shared`), is attached and the slots hold them (an encoded slot may be written by
-  // ValuesOf first); otherwise ValuesOf.
+  // memory (`shared`), is attached and the slots hold them; otherwise ValuesOf.
   ValuesField AnswerValues(const ParameterSnapshot& snap, int worker, bool shared);
   // Whether `worker` is attached and `version` lies in its slot.
   bool SharesSlotOf(int64_t version, int worker) const;
@@ -187,26 +185,17 @@ class ParameterServiceImpl final : public ParameterRawService,
   bool ValuesAreTheSnapshot() const;
   // Lets go of the cached serialized version, before the next one is written.
   void ReleaseValuesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
-  // New parameter slots for `count` values of `dtype` (replacing any, and every worker's
-  // region): not the store's snapshots until CreateSnapshotBuffers says so.
-  absl::Status MakeSlotsLocked(size_t count, WireDtype dtype)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
-  // The field of `version` whose body is slot `index` itself (held while gRPC sends it).
-  ValuesField SlotFieldLocked(int64_t version, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
-  // Where the slots hold encoded values: `snap`'s field from its slot, written there first if
-  // it may be; empty where the slot cannot serve it.
-  ValuesField EncodedSlotValuesLocked(const ParameterSnapshot& snap)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(values_mu_);
   // UpdateSink: the store's update writes the new values into the next answers' buffer.
   void BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) override;
   void WriteUpdate(size_t offset, absl::Span<const float> values) override;
   void EndUpdate(bool ok, const ParameterSnapshot& snapshot) override;
   // SnapshotMemory (with shared memory on): the parameter slots are made when the store first
-  // holds a model of that size. In fp32 the store's two snapshot buffers are the slots, so the
-  // workers that share memory read the values where the update wrote them, and the server keeps
-  // no second copy; the store stamps a slot as it publishes a version there and marks it empty
-  // before it writes it again. In 16 bits the one slot holds the encoded values, the snapshots
-  // stay on the heap.
+  // holds a model of that size, and the store's two snapshot buffers are the slots, whatever
+  // the wire dtype: the workers that share memory read the values where the update wrote them
+  // (a worker of a 16-bit job rounds them as the wire would), and the server keeps no second
+  // copy; the store stamps a slot as it publishes a version there and marks it empty before it
+  // writes it again. Where the slots cannot be made, the snapshots stay on the heap and every
+  // answer goes over gRPC.
   std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) override;
   void SnapshotWriting(int index) override;
   void SnapshotPublished(int index, int64_t version) override;
@@ -249,30 +238,24 @@ class ParameterServiceImpl final : public ParameterRawService,
   Gate gate_;
   bool push_sessions_ = true;
   bool shared_memory_ = true;
-  std::function<void()> registered_hook_;
+  std::function<void()> freed_memory_hook_;
   std::atomic<bool> registered_told_{false};
-  // Calls registered_hook_, the first time only.
+  // Calls freed_memory_hook_, the first time only.
   void Registered();
-  // Shared memory: the parameter slots, made at registration (at the first attach if that
-  // failed) and the store's snapshots in fp32 (`slots_are_snapshots_`); each attached worker's
-  // gradient region (a push's payload holds its region, so a replaced one stays mapped until
-  // summed). Where the slots hold encoded values, `slot_holds_[i]` is held by every slice of
-  // slot i that gRPC may still send: the slot is written only while nobody else holds it.
+  // Shared memory: the parameter slots, made at registration as the store's snapshots (null
+  // where they could not be: `no_slots_` says why); each attached worker's gradient region (a
+  // push's payload holds its region, so a replaced one stays mapped until summed).
   mutable absl::Mutex shm_mu_;
   std::shared_ptr<SharedRegion> slots_region_ ABSL_GUARDED_BY(shm_mu_);
   std::unique_ptr<ParameterSlots> slots_ ABSL_GUARDED_BY(shm_mu_);
-  bool slots_are_snapshots_ ABSL_GUARDED_BY(shm_mu_) = false;
-  std::array<std::shared_ptr<const void>, 2> slot_holds_ ABSL_GUARDED_BY(shm_mu_);
+  std::string no_slots_ ABSL_GUARDED_BY(shm_mu_) = "no model registered yet";
   std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
-  // The slots the update in progress writes (null: none); only the store's update touches it.
-  ParameterSlots* shm_writing_ = nullptr;
-  // Some answer since the last update began went over gRPC (ValuesOf, a streamed push).
-  std::atomic<bool> grpc_answers_{true};
+  // Some push's answer since the last update began went over gRPC (AnswerValues, a streamed
+  // push; not a registration's or a pull's, which every worker makes before it shares memory).
+  std::atomic<bool> grpc_answers_{false};
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
   ValuesField values_ ABSL_GUARDED_BY(values_mu_);
-  // An update is writing an encoded slot (BeginUpdate to EndUpdate).
-  bool updating_slot_ ABSL_GUARDED_BY(values_mu_) = false;
   // The update in progress: its field, and where its values are encoded to (none where the
   // field's body is the update's own buffer). Only the store's update touches them (under the
   // store's lock).

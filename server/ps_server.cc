@@ -90,7 +90,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
   // A shard of a sharded job may hold a push until its leader has done the step the worker
   // redoes, reading the worker's region only then: its shards share no memory.
   parameter_service_.ServeSharedMemory(config.shared_memory && config.num_shards <= 1);
-  parameter_service_.SetRegisteredHook(config.release_freed_memory);
+  parameter_service_.SetFreedMemoryHook(config.release_freed_memory);
   job_->SetRemovedHook([service = &parameter_service_](const std::set<int>& workers) {
     service->DropSharedMemory(workers);
   });

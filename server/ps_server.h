@@ -75,10 +75,12 @@ struct ServerConfig {
   int shard = 0;
   int num_shards = 1;
   std::string leader;
-  // Called once, when the model's first registration has stored its values: main hands the
-  // memory the allocator holds free back to the kernel (ReleaseFreedMemory), which is then
-  // mostly what that registration used for a moment (the values as received, gRPC's buffers
-  // for them) and the steps do not reuse where workers share memory. Null: nothing.
+  // Called when the model's first registration has stored its values, and when an update lets
+  // go of the buffers kept for encoding answers over gRPC that no answer needs any more (the
+  // workers share memory): main hands the memory the allocator holds free back to the kernel
+  // (ReleaseFreedMemory), which is then mostly what the registration used for a moment (the
+  // values as received and encoded, gRPC's buffers for them) and the steps do not reuse where
+  // workers share memory. Null: nothing.
   std::function<void()> release_freed_memory;
 };
 

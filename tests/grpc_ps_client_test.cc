@@ -26,6 +26,7 @@
 #include "common/shard_range.h"
 #include "common/status_matchers.h"
 #include "common/waiting_reactor.h"
+#include "common/wire_values.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -163,10 +164,11 @@ ServerConfig TwoWorkerConfig() {
   return c;
 }
 
-// Two workers of a TwoWorkerConfig job (plain SGD, lr 1), every value starting at 1, on clients
-// of `config` (the address set here), registered and holding epoch 0's plans. Step(s) pushes
-// both workers' gradients at once: worker w's is (w + 1) * (s + 1) / 64 on every value (exact in
-// fp32), so the mean is 1.5 * (s + 1) / 64 and the parameters fall by that at each step.
+// Two workers of a TwoWorkerConfig job (plain SGD, lr 1), every value starting at `initial`, on
+// clients of `config` (the address set here), registered and holding epoch 0's plans. Step(s)
+// pushes both workers' gradients at once: worker w's is (w + 1) * (s + 1) / 64 on every value
+// (exact in fp32 and bf16), so the mean is 1.5 * (s + 1) / 64 and the parameters fall by that
+// at each step; the workers get them rounded as the job's `dtype` rounds them on the wire.
 class TwoWorkerJob {
  public:
   void Start(ServerConfig c, GrpcClientConfig config, const ModelLayout& layout) {
@@ -177,6 +179,7 @@ class TwoWorkerJob {
     server_ = std::move(*server);
     config.address = "127.0.0.1:" + std::to_string(server_->port());
     n_ = static_cast<size_t>(TotalElements(layout));
+    expected_ = initial;
     for (int w = 0; w < 2; ++w) {
       GrpcClientConfig mine = config;
       if (w == 1 && !second_shares_memory) mine.shared_memory = false;
@@ -188,7 +191,7 @@ class TwoWorkerJob {
       ids_[w] = r->worker_id;
     }
     for (int w = 0; w < 2; ++w) {
-      ASSERT_THAT(clients_[w]->RegisterModel(ids_[w], layout, std::vector<float>(n_, 1.0f),
+      ASSERT_THAT(clients_[w]->RegisterModel(ids_[w], layout, std::vector<float>(n_, initial),
                                              absl::MakeSpan(params_[w])),
                   IsOk());
       absl::StatusOr<WorkerPlan> plan = clients_[w]->GetEpochPlan(ids_[w], 0);
@@ -216,15 +219,19 @@ class TwoWorkerJob {
     ASSERT_THAT(pushed[0], IsOk());
     ASSERT_THAT(pushed[1], IsOk());
     expected_ -= 1.5f * static_cast<float>(step + 1) / 64.0f;
+    std::vector<float> expected(n_, expected_);
+    RoundAsWire(absl::MakeSpan(expected), dtype);
     EXPECT_EQ(params_[0], params_[1]) << "step " << step;
-    EXPECT_EQ(params_[0], std::vector<float>(n_, expected_)) << "step " << step;
+    EXPECT_EQ(params_[0], expected) << "step " << step;
   }
 
   ~TwoWorkerJob() {
     if (server_ != nullptr) server_->Stop(absl::CancelledError("test over"));
   }
 
-  bool second_shares_memory = true;  // set before Start: worker 1 pushes over the socket
+  bool second_shares_memory = true;    // set before Start: worker 1 pushes over the socket
+  float initial = 1.0f;                // set before Start
+  WireDtype dtype = WireDtype::kFp32;  // the job's (set before Start)
   const RealClock clock_;
   std::unique_ptr<PsServer> server_;
   size_t n_ = 0;
@@ -232,7 +239,7 @@ class TwoWorkerJob {
   std::vector<float> params_[2];
   int ids_[2] = {0, 0};
   WorkerPlan plans_[2];
-  float expected_ = 1.0f;
+  float expected_ = 1.0f;  // the server's fp32 values
 };
 
 TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
@@ -446,7 +453,9 @@ INSTANTIATE_TEST_SUITE_P(SessionsOnAndOff, PushSessionTest,
 // gradient, and every answer's values are read from the server's slots; the parameters are
 // exactly those of pushes over the socket (TwoWorkerJob::Step checks every value), also where
 // one worker shares memory and the other does not, in fp32 and bf16, whatever the model's size
-// (3,000 values in chunks of 256 bytes would be 47-chunk streams over the socket).
+// (3,000 values in chunks of 256 bytes would be 47-chunk streams over the socket). The values
+// start at 1 + 2^-10, so that the server's fp32 values are no bf16 values: a worker of a bf16
+// job rounds what it reads from the slots (fp32) as the answers over the socket are rounded.
 struct SharedMemoryCase {
   WireDtype dtype;
   bool second_shares;
@@ -465,6 +474,8 @@ TEST_P(SharedMemoryTest, WorkersOnTheServersHostPushThroughSharedMemory) {
   config.stream_chunk_bytes = 256;
   TwoWorkerJob job;
   job.second_shares_memory = p.second_shares;
+  job.initial = 1.0f + 1.0f / 1024;
+  job.dtype = p.dtype;
   ASSERT_NO_FATAL_FAILURE(job.Start(c, config, kStreamedLayout));
   for (int step = 0; step < 4; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
   EXPECT_EQ(job.clients_[0]->shares_memory(), p.server_shares);
@@ -500,6 +511,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, SharedMemoryTest,
                          ::testing::Values(SharedMemoryCase{WireDtype::kFp32, true, true},
                                            SharedMemoryCase{WireDtype::kFp32, false, true},
                                            SharedMemoryCase{WireDtype::kBf16, true, true},
+                                           SharedMemoryCase{WireDtype::kBf16, false, true},
                                            SharedMemoryCase{WireDtype::kFp32, true, false}));
 
 // A sharded worker abandons the other shards' calls from another thread the moment one shard

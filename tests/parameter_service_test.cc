@@ -11,8 +11,6 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/call_observer.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
@@ -68,7 +66,7 @@ class ServiceTest : public ::testing::Test {
         job_->store(), job_->aggregator(),
         [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr,
         CallHooks{&sharing_, nullptr}, wire_dtype_);
-    parameter_service_->SetRegisteredHook([this] { ++registered_hooks_; });
+    parameter_service_->SetFreedMemoryHook([this] { ++registered_hooks_; });
     parameter_service_->ServeSharedMemory(serve_shared_memory_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -399,10 +397,10 @@ TEST_F(ServiceTest, SharedMemoryIsAttachedCheckedAndAnsweredFromTheSlots) {
   ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
   EXPECT_EQ(parameter_service_->shared_memory_workers(), 1);
   EXPECT_EQ(sharing_.workers(), 1) << "the observer (dbs_shared_memory_workers) is told";
-  EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3, WireDtype::kFp32));
+  EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3));
   auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
-  const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
+  const ParameterSlots slots(slots_region->get(), 3);
 
   // The region's values are checked as carried ones are; the bytes and the region not both.
   float* g = reinterpret_cast<float*>((*region)->data());
@@ -471,7 +469,7 @@ TEST_F(ServiceTest, TheSlotsAreTheStoresSnapshotsAndAHeldSlotsVersionGoesOverGrp
   ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
   auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
-  const ParameterSlots slots(slots_region->get(), 3, WireDtype::kFp32);
+  const ParameterSlots slots(slots_region->get(), 3);
   EXPECT_TRUE(slots.Holds(0)) << "the store published version 0 in its slot";
 
   // Step 0 (version 1, slot 1): worker 0 reads it from the slot, worker 1 gets it carried.
@@ -508,68 +506,41 @@ class Bf16ServiceTest : public ServiceTest {
   Bf16ServiceTest() { wire_dtype_ = WireDtype::kBf16; }
 };
 
-// In 16 bits one parameter slot holds the newest version's encoded values: the registration's
-// answer wrote version 0 there, each update writes its version there for the workers that share
-// memory and the answers over gRPC alike (no encoded copy of its own), unless an answer over
-// gRPC still sends what the slot holds: that version's answers then travel over gRPC from a
-// buffer of their own, and the slot is left as it was.
-TEST_F(Bf16ServiceTest, OneSlotHoldsTheNewestVersionUnlessAnAnswerStillSendsIt) {
+// In 16 bits the parameter slots are the store's fp32 snapshots too (no encoded copy beside
+// them): a worker that shares memory reads the values where the update wrote them, rounded as
+// the wire rounds them, the same values an answer over gRPC carries.
+TEST_F(Bf16ServiceTest, TheSlotsHoldTheFp32SnapshotsAndAReaderRoundsThemAsTheWire) {
   auto region = SharedRegion::Create("dbs-gradient", 6);  // the model's 3 values in bf16
   ASSERT_THAT(region, IsOk());
   v1::AttachSharedMemoryReply slots_at;
   ASSERT_THAT(Attach(0, (*region)->location(), &slots_at), IsOk());
-  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kBf16), 1);
-  EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3, WireDtype::kBf16));
-  EXPECT_LT(ParameterSlots::RegionBytes(3, WireDtype::kBf16),
-            ParameterSlots::RegionBytes(3, WireDtype::kFp32));
+  EXPECT_EQ(slots_at.parameters().bytes(), ParameterSlots::RegionBytes(3));
   auto slots_region = OpenSlots(slots_at);
   ASSERT_THAT(slots_region, IsOk());
-  const ParameterSlots slots(slots_region->get(), 3, WireDtype::kBf16);
-  std::vector<float> values(3);
-  ASSERT_TRUE(slots.Read(0, absl::MakeSpan(values))) << "the registration's answer wrote it";
-  EXPECT_EQ(values, (std::vector<float>{1, 2, 3}));
-  // The registrations' answers were sent from the slot; gRPC lets go of them a moment after the
-  // workers have them.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (parameter_service_->AnswersHoldASlot() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_FALSE(parameter_service_->AnswersHoldASlot()) << "gRPC still sends an answer";
+  const ParameterSlots slots(slots_region->get(), 3);
+  EXPECT_TRUE(slots.Holds(0)) << "the store published version 0 in its slot";
+  EXPECT_FALSE(job_->store()->Snapshot()->values->owns_memory());
 
-  // Step 0 (version 1): worker 0 reads it from the slot, which no longer holds version 0;
-  // worker 1's answer over gRPC carries the same bytes.
+  // Gradients whose update is no bf16 value: p = [1,2,3] - 0.5 * (2 * [0.2, 0, 0] + 2 * [0,
+  // 0.3, 0]) / 4 in fp32, after the gradients' own rounding to bf16 on the wire.
   v1::PushGradientReply r0, r1;
-  SharedStep(0, region->get(), {2, 0, 4}, {0, 2, 0}, &r0, &r1);
+  SharedStep(0, region->get(), {0.2f, 0, 0}, {0, 0.3f, 0}, &r0, &r1);
   EXPECT_TRUE(r0.values().in_shared_memory());
   EXPECT_EQ(r0.values().version(), 1);
-  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(values)));
-  EXPECT_EQ(values, (std::vector<float>{0.5f, 1.5f, 2.0f}));
-  EXPECT_FALSE(slots.Holds(0));
-  EXPECT_EQ(Carried(r1), values);
-
-  // An answer of version 1 still being sent holds the slot: step 1 (version 2) leaves it as it
-  // was, and worker 0's answer carries the values.
   const ParameterSnapshot one = *job_->store()->Snapshot();
-  ValuesField held = parameter_service_->ValuesOf(one);
-  const std::string held_bytes = Bytes(held);
-  EXPECT_EQ(held_bytes, Expected(one, WireDtype::kBf16));
-  SharedStep(1, region->get(), {4, 0, 0}, {0, 0, 4}, &r0, &r1);
-  EXPECT_FALSE(r0.values().in_shared_memory());
-  EXPECT_EQ(r0.values().version(), 2);
-  EXPECT_EQ(sharing_.over_grpc(), 1);
-  EXPECT_EQ(Carried(r0), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
-  EXPECT_EQ(Carried(r1), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
-  EXPECT_TRUE(slots.Holds(1));
-  EXPECT_FALSE(slots.Holds(2));
-  EXPECT_EQ(Bytes(held), held_bytes) << "what an answer sends stays";
-
-  // Version 2 stays where its update wrote it (the slot is written again by the next update);
-  // a pull gets it from there.
-  held = ValuesField{};
+  EXPECT_FALSE(one.values->owns_memory()) << "version 1 lies in slot 1";
+  std::vector<float> exact(3), rounded(3);
+  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(exact)));
+  EXPECT_EQ(exact, std::vector<float>(one.values->begin(), one.values->end()))
+      << "the fp32 master values";
+  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(rounded), WireDtype::kBf16));
+  EXPECT_EQ(rounded, Carried(r1)) << "what the answer over gRPC carries";
+  EXPECT_NE(rounded[0], exact[0]);
+  EXPECT_EQ(rounded[0], Bf16ToFloat(FloatToBf16(exact[0])));
   int64_t version = -1;
-  EXPECT_EQ(Current(&version), (std::vector<float>{-0.5f, 1.5f, 1.0f}));
-  EXPECT_EQ(version, 2);
-  EXPECT_TRUE(slots.Holds(1));
+  EXPECT_EQ(Current(&version), rounded);
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(sharing_.over_grpc(), 0);
 }
 
 // Without shared memory a 16-bit update is encoded into a buffer of its own as it runs, and the

@@ -125,15 +125,21 @@ TEST(SharedRegionTest, RefusesWhatIsNotASealedMemoryFileOfTheRightSize) {
 // worker maps them (`reader`).
 struct Slots {
   void Make(size_t n) {
-    auto made = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kFp32));
+    auto made = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n));
     ASSERT_TRUE(made.ok());
     region = std::move(*made);
-    writer = std::make_unique<ParameterSlots>(region.get(), n, WireDtype::kFp32);
+    writer = std::make_unique<ParameterSlots>(region.get(), n);
     writer->Clear();
     auto opened = SharedRegion::Open(region->location(), "slots");
     ASSERT_TRUE(opened.ok());
     peer = std::move(*opened);
-    reader = std::make_unique<ParameterSlots>(peer.get(), n, WireDtype::kFp32);
+    reader = std::make_unique<ParameterSlots>(peer.get(), n);
+  }
+  // The writer's protocol (the server's store): the slot marked empty, written, stamped.
+  void Begin(int64_t version) { writer->MarkEmpty(ParameterSlots::IndexOf(version)); }
+  void Write(int64_t version, size_t offset, absl::Span<const float> values) {
+    std::copy(values.begin(), values.end(),
+              writer->Fp32Slot(ParameterSlots::IndexOf(version)) + offset);
   }
   std::unique_ptr<SharedRegion> region, peer;
   std::unique_ptr<ParameterSlots> writer, reader;
@@ -150,26 +156,26 @@ TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
 
   std::vector<float> v4(n, 4.0f), v5(n, 5.0f);
   v4[n - 1] = -1.5f;
-  writer.BeginWrite(4);
-  writer.Write(0, absl::MakeConstSpan(v4).subspan(0, 600));
+  slots.Begin(4);
+  slots.Write(4, 0, absl::MakeConstSpan(v4).subspan(0, 600));
   EXPECT_FALSE(reader.Read(4, absl::MakeSpan(out)));  // half written
-  writer.Write(600, absl::MakeConstSpan(v4).subspan(600));
-  writer.EndWrite(true);
+  slots.Write(4, 600, absl::MakeConstSpan(v4).subspan(600));
+  writer.MarkHolds(4);
   ASSERT_TRUE(reader.Read(4, absl::MakeSpan(out)));
   EXPECT_EQ(out, v4);
   EXPECT_FALSE(reader.Read(5, absl::MakeSpan(out)));
   EXPECT_FALSE(reader.Read(2, absl::MakeSpan(out)));  // same slot, another version
 
-  writer.BeginWrite(5);
-  writer.Write(0, v5);
-  writer.EndWrite(true);
+  slots.Begin(5);
+  slots.Write(5, 0, v5);
+  writer.MarkHolds(5);
   ASSERT_TRUE(reader.Read(4, absl::MakeSpan(out)));  // the version before stays readable
   ASSERT_TRUE(reader.Read(5, absl::MakeSpan(out)));
   EXPECT_EQ(out, v5);
 
-  writer.BeginWrite(6);  // version 4's slot
+  slots.Begin(6);  // version 4's slot
   EXPECT_FALSE(reader.Read(4, absl::MakeSpan(out)));
-  writer.EndWrite(false);  // abandoned: the slot stays empty
+  // abandoned (never stamped): the slot stays empty
   EXPECT_FALSE(reader.Read(6, absl::MakeSpan(out)));
   EXPECT_FALSE(writer.Holds(6));
   EXPECT_TRUE(writer.Holds(5));
@@ -177,35 +183,30 @@ TEST(ParameterSlotsTest, EachVersionInItsSlotUntilTheVersionTwoLaterIsBegun) {
   EXPECT_FALSE(reader.Read(5, absl::MakeSpan(wrong)));
 }
 
-// In 16 bits one slot holds the newest version, rounded as the wire rounds it: beginning the
-// next version voids the one it held.
-TEST(ParameterSlotsTest, SixteenBitsHaveOneSlotRoundedAsTheWireRoundsIt) {
+// The slots hold fp32 whatever the job's wire dtype: a reader of a 16-bit job gets the values
+// rounded as the wire rounds them, exactly what an answer over gRPC decodes to.
+TEST(ParameterSlotsTest, AReaderOfA16BitJobRoundsAsTheWireRounds) {
   const size_t n = 5;
-  auto region = SharedRegion::Create("slots", ParameterSlots::RegionBytes(n, WireDtype::kBf16));
-  ASSERT_TRUE(region.ok());
-  ParameterSlots slots(region->get(), n, WireDtype::kBf16);
-  slots.Clear();
+  Slots slots;
+  ASSERT_NO_FATAL_FAILURE(slots.Make(n));
+  EXPECT_EQ(ParameterSlots::RegionBytes(n), 3u * 4096u);  // head, two slots
   const std::vector<float> values = {1.0f, 1.00390625f, -3.1f, 0.0f, 65504.0f};
-  slots.BeginWrite(1);
-  slots.Write(0, values);
-  slots.EndWrite(true);
+  slots.Begin(1);
+  slots.Write(1, 0, values);
+  slots.writer->MarkHolds(1);
+  for (WireDtype dtype : {WireDtype::kBf16, WireDtype::kFp16, WireDtype::kFp32}) {
+    std::vector<float> out(n);
+    ASSERT_TRUE(slots.reader->Read(1, absl::MakeSpan(out), dtype));
+    std::vector<uint8_t> wire(n * BytesPerValue(dtype));
+    EncodeValues(values, dtype, wire.data());
+    std::vector<float> decoded(n);
+    DecodeValues(wire.data(), dtype, absl::MakeSpan(decoded));
+    EXPECT_EQ(out, decoded) << WireDtypeName(dtype);
+  }
   std::vector<float> out(n);
-  ASSERT_TRUE(slots.Read(1, absl::MakeSpan(out)));
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(out[i], Bf16ToFloat(FloatToBf16(values[i])));
-  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kBf16), 1);
-  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kFp16), 1);
-  EXPECT_EQ(ParameterSlots::SlotsFor(WireDtype::kFp32), 2);
-  EXPECT_EQ(ParameterSlots::RegionBytes(n, WireDtype::kBf16), 2u * 4096u);  // head, one slot
-  EXPECT_EQ(slots.IndexOf(2), slots.IndexOf(1));
-  slots.BeginWrite(2);
-  EXPECT_FALSE(slots.Read(1, absl::MakeSpan(out)));
-  EXPECT_EQ(slots.HeldVersion(0), -1);
-  slots.Write(0, std::vector<float>(n, 2.0f));
-  slots.EndWrite(true);
-  EXPECT_EQ(slots.HeldVersion(0), 2);
-  ASSERT_TRUE(slots.Read(2, absl::MakeSpan(out)));
-  EXPECT_EQ(out, std::vector<float>(n, 2.0f));
-  EXPECT_FALSE(slots.Holds(1));
+  ASSERT_TRUE(slots.reader->Read(1, absl::MakeSpan(out), WireDtype::kBf16));
+  EXPECT_NE(out[2], values[2]) << "-3.1 is not a bf16 value";
+  EXPECT_EQ(out[1], 1.0f) << "1 + 2^-8 rounds to even in bf16";
 }
 
 // A writer in another process rewrites the slots as fast as it can, every value of version v
@@ -227,11 +228,11 @@ TEST(ParameterSlotsTest, AReadThatRacesAWriteIsRefusedNeverTorn) {
     for (int64_t v = 0; v < 3000; ++v) {
       std::fill(values.begin(), values.end(), static_cast<float>(v));
       writing->store(v);
-      writer.BeginWrite(v);
+      slots.Begin(v);
       for (size_t at = 0; at < n; at += 4096) {
-        writer.Write(at, absl::MakeConstSpan(values).subspan(at, 4096));
+        slots.Write(v, at, absl::MakeConstSpan(values).subspan(at, 4096));
       }
-      writer.EndWrite(true);
+      writer.MarkHolds(v);
     }
     writing->store(-1);
     _exit(0);

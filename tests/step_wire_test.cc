@@ -373,6 +373,25 @@ TEST(SlicePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {
   EXPECT_NE(a, b);
 }
 
+// DropFree lets go of the free buffers only: the next Acquire allocates again, and a buffer
+// still held comes back to the pool when its last slice goes.
+TEST(SlicePoolTest, DropFreeLetsGoOfTheFreeBuffersOnly) {
+  auto pool = SlicePool::Create(2);
+  uint8_t* data = nullptr;
+  { grpc::Slice gone = pool->Acquire(1000, &data); }
+  grpc::Slice held = pool->Acquire(1000, &data);
+  EXPECT_EQ(pool->allocations(), 1);
+  std::memset(data, 7, 1000);
+  pool->DropFree();  // none free: the held one stays valid
+  EXPECT_EQ(held.begin()[999], 7);
+  held = grpc::Slice();
+  { grpc::Slice again = pool->Acquire(1000, &data); }
+  EXPECT_EQ(pool->allocations(), 1) << "the held buffer came back to the pool";
+  pool->DropFree();
+  { grpc::Slice fresh = pool->Acquire(1000, &data); }
+  EXPECT_EQ(pool->allocations(), 2) << "the free buffer was let go";
+}
+
 TEST(SlicePoolTest, SlicesOutliveThePoolsOwner) {
   grpc::Slice kept;
   {

@@ -567,14 +567,14 @@ void GrpcPsClient::MaybeAttach(int worker_id) {
   theirs.pid = reply.parameters().pid();
   theirs.fd = reply.parameters().fd();
   theirs.bytes = reply.parameters().bytes();
-  if (theirs.bytes != ParameterSlots::RegionBytes(model, wire_dtype_)) {
+  if (theirs.bytes != ParameterSlots::RegionBytes(model)) {
     return refused(absl::StrCat("its parameter slots are ", theirs.bytes, " bytes, not ",
-                                ParameterSlots::RegionBytes(model, wire_dtype_)));
+                                ParameterSlots::RegionBytes(model)));
   }
   region = SharedRegion::Open(theirs, kParameterRegion);
   if (!region.ok()) return refused(std::string(region.status().message()));
   shm_params_ = std::move(*region);
-  shm_slots_ = std::make_unique<ParameterSlots>(shm_params_.get(), model, wire_dtype_);
+  shm_slots_ = std::make_unique<ParameterSlots>(shm_params_.get(), model);
   if (!shm_told_) {
     shm_told_ = true;
     std::fprintf(stderr,
@@ -627,7 +627,8 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientReque
     return absl::Status(parsed.code(), absl::StrCat("PushGradient at dbs_ps ", config_.address,
                                                     ": ", parsed.message()));
   }
-  if (shared && !shm_slots_->Read(version, params)) {
+  // The slots hold fp32: rounded as the wire dtype's answers over gRPC are.
+  if (shared && !shm_slots_->Read(version, params, wire_dtype_)) {
     // The slot moved on or was never written: the values come over gRPC.
     DBS_ASSIGN_OR_RETURN(const int64_t pulled, PullParameters(head.worker_id(), params));
     version = pulled;
