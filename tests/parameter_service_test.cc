@@ -66,7 +66,7 @@ class ServiceTest : public ::testing::Test {
         job_->store(), job_->aggregator(),
         [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr,
         CallHooks{&sharing_, nullptr}, wire_dtype_);
-    parameter_service_->SetFreedMemoryHook([this] { ++registered_hooks_; });
+    parameter_service_->SetFreedMemoryHook([this] { ++freed_memory_hooks_; });
     parameter_service_->ServeSharedMemory(serve_shared_memory_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -84,7 +84,7 @@ class ServiceTest : public ::testing::Test {
     for (const char* name : {"w0", "w1"}) {
       v1::RegisterWorkerRequest req;
       req.set_name(name);
-      req.set_train_samples(8);
+      req.set_train_samples(train_samples_);
       req.set_test_samples(2);
       v1::RegisterWorkerReply reply;
       grpc::ClientContext ctx;
@@ -106,7 +106,7 @@ class ServiceTest : public ::testing::Test {
       EXPECT_EQ(got, (std::vector<float>{1, 2, 3}));
     }
     // Once, for the registration that stored the values (main releases freed memory there).
-    EXPECT_EQ(registered_hooks_, 1);
+    EXPECT_EQ(freed_memory_hooks_.load(), 1);
   }
 
   void TearDown() override {
@@ -228,8 +228,9 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<SchedulerServiceImpl> scheduler_service_;
   std::unique_ptr<ParameterServiceImpl> parameter_service_;
   std::unique_ptr<grpc::Server> server_;
-  std::vector<std::string> tokens_;  // by worker id
-  int registered_hooks_ = 0;         // calls of the service's registered hook
+  std::vector<std::string> tokens_;         // by worker id
+  int train_samples_ = 8;                   // each worker's (set before SetUp): 2 steps an epoch
+  std::atomic<int> freed_memory_hooks_{0};  // calls of the service's freed-memory hook
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> sched_;
   std::unique_ptr<v1::ParameterService::Stub> params_;
@@ -541,6 +542,52 @@ TEST_F(Bf16ServiceTest, TheSlotsHoldTheFp32SnapshotsAndAReaderRoundsThemAsTheWir
   EXPECT_EQ(Current(&version), rounded);
   EXPECT_EQ(version, 1);
   EXPECT_EQ(sharing_.over_grpc(), 0);
+}
+
+// A job whose workers all share memory encodes no answer for gRPC: an update lets go of the
+// pooled buffer the registrations' answers were encoded into (once gRPC has let go of it) and
+// calls the freed-memory hook, where main hands the memory back to the kernel; a pull still
+// gets the values, encoded when asked for.
+class Bf16LongEpochTest : public Bf16ServiceTest {
+ protected:
+  Bf16LongEpochTest() { train_samples_ = 80; }  // 20 steps
+};
+
+TEST_F(Bf16LongEpochTest, AJobWhoseWorkersAllShareMemoryKeepsNoEncodedCopy) {
+  std::unique_ptr<SharedRegion> regions[2];
+  v1::AttachSharedMemoryReply slots_at;
+  for (int w = 0; w < 2; ++w) {
+    auto region = SharedRegion::Create("dbs-gradient", 6);
+    ASSERT_THAT(region, IsOk());
+    regions[w] = std::move(*region);
+    ASSERT_THAT(Attach(w, regions[w]->location(), &slots_at), IsOk());
+  }
+  auto slots_region = OpenSlots(slots_at);
+  ASSERT_THAT(slots_region, IsOk());
+  const ParameterSlots slots(slots_region->get(), 3);
+  EXPECT_EQ(freed_memory_hooks_.load(), 1) << "the registration's";
+  // Twenty steps through shared memory alone: gRPC lets go of the registrations' answers a
+  // moment after the workers have them, long before the last.
+  for (int step = 0; step < 20; ++step) {
+    EncodeValues({0.2f, 0, 0}, wire_dtype_, regions[0]->data());
+    EncodeValues({0, 0.3f, 0}, wire_dtype_, regions[1]->data());
+    v1::PushGradientReply r0, r1;
+    grpc::Status s0;
+    std::thread t([&]() { s0 = Send(SharedPush(0, step), &r0); });
+    const grpc::Status s1 = Send(SharedPush(1, step), &r1);
+    t.join();
+    ASSERT_THAT(s0, IsOk()) << s0.error_message();
+    ASSERT_THAT(s1, IsOk()) << s1.error_message();
+    EXPECT_TRUE(r0.values().in_shared_memory());
+    EXPECT_TRUE(r1.values().in_shared_memory());
+  }
+  EXPECT_EQ(freed_memory_hooks_.load(), 2) << "the pooled buffer let go, once";
+  EXPECT_EQ(sharing_.over_grpc(), 0);
+  std::vector<float> rounded(3);
+  ASSERT_TRUE(slots.Read(20, absl::MakeSpan(rounded), WireDtype::kBf16));
+  int64_t version = -1;
+  EXPECT_EQ(Current(&version), rounded);
+  EXPECT_EQ(version, 20);
 }
 
 // Without shared memory a 16-bit update is encoded into a buffer of its own as it runs, and the
