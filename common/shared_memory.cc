@@ -143,16 +143,16 @@ void ParameterSlots::Clear() {
   VersionOf(region_->data(), 1)->store(-1, std::memory_order_release);
 }
 
-const float* ParameterSlots::Slot(int64_t version) const {
+const float* ParameterSlots::SlotAt(int index) const {
   return reinterpret_cast<const float*>(region_->data() + kPage +
-                                        static_cast<size_t>(IndexOf(version)) * slot_bytes_);
+                                        static_cast<size_t>(index % 2) * slot_bytes_);
 }
 
 int64_t ParameterSlots::HeldVersion(int index) const {
   return VersionOf(region_->data(), index)->load(std::memory_order_acquire);
 }
 
-float* ParameterSlots::Fp32Slot(int index) { return const_cast<float*>(Slot(index)); }
+float* ParameterSlots::Fp32Slot(int index) { return const_cast<float*>(SlotAt(index)); }
 
 void ParameterSlots::MarkEmpty(int index) {
   VersionOf(region_->data(), index % 2)->store(-1, std::memory_order_relaxed);
@@ -174,7 +174,7 @@ bool ParameterSlots::Read(int64_t version, absl::Span<float> out, WireDtype roun
   if (version < 0 || out.size() != count_) return false;
   std::atomic<int64_t>* stamp = VersionOf(region_->data(), IndexOf(version));
   if (stamp->load(std::memory_order_acquire) != version) return false;
-  CopyRoundedAsWire(Slot(version), count_, rounded_as, out.data());
+  CopyRoundedAsWire(SlotAt(IndexOf(version)), count_, rounded_as, out.data());
   std::atomic_thread_fence(std::memory_order_acquire);
   return stamp->load(std::memory_order_relaxed) == version;
 }

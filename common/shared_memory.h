@@ -91,7 +91,7 @@ class ParameterSlots {
   bool Read(int64_t version, absl::Span<float> out, WireDtype rounded_as = WireDtype::kFp32) const;
 
  private:
-  const float* Slot(int64_t version) const;
+  const float* SlotAt(int index) const;
   SharedRegion* const region_;
   const size_t count_;
   const size_t slot_bytes_;
