@@ -148,10 +148,6 @@ const float* ParameterSlots::SlotAt(int index) const {
                                         static_cast<size_t>(index % 2) * slot_bytes_);
 }
 
-int64_t ParameterSlots::HeldVersion(int index) const {
-  return VersionOf(region_->data(), index)->load(std::memory_order_acquire);
-}
-
 float* ParameterSlots::Fp32Slot(int index) { return const_cast<float*>(SlotAt(index)); }
 
 void ParameterSlots::MarkEmpty(int index) {

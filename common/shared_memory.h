@@ -74,9 +74,8 @@ class ParameterSlots {
   void Clear();
   // True when `version`'s slot holds it.
   bool Holds(int64_t version) const;
-  // The slot `version` lies in and the version slot `index` holds (-1: none).
+  // The slot `version` lies in.
   static int IndexOf(int64_t version) { return static_cast<int>(version % 2); }
-  int64_t HeldVersion(int index) const;
   size_t count() const { return count_; }
 
   // Slot `index`'s memory (the writer's), marked empty before anything is written there and

@@ -43,10 +43,6 @@ void DecodeValues(const uint8_t* in, WireDtype dtype, absl::Span<float> out);
 // Copies `n` values from `in` to `out` (which may be `in`) rounded as the wire rounds them:
 // DecodeValues(EncodeValues(v)) bit for bit, in one pass (a plain copy in fp32).
 void CopyRoundedAsWire(const float* in, size_t n, WireDtype dtype, float* out);
-// The same in place.
-inline void RoundAsWire(absl::Span<float> values, WireDtype dtype) {
-  CopyRoundedAsWire(values.data(), values.size(), dtype, values.data());
-}
 
 // A received payload of values: byte segments in order, kept alive by `keepalive` (the message
 // they point into; may be null when the caller guarantees the lifetime).

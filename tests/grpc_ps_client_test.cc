@@ -220,7 +220,7 @@ class TwoWorkerJob {
     ASSERT_THAT(pushed[1], IsOk());
     expected_ -= 1.5f * static_cast<float>(step + 1) / 64.0f;
     std::vector<float> expected(n_, expected_);
-    RoundAsWire(absl::MakeSpan(expected), dtype);
+    CopyRoundedAsWire(expected.data(), n_, dtype, expected.data());
     EXPECT_EQ(params_[0], params_[1]) << "step " << step;
     EXPECT_EQ(params_[0], expected) << "step " << step;
   }
