@@ -9,7 +9,7 @@ step and its peak RSS; then it runs PyTorch's gloo all_reduce among 4 processes 
 Both sides run --rounds times, interleaved, so that both see the same machine; the report quotes
 the median over rounds of each round's median step (and the spread).
 
-  python3 bench/dataplane.py --out_dir=bench/results/dataplane            # 46,730 .. 25M
+  python3 bench/dataplane.py --out_dir=out/dataplane                      # 46,730 .. 25M
   python3 bench/dataplane.py --sizes=46730,1000000 --rounds=1 --steps=5   # quick look
 
 Writes dataplane.json (every round's figures), dataplane.md (the table) and dataplane.png.
@@ -276,7 +276,7 @@ def main():
     p.add_argument("--steps", type=int, default=20, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="dbs and gloo runs per size, interleaved")
     p.add_argument("--no_gloo", action="store_true", help="skip gloo (no python3-torch)")
-    p.add_argument("--out_dir", default=os.path.join(HERE, "results", "dataplane"))
+    p.add_argument("--out_dir", default=os.path.join(ROOT, "out", "dataplane"))
     p.add_argument("--ps_bin", default=os.path.join(ROOT, "bazel-bin", "server", "dbs_ps"))
     p.add_argument("--client_bin",
                    default=os.path.join(ROOT, "bazel-bin", "bench", "dataplane_client"))

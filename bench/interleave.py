@@ -6,7 +6,7 @@ when their runs alternate: every round runs each arm once, in the order given. E
 deploy/local_cluster.py with the common flags plus its own. Epoch time is the mean of epochs 1+
 (epoch 0 measures) of the training time in the run's summary.json.
 
-  python3 bench/interleave.py --out_dir=bench/results/x --rounds=3 \\
+  python3 bench/interleave.py --out_dir=out/interleave --rounds=3 \\
       --common="--workers=4 --epochs=5 --global_batch=64 --train_limit=2048 --slowdown=1,1,2,4" \\
       --arm="dbs=--policy=dbs" --arm="split=--policy=fixed --fixed_split=1,1,2,4"
 

@@ -2,7 +2,7 @@
 """Builds the benchmark report (report.md, report.json, PNG plots) from run_bench.py's results,
 and checks that it is complete and self-consistent.
 
-  /usr/bin/python3 bench/report.py bench/results/latest       # rebuild and check
+  /usr/bin/python3 bench/report.py out/bench       # rebuild and check
 """
 
 import json
@@ -422,8 +422,8 @@ def check(out_dir):
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "results",
-                                                             "latest")
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "out", "bench")
     print(console_table(build(out)))
     issues = check(out)
     for i in issues:

@@ -295,7 +295,7 @@ def main(argv=None):
                          "cell, 'misses' only in cells where DBS missed the linear-ideal target")
     ap.add_argument("--skip_ddp", action="store_true")
     ap.add_argument("--skip_disturbance", action="store_true")
-    ap.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "results", "latest"))
+    ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "bench"))
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     ap.add_argument("--ps_bin", default="")
     ap.add_argument("--worker_bin", default="")
