@@ -39,8 +39,6 @@ POLICIES = ("fixed", "proportional", "dbs")
 # --grid_oracles: fixed splits by weight (dbs_ps --fixed_split) that DBS is held against.
 ORACLES = ("split_best", "split_dbs")
 ORACLE_MODES = ("none", "all", "misses")
-# The slowdown emulations, by the dbs_worker --slowdown_of each runs with.
-SLOWDOWN_OF = {"slowdown": "cpu", "slowdown_plus_wait": "cpu_plus_wait"}
 TARGETS = {"dbs_over_sgd": 0.65, "dbs_over_ideal": 1.35, "settled_spread": 1.15}
 SETTLE_EPOCH = 2  # the split must have settled from this epoch on
 SUMMARY_KEYS = ("dbs_over_sgd", "dbs_over_ideal", "dbs_over_best", "dbs_settled_spread",
@@ -88,15 +86,13 @@ class Grid:
                     "quotas": quotas, "slowdowns": [1.0] * len(speeds)}, None
         # The same CPU budget as the quotas: a worker at q cores computes 1/q times slower than
         # a full core, so the workers together never ask for more than --total_cores and the
-        # ideal (from standalone speeds) stays reachable on this machine. 'slowdown' hides a
-        # wait for a core the other workers hold inside the slower core's time (as on machines
-        # of their own); 'slowdown_plus_wait' adds it on top (runs 1-8).
-        if cell["emulation"] not in SLOWDOWN_OF:
-            sys.exit(f"unknown emulation {cell['emulation']!r}: quota, "
-                     + ", ".join(SLOWDOWN_OF))
+        # ideal (from standalone speeds) stays reachable on this machine. A wait for a core the
+        # other workers hold counts inside the slower core's time (dbs_worker --slowdown_of=cpu),
+        # as on machines of their own.
+        if cell["emulation"] != "slowdown":
+            sys.exit(f"unknown emulation {cell['emulation']!r}: quota or slowdown")
         slowdowns = [1.0 / q for q in quotas]
         return {"flag": "--slowdown=" + ",".join(f"{s:.6g}" for s in slowdowns),
-                "slowdown_of": SLOWDOWN_OF[cell["emulation"]],
                 "quotas": None, "slowdowns": slowdowns}, None
 
     def standalone(self, cell, emu, train_limit):
@@ -117,7 +113,7 @@ class Grid:
                 for samples, batches in ((self.args.grid_speed_samples, [equal]),
                                          (self.args.grid_curve_samples, others)):
                     m = self.measure(cell, cg, emu["slowdowns"][i], train_limit, samples,
-                                     batches, emu.get("slowdown_of", "cpu"))
+                                     batches)
                     if batches[0] == equal:
                         speeds.append(m["samples_per_second"])
                     curve += [[c["batch"], c["batch"] / c["samples_per_second"]]
@@ -128,10 +124,10 @@ class Grid:
                     cg.remove()
         return speeds, curves
 
-    def measure(self, cell, cg, slowdown, train_limit, samples, batches, slowdown_of):
+    def measure(self, cell, cg, slowdown, train_limit, samples, batches):
         argv = [self.worker, f"--measure_speed_samples={samples}",
                 "--measure_batch=" + ",".join(str(x) for x in batches),
-                f"--slowdown={slowdown}", f"--slowdown_of={slowdown_of}",
+                f"--slowdown={slowdown}", f"--slowdown_of={'wall' if cg else 'cpu'}",
                 f"--data_dir={self.args.data_dir}",
                 f"--train_limit={train_limit}"]
         p = subprocess.run(argv, stdout=subprocess.PIPE, timeout=600,
@@ -149,8 +145,6 @@ class Grid:
                 f"--train_limit={train_limit}", f"--test_limit={self.args.grid_test_limit}",
                 f"--lr={self.args.lr}", f"--seed={self.args.seed}",
                 f"--data_dir={self.args.data_dir}", emu["flag"]]
-        if "slowdown_of" in emu:
-            argv.append(f"--slowdown_of={emu['slowdown_of']}")
         if policy == "dbs" and self.args.grid_dbs_flags:
             argv += self.args.grid_dbs_flags.split()
         argv += list(extra)
@@ -569,8 +563,8 @@ def build(out):
              f"gives the workers CPU quotas in the ratio of the speeds adding up to "
              f"{results['config']['total_cores']:g} core, the slowdown emulation the same shares "
              f"of a core as slowdown factors (1/share): a step's computation takes the factor "
-             f"x its CPU time, a wait for a core the other workers hold counting inside it "
-             f"(slowdown_plus_wait, the emulation of runs 1-8, adds the wait on top). Epoch times are means over epochs 1+ (epoch 0 "
+             f"x its CPU time, a wait for a core the other workers hold counting inside it. "
+             f"Epoch times are means over epochs 1+ (epoch 0 "
              f"measures) of the training time, from the plan to the last step's update (the "
              f"ideal counts training only; the wall-time ratio, with validation and reports, is "
              f"in its own column). Balance = max/min over the workers of the step time the "

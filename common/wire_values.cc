@@ -106,8 +106,8 @@ void EncodeHalves(absl::Span<const float> values, uint8_t* out) {
 }
 
 // bf16's encode on its own, compiled for AVX2 too (multiversion.h): SSE2 cannot narrow 32-bit
-// lanes to 16 bits, so its copy takes about twice the instructions
-// (bench/results/bf16_s25/README.md). The decode, a shift, is bound by memory either way.
+// lanes to 16 bits, so its copy takes about twice the instructions. The decode, a shift, is
+// bound by memory either way.
 DBS_WIDE_VECTORS void EncodeBf16(absl::Span<const float> values, uint8_t* out) {
   EncodeHalves<FloatToBf16>(values, out);
 }

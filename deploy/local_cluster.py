@@ -145,12 +145,6 @@ def build_parser():
     ap.add_argument("--slowdown", default="",
                     help="per-worker slowdown factors, comma-separated, or one for all "
                          "(default: the last worker 3x slower, the others 1)")
-    ap.add_argument("--slowdown_of", choices=["cpu", "cpu_plus_wait"], default="cpu",
-                    help="dbs_worker --slowdown_of for the workers slowed by factors: 'cpu' (a "
-                         "step's computation takes the factor x its CPU time, as on a slower core "
-                         "of its own; waiting for a core the other workers hold counts inside "
-                         "it) or 'cpu_plus_wait' (that, plus all the waiting: the emulation "
-                         "before session 16)")
     ap.add_argument("--cpu_quota", default="",
                     help="per-worker CPU quota in cores (cgroup v1, root), e.g. "
                          "0.125,0.125,0.25,0.5; without root it falls back to slowdown factors")
@@ -376,7 +370,7 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
                                              windows[i])
                                  # Under a CPU quota a slow window slows the whole step (its
                                  # time off the CPU is the quota's throttling).
-                                 + [f"--slowdown_of={'wall' if cgroups[i] else args.slowdown_of}"],
+                                 + [f"--slowdown_of={'wall' if cgroups[i] else 'cpu'}"],
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
         everyone += [(f"worker-{i}", w) for i, w in enumerate(workers)]

@@ -81,8 +81,8 @@ class HardeningTest : public ::testing::Test {
   std::list<std::optional<absl::StatusOr<StepResult>>> outcomes_;
 };
 
-// Item 1: reports for every worker while a push waits used to complete the epoch, plan the
-// next one and hit CHECK(pending_.empty()) in BeginEpoch: SIGABRT.
+// Reports for every worker while a push waits must not complete the epoch (planning the next
+// one would then find a push pending: CHECK(pending_.empty()) in BeginEpoch).
 TEST_F(HardeningTest, ReportsWhileAPushWaitsAreRefusedAndNothingCrashes) {
   auto* pending = Push(0, 0, 0, 2);
   for (int w = 0; w < 3; ++w) {
@@ -99,8 +99,8 @@ TEST_F(HardeningTest, ReportsWhileAPushWaitsAreRefusedAndNothingCrashes) {
   EXPECT_THAT(**pending, IsOk());
 }
 
-// Item 1: reports sent between two steps used to cut the epoch short (samples never trained on,
-// yet status ok).
+// Reports sent between two steps must not cut the epoch short (samples never trained on, yet
+// status ok).
 TEST_F(HardeningTest, ReportsBetweenStepsCannotCutTheEpochShort) {
   for (int w = 0; w < 3; ++w) Push(w, 0, 0, 2);
   for (int w = 0; w < 3; ++w) {

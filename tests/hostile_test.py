@@ -25,10 +25,10 @@ HOSTILE = os.path.join(RUNFILES, "tests", "hostile_client")
 JOB = ["--workers=2", "--epochs=2", "--global_batch=64", "--policy=fixed", "--linger_s=2",
        "--job_token=the-job-secret", "--max_message_mb=64", "--memory_quota_mb=256"]
 # --slowdown stretches the steps with sleeps (no CPU), so the attack runs through the training
-# (at 5, session 28's machine, twice as fast as the ones before, finished the training within
-# two rounds of the attack). Under AddressSanitizer (the suite sets ASAN_OPTIONS) the steps'
-# CPU, which the factor multiplies, is several times larger: at 10 the training outlasted 17
-# rounds of the attack and the test took 5 minutes; 3 keeps several rounds.
+# (at 5, a fast machine finished the training within two rounds of the attack). Under
+# AddressSanitizer (the suite sets ASAN_OPTIONS) the steps' CPU, which the factor multiplies, is
+# several times larger: at 10 the training outlasted 17 rounds of the attack and the test took
+# 5 minutes; 3 keeps several rounds.
 SLOWDOWN = 3 if "ASAN_OPTIONS" in os.environ else 10
 WORKER = ["--train_limit=3000", "--test_limit=1000", "--log_every_s=60", f"--slowdown={SLOWDOWN}",
           "--connect_timeout_s=20", "--job_token=the-job-secret"]

@@ -253,19 +253,11 @@ TEST_F(TrainingLoopTest, SlowdownShowsAWaitLongerThanTheSlowerCoresShare) {
   EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpu, absl::Milliseconds(10)), 0.014, 1e-9);
 }
 
-// The emulation before session 16: 3x the work plus the contention once, 4 * 3 + 6 = 18 ms per
-// step. Scaling the wall time instead would give (4 + 6) * 3 = 30 ms.
-TEST_F(TrainingLoopTest, SlowdownOfCpuPlusWaitAddsTheTimeSpentWaitingForACore) {
-  EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpuPlusWait, absl::Milliseconds(6)), 0.018, 1e-9);
-  EXPECT_THAT(Log(), HasSubstr("takes 3 x its CPU time, plus any wait for a core"));
-}
-
 TEST(SlowdownOfTest, ParsesTheFlagsNamesAndRefusesOthers) {
   EXPECT_EQ(ParseSlowdownOf("cpu").value(), SlowdownOf::kCpu);
-  EXPECT_EQ(ParseSlowdownOf("cpu_plus_wait").value(), SlowdownOf::kCpuPlusWait);
   EXPECT_EQ(ParseSlowdownOf("wall").value(), SlowdownOf::kWall);
-  EXPECT_THAT(ParseSlowdownOf("elapsed"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                   HasSubstr("'cpu', 'cpu_plus_wait' or 'wall'")));
+  EXPECT_THAT(ParseSlowdownOf("elapsed"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'cpu' or 'wall'")));
 }
 
 // A worker held to a CPU quota: its time off the CPU is its own throttling, so the slowdown

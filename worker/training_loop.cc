@@ -26,17 +26,15 @@ bool InRange(const SampleRange& r, int64_t size) {
 
 absl::StatusOr<SlowdownOf> ParseSlowdownOf(absl::string_view name) {
   if (name == "cpu") return SlowdownOf::kCpu;
-  if (name == "cpu_plus_wait") return SlowdownOf::kCpuPlusWait;
   if (name == "wall") return SlowdownOf::kWall;
   return absl::InvalidArgumentError(
-      absl::StrCat("--slowdown_of must be 'cpu', 'cpu_plus_wait' or 'wall', not '", name, "'"));
+      absl::StrCat("--slowdown_of must be 'cpu' or 'wall', not '", name, "'"));
 }
 
 // On a machine shared by several emulated workers, the time a computation waited for a core is
 // contention among them, which separate slow machines would not have. kCpu hides it inside the
 // slowdown: a core f times slower would have taken f x the CPU time whether or not a neighbour
-// held this one meanwhile. kCpuPlusWait adds it on top, so a worker's speed depends on how its
-// neighbours' steps overlap its own.
+// held this one meanwhile.
 void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, double factor,
                      SlowdownOf of) {
   if (factor <= 1.0) return;
@@ -44,9 +42,6 @@ void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, d
   switch (of) {
     case SlowdownOf::kCpu:
       if (cpu * factor > elapsed) clock->SleepFor(cpu * factor - elapsed);
-      return;
-    case SlowdownOf::kCpuPlusWait:
-      clock->SleepFor(cpu * (factor - 1.0));
       return;
     case SlowdownOf::kWall:
       clock->SleepFor(elapsed * (factor - 1.0));
@@ -118,11 +113,11 @@ absl::Status TrainingLoop::Join() {
       id_, learner_->device(), learner_->train_size(), learner_->test_size(), config_.model,
       model_size, joined.policy, joined.epochs, joined.global_batch));
   if (config_.slowdown.base() > 1.0) {
-    static constexpr const char* kWhat[] = {"its CPU time (a wait for a core counts inside it)",
-                                            "its CPU time, plus any wait for a core",
-                                            "its elapsed time"};
     Say(absl::StrFormat("emulating a slower worker: a step's computation takes %.3g x %s",
-                        config_.slowdown.base(), kWhat[static_cast<int>(config_.slowdown_of)]));
+                        config_.slowdown.base(),
+                        config_.slowdown_of == SlowdownOf::kCpu
+                            ? "its CPU time (a wait for a core counts inside it)"
+                            : "its elapsed time"));
   }
   if (config_.cpu_limit_cores > 0) {
     Say(
@@ -130,7 +125,14 @@ absl::Status TrainingLoop::Join() {
                         "time / %.3g",
                         config_.cpu_limit_cores, config_.cpu_limit_cores));
   }
-  DBS_RETURN_IF_ERROR(client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_)));
+  if (absl::Status registered =
+          client_->RegisterModel(id_, layout, params_, absl::MakeSpan(params_));
+      !registered.ok()) {
+    // Refused (a model other than the job's, ...): it leaves, so that the job does not count on
+    // a worker that cannot train in it.
+    (void)client_->Leave(id_);
+    return registered;
+  }
   learner_->SetParameters(params_);
   epoch_ = joined.start_epoch;
   pull_before_training_ = joined.start_epoch > 0;

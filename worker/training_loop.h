@@ -40,15 +40,12 @@ enum class SlowdownOf {
   // own f times slower: time spent waiting for a core that emulated neighbours on the same
   // machine hold is part of that, unless it is longer than the slowdown's share.
   kCpu,
-  // f x its CPU time, plus all the time it waited for a core (the emulation before session 16,
-  // kept for comparison: on a shared machine a worker's speed then depends on its neighbours').
-  kCpuPlusWait,
   // f x its elapsed time: a worker held to a CPU quota, whose time off the CPU is its own
   // throttling (slowing only its CPU time would let the quota refill while it sleeps).
   kWall,
 };
 
-// Parses `cpu`, `cpu_plus_wait` or `wall`.
+// Parses `cpu` or `wall`.
 absl::StatusOr<SlowdownOf> ParseSlowdownOf(absl::string_view name);
 
 // After a computation that began at `began` and used `cpu` of CPU time, sleeps so that it

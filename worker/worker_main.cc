@@ -61,10 +61,9 @@ ABSL_FLAG(std::string, slow_windows, "",
 ABSL_FLAG(std::string, slowdown_of, "cpu",
           "What the slowdown multiplies: 'cpu', the step's CPU time (the computation ends that "
           "many times its CPU time after it began, as on a slower core of its own; time spent "
-          "waiting for a core that other emulated workers hold counts inside it), "
-          "'cpu_plus_wait' (the CPU time multiplied, plus all the waiting: the emulation before "
-          "session 16, for comparison), or 'wall', its elapsed time (a worker held to a CPU "
-          "quota, whose waiting is its own throttling).");
+          "waiting for a core that other emulated workers hold counts inside it), or 'wall', "
+          "its elapsed time (a worker held to a CPU quota, whose waiting is its own "
+          "throttling).");
 ABSL_FLAG(int, threads, 1, "libtorch intra-op threads on CPU.");
 ABSL_FLAG(std::string, cpu_limit, "auto",
           "The CPU limit this worker runs under, in cores: 'auto' reads its cgroup's CFS quota "
@@ -88,8 +87,10 @@ ABSL_FLAG(double, log_every_s, 5.0, "Seconds between progress lines.");
 ABSL_FLAG(double, connect_timeout_s, 60.0,
           "How long to keep retrying (with backoff) while dbs_ps is unreachable.");
 ABSL_FLAG(bool, dry_run, false,
-          "Check the flags and variables (and read the files they name), say whether the "
-          "configuration is valid, and exit (0 or 2) without loading data or connecting.");
+          "Check the flags and variables, the files they name (the token and TLS files), the "
+          "data and the model (loaded, and run on two samples) and that --export_path can be "
+          "written; say whether the configuration is valid, and exit (0 or 2) without "
+          "connecting.");
 ABSL_FLAG(double, call_timeout_s, 60.0,
           "Deadline of one attempt of any call to dbs_ps. A call that answers at once is retried "
           "after it (within --connect_timeout_s); a call that waits for the other workers is "
@@ -106,7 +107,7 @@ ABSL_FLAG(int, stream_chunk_kb, 4096,
 ABSL_FLAG(bool, push_session, true,
           "Push whole-message gradients on one long-lived stream (PushGradientSession) rather "
           "than a call per step: less CPU per step on both sides. Off: a PushGradient call per "
-          "step, as before (an older dbs_ps gets those anyway).");
+          "step.");
 ABSL_FLAG(bool, shared_memory, true,
           "On dbs_ps's own host, push each step's gradient and read its answer through "
           "memory shared with dbs_ps instead of the socket (fewer copies; checked with the "
@@ -257,6 +258,13 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (c.loop.export_every_epochs > 0 && c.loop.export_path.empty()) {
     return absl::InvalidArgumentError("--export_every_epochs needs --export_path");
   }
+  // Found now, not after the whole job.
+  if (!c.loop.export_path.empty()) {
+    DBS_RETURN_IF_ERROR(dbs::CheckWritable(c.loop.export_path, "--export_path"));
+  }
+  if (!c.loop.record_path.empty()) {
+    DBS_RETURN_IF_ERROR(dbs::CheckWritable(c.loop.record_path, "--record_path"));
+  }
 
   absl::StatusOr<dbs::GrpcClientConfig> client = ClientConfigFromFlags();
   if (!client.ok()) return client.status();
@@ -305,13 +313,14 @@ int main(int argc, char** argv) {
   dbs::SignalWatcher::Block();
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) return Fail("dbs_worker", config.status(), dbs::kExitBadConfig);
-  if (absl::GetFlag(FLAGS_dry_run)) {
-    std::cout << "dbs_worker: configuration ok" << std::endl;
-    return dbs::kExitOk;
-  }
+  // The data and the model, loaded and checked against each other.
   absl::StatusOr<std::unique_ptr<dbs::Learner>> learner = dbs::MakeTorchLearner(config->learner);
   if (!learner.ok()) {
     return Fail("dbs_worker " + config->loop.name, learner.status(), dbs::kExitBadConfig);
+  }
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    std::cout << "dbs_worker: configuration ok; " << (*learner)->DescribeData() << std::endl;
+    return dbs::kExitOk;
   }
   const dbs::RealClock clock;
 
