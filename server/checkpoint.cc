@@ -5,6 +5,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -300,6 +302,36 @@ absl::StatusOr<JobState> LoadNewestCheckpoint(const std::string& dir,
   }
   return absl::NotFoundError(
       absl::StrCat("no valid checkpoint", wanted ? " of that step" : "", " in ", dir));
+}
+
+namespace {
+
+std::string FinishedRecordPath(const std::string& dir) {
+  return absl::StrCat(dir, "/", kFinishedRecord);
+}
+
+}  // namespace
+
+absl::Status WriteFinishedRecord(const std::string& dir, const std::string& record) {
+  return WriteFileAtomic(FinishedRecordPath(dir), record);
+}
+
+absl::StatusOr<std::string> ReadFinishedRecord(const std::string& dir) {
+  const std::string path = FinishedRecordPath(dir);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("no ", path));
+  }
+  return ReadFile(path);
+}
+
+absl::Status RemoveFinishedRecord(const std::string& dir) {
+  const std::string path = FinishedRecordPath(dir);
+  if (std::remove(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dbs

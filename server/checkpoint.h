@@ -50,6 +50,16 @@ absl::StatusOr<JobState> LoadNewestCheckpoint(
     const std::string& dir, std::vector<std::string>* refused, std::string* path = nullptr,
     const std::function<bool(const JobState&)>& wanted = nullptr);
 
+// The record a job that ended ok leaves in its checkpoint directory (kFinishedRecord, JSON
+// text that the caller makes), so that a dbs_ps restarted on that directory (an orchestrator
+// restarting the same command, a second `docker-compose up`) finds nothing left to train.
+inline constexpr char kFinishedRecord[] = "finished.json";
+absl::Status WriteFinishedRecord(const std::string& dir, const std::string& record);
+// The record in `dir`; NOT_FOUND when it holds none.
+absl::StatusOr<std::string> ReadFinishedRecord(const std::string& dir);
+// Removes the record (a new job in the same directory); OK when there is none.
+absl::Status RemoveFinishedRecord(const std::string& dir);
+
 }  // namespace dbs
 
 #endif  // DBS_SERVER_CHECKPOINT_H_

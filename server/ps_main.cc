@@ -146,8 +146,9 @@ ABSL_FLAG(bool, restore, false,
           "Continue from the newest valid checkpoint in --checkpoint_dir (corrupt ones are "
           "refused and the previous one is used).");
 ABSL_FLAG(bool, dry_run, false,
-          "Check the flags and variables (and read the files they name), say whether the "
-          "configuration is valid, and exit (0 or 2) without serving.");
+          "Check the flags and variables (read the files they name, check that the checkpoint "
+          "folder and the summary can be written), say whether the configuration is valid and "
+          "whether the job in --checkpoint_dir has finished, and exit (0 or 2) without serving.");
 ABSL_FLAG(bool, restore_if_present, false,
           "Like --restore when --checkpoint_dir holds a valid checkpoint; start a new job when it "
           "holds none (for orchestrators that restart the same command).");
@@ -155,7 +156,8 @@ ABSL_FLAG(bool, restore_override, false,
           "With --restore: accept a checkpoint written with other training settings (learning "
           "rate, optimizer, policy knobs), which are otherwise refused.");
 ABSL_FLAG(double, linger_s, 10.0,
-          "After training, how long to wait for workers to leave before shutting down.");
+          "After training, how long to wait for workers to leave, and how long the status page "
+          "(--metrics_port) shows the final state, before shutting down.");
 ABSL_FLAG(double, stop_grace_s, 10.0,
           "On SIGTERM/SIGINT with --checkpoint_dir: how long the step in flight may take to "
           "complete before the final checkpoint, when its update has begun (large models).");
@@ -288,10 +290,24 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<dbs::ServerConfig> config = ServerConfigFromFlags();
   if (!config.ok()) return Fail(config.status(), dbs::kExitBadConfig);
+  if (const absl::Status valid = dbs::ValidateServerConfig(*config); !valid.ok()) {
+    return Fail(valid, dbs::kExitBadConfig);
+  }
+  if (const absl::Status files = dbs::CheckServerFiles(*config); !files.ok()) {
+    return Fail(files, dbs::kExitBadConfig);
+  }
+  // A restart on a finished job's checkpoints (an orchestrator's, a second `docker-compose up`)
+  // has nothing to do: it says so and succeeds, leaving the summary as it is.
+  const absl::StatusOr<std::string> finished = dbs::FinishedJob(*config);
   if (absl::GetFlag(FLAGS_dry_run)) {
-    const absl::Status valid = dbs::ValidateServerConfig(*config);
-    if (!valid.ok()) return Fail(valid, dbs::kExitBadConfig);
-    std::cout << "dbs_ps: configuration ok" << std::endl;
+    std::cout << "dbs_ps: configuration ok"
+              << (finished.ok() ? absl::StrCat("; ", *finished, ", so dbs_ps would exit 0 at once")
+                                : "")
+              << std::endl;
+    return dbs::kExitOk;
+  }
+  if (finished.ok()) {
+    std::cout << "dbs_ps: " << *finished << std::endl;
     return dbs::kExitOk;
   }
   const dbs::RealClock clock;

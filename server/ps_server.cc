@@ -69,6 +69,50 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateJobConfig(c.job);
 }
 
+absl::Status CheckServerFiles(const ServerConfig& config) {
+  if (!config.job.checkpoint_dir.empty()) {
+    DBS_RETURN_IF_ERROR(CheckWritableFolder(config.job.checkpoint_dir, "--checkpoint_dir"));
+  }
+  // A summary in the checkpoint folder is covered by its check (the folder may not exist yet).
+  const auto folder = [](std::string path) {
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    return path;
+  };
+  const size_t slash = config.summary_path.rfind('/');
+  const bool in_checkpoints =
+      !config.job.checkpoint_dir.empty() && slash != std::string::npos &&
+      folder(config.summary_path.substr(0, slash)) == folder(config.job.checkpoint_dir);
+  if (!config.summary_path.empty() && !in_checkpoints) {
+    DBS_RETURN_IF_ERROR(CheckWritable(config.summary_path, "--summary_path"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FinishedJob(const ServerConfig& config) {
+  const std::string& dir = config.job.checkpoint_dir;
+  if (dir.empty() || !(config.restore || config.restore_if_present)) {
+    return absl::NotFoundError("not restoring");
+  }
+  DBS_ASSIGN_OR_RETURN(const std::string record, ReadFinishedRecord(dir));
+  std::string what;
+  const nlohmann::json r = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
+  if (r.is_object() && r.value("shard", "").empty()) {
+    what = absl::StrFormat("%d epochs, final test accuracy %.2f%%, finished %s",
+                           r.value("epochs_completed", 0),
+                           100.0 * r.value("final_test_accuracy", 0.0), r.value("finished", "?"));
+    if (!r.value("summary_path", "").empty()) {
+      absl::StrAppend(&what, ", summary in ", r.value("summary_path", ""));
+    }
+  } else if (r.is_object()) {
+    what = absl::StrCat("shard ", r.value("shard", ""), ", finished ", r.value("finished", "?"));
+  } else {
+    what = absl::StrCat("its record: ", record.substr(0, 200));
+  }
+  return absl::StrCat("the job in ", dir, " has finished (", what,
+                      "): there is nothing left to train. To train a new job, remove ", dir, "/",
+                      kFinishedRecord, " or give another --checkpoint_dir");
+}
+
 PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job, const Clock* clock)
     : config_(config),
       clock_(clock),
@@ -91,6 +135,15 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
   // redoes, reading the worker's region only then: its shards share no memory.
   parameter_service_.ServeSharedMemory(config.shared_memory && config.num_shards <= 1);
   parameter_service_.SetFreedMemoryHook(config.release_freed_memory);
+  if (!follower()) {
+    // The job starts with workers that can train in it: a worker whose model is refused is
+    // not one of the expected ones.
+    job_->scheduler()->StartWithAcceptedModels();
+    parameter_service_.SetModelAcceptedHook([job = job_.get()](int worker) {
+      const absl::Status s = job->scheduler()->ModelAccepted(worker);
+      if (!s.ok()) LOG(WARNING) << "worker " << worker << "'s model: " << s.message();
+    });
+  }
   job_->SetRemovedHook([service = &parameter_service_](const std::set<int>& workers) {
     service->DropSharedMemory(workers);
   });
@@ -190,6 +243,16 @@ absl::Status PsServer::StartFollowing() {
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& config,
                                                           const Clock* clock) {
   DBS_RETURN_IF_ERROR(ValidateServerConfig(config));
+  if (absl::StatusOr<std::string> finished = FinishedJob(config); finished.ok()) {
+    return absl::FailedPreconditionError(*finished);
+  }
+  if (!config.job.checkpoint_dir.empty() && !config.restore && !config.restore_if_present &&
+      ReadFinishedRecord(config.job.checkpoint_dir).ok()) {
+    // A new job in a finished job's directory: once it has checkpoints of its own, a restart
+    // must restore them.
+    DBS_RETURN_IF_ERROR(RemoveFinishedRecord(config.job.checkpoint_dir));
+    LOG(INFO) << "a new job in " << config.job.checkpoint_dir << ", where one had finished";
+  }
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
   std::unique_ptr<PsServer> server(new PsServer(config, std::move(job), clock));
   // The port opens first, NOT_SERVING (its calls answered UNAVAILABLE, which workers retry),
@@ -435,6 +498,10 @@ absl::Status PsServer::Run(std::ostream& out) {
     }
     const absl::Status result = follower_->Wait();
     server_->GetHealthCheckService()->SetServingStatus(false);
+    if (result.ok()) {
+      RecordFinished(
+          {{"status", "ok"}, {"shard", absl::StrCat(config_.shard, "/", config_.num_shards)}});
+    }
     out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "
         << (result.ok() ? "the job finished" : absl::StrCat("the job ended: ", result.message()))
         << "; parameter version " << job_->aggregator()->SaveState().store.version << "\n"
@@ -467,16 +534,22 @@ absl::Status PsServer::Run(std::ostream& out) {
       LOG(ERROR) << "final checkpoint failed: " << saved;
     }
   }
-  WriteSummary(out);
+  const nlohmann::json summary = WriteSummary(out);
+  if (result.ok()) {
+    RecordFinished({{"status", "ok"},
+                    {"epochs_completed", summary["epochs_completed"]},
+                    {"final_test_accuracy", summary["final_test_accuracy"]},
+                    {"summary_path", config_.summary_path}});
+  }
   Shutdown(result);
   return result;
 }
 
-void PsServer::WriteSummary(std::ostream& out) {
+nlohmann::json PsServer::WriteSummary(std::ostream& out) {
   const RunInfo run = job_->Run();
+  nlohmann::json summary = BuildSummary(run);
   if (!config_.summary_path.empty()) {
-    const absl::Status written =
-        WriteFileAtomic(config_.summary_path, BuildSummary(run).dump(2) + "\n");
+    const absl::Status written = WriteFileAtomic(config_.summary_path, summary.dump(2) + "\n");
     if (written.ok()) {
       LOG(INFO) << "summary written to " << config_.summary_path;
     } else {
@@ -484,6 +557,17 @@ void PsServer::WriteSummary(std::ostream& out) {
     }
   }
   out << HumanSummary(run) << std::flush;
+  return summary;
+}
+
+void PsServer::RecordFinished(const nlohmann::json& summary) {
+  if (config_.job.checkpoint_dir.empty()) return;
+  nlohmann::json record = summary;
+  record["finished"] =
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", clock_->Now(), absl::UTCTimeZone());
+  const absl::Status written =
+      WriteFinishedRecord(config_.job.checkpoint_dir, record.dump(2) + "\n");
+  if (!written.ok()) LOG(ERROR) << "the finished job's record: " << written.message();
 }
 
 void PsServer::Shutdown(const absl::Status& result) {
@@ -495,6 +579,11 @@ void PsServer::Shutdown(const absl::Status& result) {
   job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   server_.reset();
+  // The status page and the metrics show the final state until the linger has passed; not
+  // after a signal, whose sender waits for the exit.
+  while (http_ != nullptr && !stopped_.load() && absl::Now() < linger_until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   http_.reset();
 }
 

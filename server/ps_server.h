@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 #include "server/job_config.h"
 #include "server/metrics.h"
 #include "server/parameter_service.h"
@@ -62,9 +63,10 @@ struct ServerConfig {
   std::string tls_client_ca_pem;
   // The HTTP endpoint (/metrics, /status.json, /): -1 off, 0 any free port.
   int metrics_port = -1;
-  std::string metrics_host;                   // '' : the same as `host`
-  std::string metrics_port_file;              // where its bound port is written ('' : nowhere)
-  absl::Duration linger = absl::Seconds(10);  // after training: time for workers to leave
+  std::string metrics_host;       // '' : the same as `host`
+  std::string metrics_port_file;  // where its bound port is written ('' : nowhere)
+  // After training: time for workers to leave, and for the status page to show the end.
+  absl::Duration linger = absl::Seconds(10);
   // On Stop (SIGTERM): how long the step in flight may take to complete before the final
   // checkpoint, when its pipelined update has begun (StepAggregator::Quiesce).
   absl::Duration stop_grace = absl::Seconds(10);
@@ -100,6 +102,16 @@ std::optional<std::string> MemoryQuotaShortfall(const ServerConfig& config, int6
 // INVALID_ARGUMENT, naming the setting, for any bad part (the job's included).
 absl::Status ValidateServerConfig(const ServerConfig& config);
 
+// The files the server will write: the checkpoint folder and the summary (CheckWritable*).
+// INVALID_ARGUMENT naming the flag, the path and the reason.
+absl::Status CheckServerFiles(const ServerConfig& config);
+
+// When `config` restores (restore, restore_if_present) from a checkpoint directory whose job
+// ended ok (its kFinishedRecord): the line that says what it trained and how to train a new
+// job, for a dbs_ps that then exits 0 without serving or touching the summary. NOT_FOUND
+// otherwise.
+absl::StatusOr<std::string> FinishedJob(const ServerConfig& config);
+
 class PsServer {
  public:
   // Validates the configuration, creates the job (restoring the newest valid checkpoint when
@@ -114,7 +126,8 @@ class PsServer {
   TrainingJob* job() { return job_.get(); }
 
   // Supervises the job until it ends, writes the summary, prints the human summary to `out`,
-  // lets the workers leave (at most `linger`) and stops serving. Returns how training ended.
+  // lets the workers leave (at most `linger`), stops serving gRPC, keeps the status page up
+  // with the final state for the rest of `linger` and stops. Returns how training ended.
   absl::Status Run(std::ostream& out);
 
   // Ends the job early (a signal): every waiting worker is released and, with a checkpoint
@@ -139,7 +152,10 @@ class PsServer {
   // Serves: health SERVING, calls accepted, the port file written.
   absl::Status Open();
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
-  void WriteSummary(std::ostream& out);
+  // Writes the JSON summary (when configured) and prints the human one; returns the JSON.
+  nlohmann::json WriteSummary(std::ostream& out);
+  // A job that ended ok: its record in the checkpoint directory (FinishedJob).
+  void RecordFinished(const nlohmann::json& summary);
   void Shutdown(const absl::Status& result);
   // Cancels the link to the leader and joins its thread (a follower; nothing otherwise).
   void StopLink();
