@@ -1,6 +1,7 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,7 +73,7 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", strerror(errno)));
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
@@ -86,6 +87,40 @@ absl::Status ReadFilesInto(std::initializer_list<std::pair<std::string, std::str
     *out = *std::move(contents);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckWritable(const std::string& path, const std::string& what) {
+  const auto refused = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "=", path, ": ", why));
+  };
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return refused("is a folder; name a file in it");
+    if (access(path.c_str(), W_OK) != 0)
+      return refused(absl::StrCat("cannot be written: ", strerror(errno)));
+  }
+  const std::string dir = DirOf(path);
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return refused(absl::StrCat("cannot write in ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritableFolder(const std::string& dir, const std::string& what) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "=", dir, ": is not a folder"));
+    }
+    if (access(dir.c_str(), W_OK | X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "=", dir, ": cannot write in it: ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  std::string parent = dir;
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  return CheckWritable(parent, what);
 }
 
 absl::StatusOr<std::string> SecretFrom(const std::string& value, const std::string& file,

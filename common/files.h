@@ -23,6 +23,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // the first file that cannot be read.
 absl::Status ReadFilesInto(std::initializer_list<std::pair<std::string, std::string*>> files);
 
+// OK when this process can write a file at `path`: its folder exists and lets it write there, and
+// `path` is not a folder or a read-only file. INVALID_ARGUMENT naming `what` (the flag), the
+// path and the reason otherwise. Creates nothing.
+absl::Status CheckWritable(const std::string& path, const std::string& what);
+
+// OK when this process can keep files in the folder `dir`: it exists and lets it write, or it
+// does not exist and its parent does (it is created on first use). INVALID_ARGUMENT otherwise.
+absl::Status CheckWritableFolder(const std::string& dir, const std::string& what);
+
 // A secret given directly or as a file (whose trailing newlines are dropped); at most one of the
 // two may be set. INVALID_ARGUMENT naming `what` otherwise.
 absl::StatusOr<std::string> SecretFrom(const std::string& value, const std::string& file,

@@ -63,25 +63,28 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
 }
 
 absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& actual,
-                             const std::string& what) {
+                             const std::string& expected_name, const std::string& actual_name) {
   if (expected.size() != actual.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", actual.size(), " tensors; the model has ", expected.size()));
+    return absl::InvalidArgumentError(absl::StrCat(actual_name, " has ", actual.size(),
+                                                   " tensors where ", expected_name, " has ",
+                                                   expected.size()));
   }
   for (size_t i = 0; i < expected.size(); ++i) {
     if (expected[i].name != actual[i].name) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", i, " is '", actual[i].name,
-                                                     "'; the model has '", expected[i].name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(actual_name, "'s tensor ", i, " is '",
+                                                     actual[i].name, "' where ", expected_name,
+                                                     "'s is '", expected[i].name, "'"));
     }
     if (expected[i].buffer != actual[i].buffer) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " tensor '", actual[i].name, "' is ", actual[i].buffer ? "a buffer" : "a parameter",
-          "; the model's is ", expected[i].buffer ? "a buffer" : "a parameter"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(actual_name, "'s tensor '", actual[i].name, "' is ",
+                       actual[i].buffer ? "a buffer" : "a parameter", " where ", expected_name,
+                       "'s is ", expected[i].buffer ? "a buffer" : "a parameter"));
     }
     if (expected[i].shape != actual[i].shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),
-                       "; the model has ", expected[i].ShapeString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          actual_name, "'s tensor '", actual[i].name, "' has shape ", actual[i].ShapeString(),
+          " where ", expected_name, "'s has ", expected[i].ShapeString()));
     }
   }
   return absl::OkStatus();

@@ -42,9 +42,10 @@ inline constexpr size_t kMaxTensorNameLength = 1024;
 absl::Status ValidateLayout(const ModelLayout& layout);
 
 // OK when `actual` has the same names and shapes in the same order as `expected`; otherwise
-// INVALID_ARGUMENT naming the first difference. `what` prefixes the message ("gradient").
+// INVALID_ARGUMENT naming the first difference, each side by its name ("this worker's model has
+// 47 tensors where the job's model has 8").
 absl::Status CheckSameLayout(const ModelLayout& expected, const ModelLayout& actual,
-                             const std::string& what);
+                             const std::string& expected_name, const std::string& actual_name);
 
 }  // namespace dbs
 

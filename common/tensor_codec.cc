@@ -47,7 +47,7 @@ absl::StatusOr<ModelLayout> LayoutOf(const TensorList& tensors, bool with_data) 
 absl::Status DecodeTensors(const TensorList& tensors, const ModelLayout& layout,
                            bool require_finite, absl::Span<float> flat) {
   DBS_ASSIGN_OR_RETURN(ModelLayout got, LayoutOf(tensors));
-  DBS_RETURN_IF_ERROR(CheckSameLayout(layout, got, "the message"));
+  DBS_RETURN_IF_ERROR(CheckSameLayout(layout, got, "the model", "the message"));
   if (flat.size() != static_cast<size_t>(TotalElements(layout))) {
     return absl::InternalError("destination buffer does not match the layout");
   }

@@ -285,6 +285,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   if (snap.ok()) {
     reply->head.set_version(snap->version);
     if (!req->omit_values()) reply->values = ValuesOf(*snap);
+    if (model_accepted_hook_) model_accepted_hook_(req->worker_id());
   }
   return Answer(reactor, snap.status());
 }
@@ -1175,6 +1176,7 @@ class RegisterStreamReactor final
       std::vector<float>().swap(initial_);
       service_->Registered();
     }
+    if (service_->model_accepted_hook_) service_->model_accepted_hook_(worker_id_);
     v1::Parameters reply;
     reply.set_version(snap.version);
     if (!RawEncode(reply, out_)) return absl::InternalError("cannot serialize the reply");

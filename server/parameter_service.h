@@ -99,6 +99,11 @@ class ParameterServiceImpl final : public ParameterRawService,
   // lets go of the buffers kept for encoding answers over gRPC because the last version's
   // answers all went through shared memory. Set before serving.
   void SetFreedMemoryHook(std::function<void()> hook) { freed_memory_hook_ = std::move(hook); }
+  // Called with a worker's id when its model registration is accepted (the job's model, or the
+  // first). Set before serving.
+  void SetModelAcceptedHook(std::function<void(int worker_id)> hook) {
+    model_accepted_hook_ = std::move(hook);
+  }
   // Workers whose pushes may travel in shared memory now.
   int shared_memory_workers() const;
   // Lets go of `workers`' regions (removed from the job): their memory is freed once no push
@@ -239,6 +244,7 @@ class ParameterServiceImpl final : public ParameterRawService,
   bool push_sessions_ = true;
   bool shared_memory_ = true;
   std::function<void()> freed_memory_hook_;
+  std::function<void(int worker_id)> model_accepted_hook_;
   std::atomic<bool> registered_told_{false};
   // Calls freed_memory_hook_, the first time only.
   void Registered();

@@ -42,7 +42,12 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Register(const ModelLayout& la
   DBS_RETURN_IF_ERROR(ValidateLayout(layout));
   absl::MutexLock lock(&mu_);
   if (!layout_.empty()) {
-    DBS_RETURN_IF_ERROR(CheckSameLayout(layout_, layout, "the registered model"));
+    const absl::Status same =
+        CheckSameLayout(layout_, layout, "the job's model", "this worker's model");
+    if (!same.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(same.message(), ": every worker trains the model the first one registered"));
+    }
     return SnapshotLocked();
   }
   if (initial.size() != static_cast<size_t>(TotalElements(layout))) {

@@ -94,9 +94,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       tokens_.push_back(NewTokenLocked());
       if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back());
       ++events_;
-      if (static_cast<int>(workers_.size()) == config_.expected_workers) {
-        DBS_RETURN_IF_ERROR(PlanNextEpochLocked(&calls));
-      }
+      if (!start_with_models_) DBS_RETURN_IF_ERROR(StartIfReadyLocked(&calls));
     }
     result.worker_id = id;
     // A worker joining a running job starts with the next epoch to be planned.
@@ -658,6 +656,49 @@ void Scheduler::LoadState(State state) {
   // A checkpoint without tokens (none are written empty) gets fresh ones: its workers register
   // again under their names.
   while (tokens_.size() < workers_.size()) tokens_.push_back(NewTokenLocked());
+}
+
+void Scheduler::StartWithAcceptedModels() {
+  absl::MutexLock lock(&mu_);
+  start_with_models_ = true;
+}
+
+absl::Status Scheduler::ModelAccepted(int worker_id) {
+  Calls calls;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker_id < 0 || worker_id >= static_cast<int>(workers_.size())) {
+      return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
+    }
+    if (!start_with_models_ || !records_.empty()) return absl::OkStatus();
+    models_accepted_.insert(worker_id);
+    DBS_RETURN_IF_ERROR(StartIfReadyLocked(&calls));
+  }
+  Run(calls);
+  return absl::OkStatus();
+}
+
+int Scheduler::WorkersReadyLocked() const {
+  // One that registered and left (its model refused, say) is not ready, nor, when the job waits
+  // for models, one whose model was not accepted.
+  int ready = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (left_[i]) continue;
+    if (start_with_models_ && models_accepted_.count(static_cast<int>(i)) == 0) continue;
+    ++ready;
+  }
+  return ready;
+}
+
+int Scheduler::WorkersReady() const {
+  absl::MutexLock lock(&mu_);
+  return WorkersReadyLocked();
+}
+
+absl::Status Scheduler::StartIfReadyLocked(Calls* calls) {
+  if (!records_.empty() || !aborted_.ok()) return absl::OkStatus();
+  if (WorkersReadyLocked() < config_.expected_workers) return absl::OkStatus();
+  return PlanNextEpochLocked(calls);
 }
 
 void Scheduler::SetTokenKey(std::string key) {

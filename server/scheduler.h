@@ -139,6 +139,17 @@ class Scheduler {
   // server's other shards can check them before they hear of the worker. Call before serving.
   void SetTokenKey(std::string key);
 
+  // From now on the job starts (epoch 0 is planned) when its expected workers have each
+  // registered and had their model accepted (ModelAccepted), not when they have registered: a
+  // worker whose model is refused never counts. Call before serving.
+  void StartWithAcceptedModels();
+  // Worker `worker_id`'s model was accepted (the job's, or the first). NOT_FOUND for an unknown
+  // id; OK and nothing more when the job has started or does not wait for models.
+  absl::Status ModelAccepted(int worker_id);
+  // How many of the expected workers the job has before it starts: registered, not gone, and
+  // with their model accepted when it waits for models.
+  int WorkersReady() const;
+
   // OK when `token` is worker `worker_id`'s: NOT_FOUND for an unknown id, UNAUTHENTICATED for no
   // token, PERMISSION_DENIED for another worker's or a wrong one.
   absl::Status Authenticate(int worker_id, absl::string_view token) const;
@@ -232,6 +243,9 @@ class Scheduler {
   WorkerObservation ObserveLocked(int id, int upto) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans epoch 0 once the expected workers are present (see StartWithAcceptedModels).
+  absl::Status StartIfReadyLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int WorkersReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a registering peer declares, within the limits above and this job's batch.
@@ -256,6 +270,8 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
   std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
+  bool start_with_models_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int> models_accepted_ ABSL_GUARDED_BY(mu_);  // before the start
   std::vector<EpochRecord> records_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,6 +4,7 @@
 #include "common/plan_codec.h"
 #include "common/raw_call.h"
 #include "common/secrets.h"
+#include "glog/logging.h"
 
 namespace dbs {
 
@@ -47,9 +48,18 @@ void SchedulerServiceImpl::DoRegisterWorker(grpc::CallbackServerContext* ctx,
                                             const v1::RegisterWorkerRequest& req,
                                             v1::RegisterWorkerReply* reply,
                                             WaitingReactor* reactor) {
-  if (!job_token_.empty() && !ConstantTimeEquals(ClientMetadata(ctx, kJobTokenKey), job_token_)) {
-    return Answer(reactor, absl::UnauthenticatedError(
-                               "RegisterWorker needs the job's secret (dbs_worker --job_token)"));
+  if (!job_token_.empty()) {
+    const std::string given = ClientMetadata(ctx, kJobTokenKey);
+    if (given.empty() || !ConstantTimeEquals(given, job_token_)) {
+      LogRefusedSecret(ctx->peer(), given.empty());
+      return Answer(
+          reactor,
+          absl::UnauthenticatedError(
+              given.empty() ? "this job needs its secret and the worker sent none: give the "
+                              "worker --job_token or --job_token_file (DBS_JOB_TOKEN_FILE)"
+                            : "the secret the worker sent is not this job's: give dbs_ps and "
+                              "every worker the same --job_token or --job_token_file"));
+    }
   }
   absl::StatusOr<RegistrationResult> r = scheduler_->Register(FromProto(req));
   if (r.ok()) {
@@ -57,6 +67,22 @@ void SchedulerServiceImpl::DoRegisterWorker(grpc::CallbackServerContext* ctx,
     reply->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
   }
   Answer(reactor, r.status());
+}
+
+void SchedulerServiceImpl::LogRefusedSecret(const std::string& peer, bool missing) {
+  absl::MutexLock lock(&log_mu_);
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_logged_ < absl::Seconds(1)) {
+    ++refusals_not_logged_;
+    return;
+  }
+  LOG(WARNING) << "refused a worker from " << peer << ": "
+               << (missing ? "it sent no job secret" : "its job secret is not this job's")
+               << (refusals_not_logged_ > 0
+                       ? absl::StrCat(" (and ", refusals_not_logged_, " more since the last line)")
+                       : "");
+  last_refusal_logged_ = now;
+  refusals_not_logged_ = 0;
 }
 
 void SchedulerServiceImpl::DoLeave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest& req,

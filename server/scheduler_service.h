@@ -5,8 +5,11 @@
 #ifndef DBS_SERVER_SCHEDULER_SERVICE_H_
 #define DBS_SERVER_SCHEDULER_SERVICE_H_
 
+#include <cstdint>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/raw_call.h"
 #include "common/waiting_reactor.h"
 #include "common/wire_values.h"
@@ -53,11 +56,17 @@ class SchedulerServiceImpl final : public SchedulerRawService {
                      WaitingReactor* reactor);
   void DoGetEpochPlan(grpc::CallbackServerContext* ctx, const v1::GetEpochPlanRequest& req,
                       v1::EpochPlan* reply, WaitingReactor* reactor);
+  // Logs a registration refused for its job secret, with the peer's address: at most one line
+  // a second (a flood of refused calls counts into the next line).
+  void LogRefusedSecret(const std::string& peer, bool missing);
 
   Scheduler* const scheduler_;
   const std::string job_token_;
   const CallHooks hooks_;
   const WireDtype wire_dtype_;
+  absl::Mutex log_mu_;
+  absl::Time last_refusal_logged_ ABSL_GUARDED_BY(log_mu_) = absl::InfinitePast();
+  int64_t refusals_not_logged_ ABSL_GUARDED_BY(log_mu_) = 0;
 };
 
 }  // namespace dbs

@@ -380,8 +380,8 @@ bool TrainingJob::CheckStall() {
   const std::vector<EpochRecord> history = scheduler_->History();
   std::string waiting;
   if (history.empty()) {
-    waiting = absl::StrCat("workers to register: ", scheduler_->Workers().size(), " of ",
-                           config_.scheduler.expected_workers, " did");
+    waiting = absl::StrCat("workers to register with the job's model: ", scheduler_->WorkersReady(),
+                           " of ", config_.scheduler.expected_workers, " did");
   } else if (!progress.waiting_for.empty()) {
     waiting = absl::StrCat("a push from worker(s) ", absl::StrJoin(progress.waiting_for, ", "),
                            " at epoch ", progress.epoch, " step ", progress.step);
@@ -595,7 +595,8 @@ RunInfo TrainingJob::Run() const {
   run.start = start_;
   absl::MutexLock lock(&mu_);
   run.audits = audits_;
-  run.end = finished_.HasBeenNotified() ? end_ : clock_->Now();
+  run.finished = finished_.HasBeenNotified();
+  run.end = run.finished ? end_ : clock_->Now();
   if (finished_.HasBeenNotified() && !final_status_.ok()) run.status = final_status_.ToString();
   return run;
 }

@@ -175,6 +175,22 @@ class DataFormatsTest(ProcessTestCase):
         err = self.refused(f"--model={plain_cnn}", f"--data=npy:{images},{labels}")
         self.assertIn("the model cannot take the data's inputs (a batch of shape [2, 3, 32, 32])",
                       err)
+        self.assertNotIn("channels-last", err)
+        # Images stored channels last, as NumPy and TensorFlow keep them: said so, with the fix.
+        write_npy(images, "|u1", (n, 28, 28, 1), bytes(n * 784))
+        err = self.refused(f"--model={plain_cnn}", f"--data=npy:{images},{labels}")
+        self.assertIn("The samples look channels-last ([H, W, C] = [28, 28, 1]); PyTorch models "
+                      "take [C, H, W]", err)
+        self.assertIn("x.transpose(0, 3, 1, 2)", err)
+        # Class labels saved as floats are real-valued targets: said so, with the fix.
+        write_npy(images, "|u1", (n, 1, 28, 28), bytes(n * 784))
+        write_npy(labels, "<f4", (n,), struct.pack(f"<{n}f", *range(n)))
+        err = self.refused(f"--model={plain_cnn}", f"--data=npy:{images},{labels}")
+        self.assertIn("the model outputs [2, 10] but the targets of that batch are [2]", err)
+        self.assertIn("if they are class labels, save them as integers", err)
+        # A file that cannot be opened, with the reason.
+        err = self.refused("--model=mlp", f"--data=npy:{self.tmp}/none_x.npy,{labels}")
+        self.assertIn("none_x.npy cannot be opened: No such file or directory", err)
 
         # A CIFAR-10 file with a label of 10, a missing batch, an unknown reader.
         data = os.path.join(self.tmp, "cifar")

@@ -85,7 +85,7 @@ class GrpcPsClientDeadlineTest : public ::testing::Test {
 TEST_F(GrpcPsClientDeadlineTest, ACallThatIsNeverAnsweredIsRetriedThenFails) {
   GrpcPsClient client(config_);
   EpochTiming timing;
-  // Returns at all (before this change it waited forever), with the call named.
+  // Returns at all rather than waiting forever, with the call named.
   const absl::Status s = client.ReportEpoch(timing);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("ReportEpoch")));
   EXPECT_GE(hole_.calls.load(), 2) << "timed-out attempts are retried";
@@ -190,10 +190,13 @@ class TwoWorkerJob {
       ASSERT_THAT(r, IsOk());
       ids_[w] = r->worker_id;
     }
+    // The job starts once both models are accepted.
     for (int w = 0; w < 2; ++w) {
       ASSERT_THAT(clients_[w]->RegisterModel(ids_[w], layout, std::vector<float>(n_, initial),
                                              absl::MakeSpan(params_[w])),
                   IsOk());
+    }
+    for (int w = 0; w < 2; ++w) {
       absl::StatusOr<WorkerPlan> plan = clients_[w]->GetEpochPlan(ids_[w], 0);
       ASSERT_THAT(plan, IsOk());
       plans_[w] = *plan;
@@ -308,6 +311,8 @@ TEST(GrpcPsClientShardTest, AWorkerThatDiesBetweenItsPushesToTheShardsIsRemovedF
                                        absl::MakeSpan(params[w]).subspan(r.begin, r.size())),
           IsOk());
     }
+  }
+  for (int w = 0; w < 2; ++w) {  // the job starts once both models are accepted
     absl::StatusOr<WorkerPlan> plan = clients[w][0]->GetEpochPlan(ids[w], 0);
     ASSERT_THAT(plan, IsOk());
     plans[w] = *plan;

@@ -225,6 +225,18 @@ TEST(PsServerTest, PlanRequestsWhoseClientsGaveUpAreDropped) {
     v1::RegisterWorkerReply reply;
     grpc::ClientContext ctx;
     EXPECT_THAT(stub->RegisterWorker(&ctx, req, &reply), IsOk());
+    // The job starts once its workers' models are accepted.
+    v1::RegisterModelRequest model;
+    model.set_worker_id(reply.worker_id());
+    v1::Tensor* t = model.add_parameters();
+    t->set_name("w");
+    t->add_shape(4);
+    t->set_data(std::string(16, '\0'));
+    v1::Parameters accepted;
+    grpc::ClientContext model_ctx;
+    model_ctx.AddMetadata(kWorkerTokenKey, reply.token());
+    EXPECT_THAT(v1::ParameterService::NewStub(channel)->RegisterModel(&model_ctx, model, &accepted),
+                IsOk());
     return reply.token();
   };
   const std::string token = register_worker("w0");

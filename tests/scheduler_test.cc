@@ -70,6 +70,46 @@ class SchedulerTest : public ::testing::Test {
   RecordingListener listener_;
 };
 
+// With StartWithAcceptedModels (dbs_ps), a worker counts toward the start once its model is
+// accepted: one refused for its model (which leaves) is not a member, and the job waits for
+// another, not for the worker timeout.
+TEST_F(SchedulerTest, TheJobStartsWithTheWorkersWhoseModelsWereAccepted) {
+  auto s = Make("dbs", /*workers=*/2);
+  s->StartWithAcceptedModels();
+  const int a = s->Register(Reg("a"))->worker_id;
+  const int b = s->Register(Reg("b"))->worker_id;
+  EXPECT_TRUE(listener_.planned.empty()) << "registered, but no model accepted yet";
+  ASSERT_THAT(s->ModelAccepted(a), IsOk());
+  EXPECT_EQ(s->WorkersReady(), 1);
+  ASSERT_THAT(s->Leave(b), IsOk());  // its model was refused
+  EXPECT_TRUE(listener_.planned.empty());
+  const int c = s->Register(Reg("c"))->worker_id;
+  ASSERT_THAT(s->ModelAccepted(c), IsOk());
+  ASSERT_EQ(listener_.planned, std::vector<int>{0});
+  PlanBox pa, pb;
+  s->AwaitPlan(a, 0, pa.callback());
+  ASSERT_TRUE(pa.plan.has_value());
+  ASSERT_THAT(*pa.plan, IsOk());
+  EXPECT_EQ((*pa.plan)->batch_size, 32) << "the global batch split between a and c";
+  s->AwaitPlan(b, 0, pb.callback());
+  ASSERT_TRUE(pb.plan.has_value());
+  EXPECT_FALSE(pb.plan->ok()) << "b left before the start and has no plan";
+  EXPECT_THAT(s->ModelAccepted(99), StatusCodeIs(absl::StatusCode::kNotFound));
+}
+
+// Without it (the domain's own default), the expected registrations start the job; one that
+// left before the start does not count.
+TEST_F(SchedulerTest, AWorkerThatLeftBeforeTheStartIsNotCounted) {
+  auto s = Make("dbs", /*workers=*/3);
+  s->Register(Reg("a")).IgnoreError();
+  const int x = s->Register(Reg("x"))->worker_id;
+  ASSERT_THAT(s->Leave(x), IsOk());
+  s->Register(Reg("b")).IgnoreError();
+  EXPECT_TRUE(listener_.planned.empty()) << "three registered, but one of them left";
+  s->Register(Reg("c")).IgnoreError();
+  EXPECT_EQ(listener_.planned, std::vector<int>{0});
+}
+
 TEST_F(SchedulerTest, PlansWaitForAllWorkersThenSplitEqually) {
   auto s = Make("dbs");
   ASSERT_EQ(s->Register(Reg("a"))->worker_id, 0);

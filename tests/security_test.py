@@ -74,15 +74,16 @@ class SecurityTest(ProcessTestCase):
             rc, _, err = self.run_cmd(worker(f"--name={name}", *flags), 60)
             self.assertEqual(rc, 200, name)
             self.assertIn("could not reach dbs_ps", err, name)
-        # The right certificate but the wrong secret: UNAUTHENTICATED.
-        # (A generous connect timeout: this one must get through TLS to be refused. Before the
-        # worker let gRPC give a connection attempt 20 s, each had at most 1.2 s, and under a
-        # loaded full-suite run every TLS handshake was cut off: "tcp handshaker shutdown".)
-        rc, _, err = self.run_cmd(worker("--name=guess", *self.tls("worker"), "--job_token=guess",
-                                         "--connect_timeout_s=90"),
-                                  150)
-        self.assertEqual(rc, 2, f"a wrong secret is a configuration error: {err}")
-        self.assertIn("job's secret", err)
+        # The right certificate but the wrong secret, or none: UNAUTHENTICATED, each saying
+        # which. (A generous connect timeout: these must get through TLS to be refused; under a
+        # loaded full-suite run a short handshake deadline cuts every TLS handshake off.)
+        for name, secret, says in (("guess", ["--job_token=guess"], "not this job's"),
+                                   ("nosecret", [], "sent none")):
+            rc, _, err = self.run_cmd(worker(f"--name={name}", *self.tls("worker"), *secret,
+                                             "--connect_timeout_s=90"),
+                                      150)
+            self.assertEqual(rc, 2, f"{name}: a refused secret is a configuration error: {err}")
+            self.assertIn(says, err)
         self.assertIsNone(ps.poll(), "dbs_ps is still serving")
 
         # The real workers train the job to completion (with 60 s of retries, like a real one:
@@ -93,8 +94,16 @@ class SecurityTest(ProcessTestCase):
         for w in workers:
             out, err = w.communicate(timeout=180)
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
-        record = self.check_ended_ok(ps, summary, epochs=1)
+        _, ps_err = ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual((record["status"], record["epochs_completed"]), ("ok", 1))
         self.assertEqual(len(record["worker_info"]), 2, "no stranger registered")
+        # dbs_ps says whom it refused, and why (one of the two refusals, at least: the log
+        # keeps to a line a second).
+        self.assertRegex(ps_err.decode(), r"refused a worker from ipv[46]:[\[\]0-9a-f.:]+: "
+                                          r"(it sent no job secret|its job secret is not this job's)")
 
     def test_the_shards_of_a_job_follow_only_with_the_secret_under_mutual_tls(self):
         summary = self.p("sharded.json")
@@ -116,7 +125,7 @@ class SecurityTest(ProcessTestCase):
         servers = f"127.0.0.1:{port},127.0.0.1:{fport}"
         # SMALL's 3 s of retries is for the frozen-server test; here a worker that gave up on a
         # shard while the machine was loaded would leave the other waiting for the job's second
-        # worker (the one CI timeout of session 21 fits that), so they get 60 s, like a real one.
+        # worker, so they get 60 s, like a real one.
         workers = [self.spawn(self.worker_argv(servers, *SMALL, f"--name=w{i}",
                                                *self.tls("worker"), token,
                                                "--connect_timeout_s=60")) for i in range(2)]

@@ -96,12 +96,19 @@ TEST(TensorLayoutTest, ValidateAndCompare) {
   EXPECT_FALSE(ValidateLayout({}).ok());
   EXPECT_FALSE(ValidateLayout({{"a", {0}}}).ok());
   EXPECT_FALSE(ValidateLayout({{"", {1}}}).ok());
-  EXPECT_THAT(CheckSameLayout(kLayout, kLayout, "x"), IsOk());
+  EXPECT_THAT(CheckSameLayout(kLayout, kLayout, "x", "y"), IsOk());
   ModelLayout other = kLayout;
   other[1].shape = {3};
-  const absl::Status s = CheckSameLayout(kLayout, other, "gradient");
+  const absl::Status s = CheckSameLayout(kLayout, other, "the job's model", "the gradient");
   EXPECT_THAT(s, StatusCodeIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("conv.bias"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("the gradient's tensor 'conv.bias' "
+                                                             "has shape [3] where the job's "
+                                                             "model's has"));
+  other.pop_back();
+  EXPECT_THAT(
+      std::string(
+          CheckSameLayout(kLayout, other, "the job's model", "this worker's model").message()),
+      ::testing::HasSubstr("this worker's model has 2 tensors where the job's model has 3"));
   EXPECT_EQ(TotalElements(kLayout), 7);
 }
 

@@ -85,8 +85,10 @@ TEST(TrainingJobRegistrationTest, AJobMissingWorkersEndsAfterTheStallTimeout) {
   EXPECT_FALSE(job->CheckStall());
   clock.Advance(absl::Minutes(5));
   ASSERT_TRUE(job->CheckStall());
-  EXPECT_THAT(job->Wait(), StatusIs(absl::StatusCode::kDeadlineExceeded,
-                                    ::testing::HasSubstr("workers to register: 1 of 3 did")));
+  EXPECT_THAT(
+      job->Wait(),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               ::testing::HasSubstr("workers to register with the job's model: 1 of 3 did")));
 }
 
 TEST_F(TrainingJobTest, ZeroTimeoutNeverAborts) {

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -479,7 +480,9 @@ Array Array::FirstRows(int64_t n) const {
 absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path, int64_t max_bytes) {
   if (!Exists(path)) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files transparently
-  if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
+  if (f == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
   std::string out;
   char buf[1 << 16];
   while (max_bytes <= 0 || static_cast<int64_t>(out.size()) < max_bytes) {
@@ -577,7 +580,9 @@ absl::StatusOr<Dataset> ParseCifar10(const std::string& records, int64_t limit) 
 
 absl::StatusOr<Array> MapNpy(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, " cannot be opened"));
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, " cannot be opened: ", std::strerror(errno)));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
