@@ -37,9 +37,9 @@ class Block(nn.Module):
 class ResNetBN(nn.Module):
     """ResNet-style: a stem, two residual blocks at 28x28 and 14x14, global pooling, a head."""
 
-    def __init__(self, classes: int = 10, width: int = 16):
+    def __init__(self, classes: int = 10, width: int = 16, channels: int = 1):
         super().__init__()
-        self.stem = nn.Conv2d(1, width, 3, padding=1, bias=False)
+        self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(width)
         self.block1 = Block(width)
         self.pool = nn.MaxPool2d(2)
@@ -80,6 +80,7 @@ def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
     torch.jit.script(ResNetBN()).save(os.path.join(out_dir, "resnet_bn.pt"))
+    torch.jit.script(ResNetBN(channels=3)).save(os.path.join(out_dir, "resnet_bn_rgb.pt"))
     torch.jit.script(PlainCNN()).save(os.path.join(out_dir, "plain_cnn.pt"))
     torch.jit.script(PlainCNN(channels=12)).save(os.path.join(out_dir, "wide_cnn.pt"))
     torch.jit.script(RegressionMLP()).save(os.path.join(out_dir, "mlp_regression.pt"))

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,11 +52,43 @@ torch::Tensor LossOf(const std::string& kind, const torch::Tensor& output,
 
 std::string ChosenLoss(const std::string& loss) { return loss == "auto" ? "by_target" : loss; }
 
+// An empty TorchScript module of class `name`, with the `training` flag a module made in
+// Python has (PyTorch's eval() and train() set it).
+torch::jit::Module NewModule(const std::string& name) {
+  torch::jit::Module m(name);
+  m.register_attribute("training", c10::BoolType::get(), false);
+  return m;
+}
+
+// The forward of a built-in as TorchScript: `ScriptModule` gives it submodules named as the
+// layers that hold parameters (conv1, fc1, ...), each with its weight and bias.
+constexpr char kMlpForward[] = R"(
+def forward(self, x):
+    x = torch.flatten(x, 1)
+    x = torch.relu(torch.linear(x, self.fc1.weight, self.fc1.bias))
+    x = torch.relu(torch.linear(x, self.fc2.weight, self.fc2.bias))
+    return torch.linear(x, self.fc3.weight, self.fc3.bias)
+)";
+constexpr char kCnnForward[] = R"(
+def forward(self, x):
+    x = x.reshape(SHAPE)
+    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv1.weight, self.conv1.bias)), [2, 2])
+    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv2.weight, self.conv2.bias)), [2, 2])
+    x = torch.flatten(x, 1)
+    x = torch.relu(torch.linear(x, self.fc1.weight, self.fc1.bias))
+    return torch.linear(x, self.fc2.weight, self.fc2.bias)
+)";
+
 class BuiltinNet : public Net {
  public:
-  // `input_shape`: [-1, C, H, W] to view a batch as images, empty to take it as it comes.
-  BuiltinNet(nn::Sequential model, std::vector<int64_t> input_shape, std::string loss)
-      : model_(std::move(model)), input_shape_(std::move(input_shape)), loss_(std::move(loss)) {
+  // `kind`: "mlp" or "cnn". `input_shape`: [-1, C, H, W] to view a batch as images, empty to
+  // take it as it comes.
+  BuiltinNet(std::string kind, nn::Sequential model, std::vector<int64_t> input_shape,
+             std::string loss)
+      : kind_(std::move(kind)),
+        model_(std::move(model)),
+        input_shape_(std::move(input_shape)),
+        loss_(std::move(loss)) {
     for (const auto& item : model_->named_parameters()) {
       layout_.push_back(TensorSpec{item.key(), item.value().sizes().vec()});
     }
@@ -69,22 +102,36 @@ class BuiltinNet : public Net {
   }
   void SetTraining(bool on) override { model_->train(on); }
   void To(const torch::Device& device) override { model_->to(device); }
-  // A dict of name -> tensor that Python's torch.load reads (docs/models.md has the module).
-  absl::Status Export(const std::string& path) override {
-    c10::Dict<std::string, torch::Tensor> state;
+
+ protected:
+  // The same network in TorchScript: a submodule per layer with parameters, named as in the
+  // Sequential, so that its state_dict() is the Sequential's (docs/models.md).
+  torch::jit::Module ScriptModule() override {
+    torch::jit::Module core = NewModule(absl::StrCat("__torch__.dbs.builtin.", kind_));
+    std::map<std::string, torch::jit::Module> layers;
+    std::vector<std::string> order;
     for (const auto& item : model_->named_parameters()) {
-      state.insert(item.key(), item.value().detach().to(torch::kCPU).clone());
+      const std::string& key = item.key();
+      const std::string layer = key.substr(0, key.find('.'));
+      auto [it, added] = layers.try_emplace(
+          layer, NewModule(absl::StrCat("__torch__.dbs.builtin.", kind_, ".", layer)));
+      if (added) order.push_back(layer);
+      it->second.register_parameter(key.substr(key.find('.') + 1),
+                                    item.value().detach().to(torch::kCPU).clone(),
+                                    /*is_buffer=*/false);
     }
-    const std::vector<char> bytes = torch::pickle_save(state);
-    return WriteAtomically(path, [&bytes](const std::string& tmp) {
-      std::ofstream out(tmp, std::ios::binary);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      out.close();
-      if (!out) throw std::runtime_error("write failed");
-    });
+    for (const std::string& layer : order) core.register_module(layer, layers.at(layer));
+    std::string forward = kind_ == "cnn" ? kCnnForward : kMlpForward;
+    const size_t at = forward.find("SHAPE");
+    if (at != std::string::npos) {
+      forward.replace(at, 5, absl::StrCat("[", absl::StrJoin(input_shape_, ", "), "]"));
+    }
+    core.define(forward);
+    return core;
   }
 
  private:
+  const std::string kind_;
   nn::Sequential model_;
   const std::vector<int64_t> input_shape_;
   const std::string loss_;
@@ -127,9 +174,13 @@ class ScriptNet : public Net {
     }
     tensors_ = std::move(moved);
   }
-  // The same module with the current values: torch.jit.load reads it.
-  absl::Status Export(const std::string& path) override {
-    return WriteAtomically(path, [this](const std::string& tmp) { module_.save(tmp); });
+
+ protected:
+  // A copy of the module with its current values, on the CPU.
+  torch::jit::Module ScriptModule() override {
+    torch::jit::Module copy = module_.deepcopy();
+    copy.to(torch::kCPU);
+    return copy;
   }
 
  private:
@@ -155,6 +206,54 @@ std::string TorchErrorLine(const std::string& what) {
   return what.substr(0, what.find('\n'));
 }
 
+namespace {
+
+// The export (Net::Export): `core` behind a forward that makes raw inputs what the network was
+// trained on, as PrepareInputs does.
+torch::jit::Module ExportModule(torch::jit::Module core, const InputTransform& t) {
+  torch::jit::Module m = NewModule("__torch__.dbs.Export");
+  m.register_module("model", std::move(core));
+  const auto as_tensor = [&](const std::vector<double>& v, double none) {
+    if (v.empty()) return torch::tensor(none, torch::kFloat32);
+    torch::Tensor x = torch::tensor(v, torch::kFloat64).to(torch::kFloat32);
+    return v.size() == 1 ? x.reshape({}) : x.reshape(t.shape);
+  };
+  // Buffers, so that .to(device) moves them with the model.
+  m.register_buffer("input_mean", as_tensor(t.mean, 0.0));
+  m.register_buffer("input_std", as_tensor(t.std, 1.0));
+  m.register_attribute("mean", c10::ListType::ofFloats(), c10::List<double>(t.mean));
+  m.register_attribute("std", c10::ListType::ofFloats(), c10::List<double>(t.std));
+  m.register_attribute("num_classes", c10::IntType::get(), t.num_classes);
+  m.register_attribute(kExportMarker, c10::StringType::get(),
+                       std::string("uint8 inputs are scaled to [0, 1], then every input x becomes "
+                                   "(x - mean[c]) / std[c] for its channel c (dim 1), then "
+                                   "goes through the submodule model"));
+  m.define(R"(
+def forward(self, x):
+    if x.is_floating_point():
+        x = x.float()
+    else:
+        x = x.float() / 255.0
+    return self.model.forward((x - self.input_mean) / self.input_std)
+)");
+  m.eval();
+  return m;
+}
+
+}  // namespace
+
+absl::Status Net::Export(const std::string& path, const InputTransform& inputs) {
+  torch::jit::Module m;
+  try {
+    m = ExportModule(ScriptModule(), inputs);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    return absl::InternalError(absl::StrCat("cannot make the export of the model: ",
+                                            what.substr(0, std::min<size_t>(what.size(), 2000))));
+  }
+  return WriteAtomically(path, [&m](const std::string& tmp) { m.save(tmp); });
+}
+
 std::vector<torch::Tensor> Net::Parameters() {
   std::vector<torch::Tensor> all = Tensors();
   std::vector<torch::Tensor> params;
@@ -175,7 +274,8 @@ absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(const std::string& name,
   int64_t features = 1;
   for (int64_t d : row_shape) features *= d;
   if (name == "mlp") {
-    return std::make_unique<BuiltinNet>(nn::Sequential({{"flatten", nn::Flatten()},
+    return std::make_unique<BuiltinNet>(name,
+                                        nn::Sequential({{"flatten", nn::Flatten()},
                                                         {"fc1", nn::Linear(features, 256)},
                                                         {"relu1", nn::ReLU()},
                                                         {"fc2", nn::Linear(256, 128)},
@@ -196,6 +296,7 @@ absl::StatusOr<std::unique_ptr<Net>> MakeBuiltinNet(const std::string& name,
     // Two valid 5x5 convolutions, each followed by 2x2 max-pooling.
     const int64_t fh = ((h - 4) / 2 - 4) / 2, fw = ((w - 4) / 2 - 4) / 2;
     return std::make_unique<BuiltinNet>(
+        name,
         nn::Sequential({{"conv1", nn::Conv2d(nn::Conv2dOptions(c, 16, 5))},
                         {"relu1", nn::ReLU()},
                         {"pool1", nn::MaxPool2d(2)},
@@ -228,6 +329,11 @@ absl::StatusOr<std::unique_ptr<Net>> LoadScriptNet(const std::string& path,
                                                    " (save it from Python with "
                                                    "torch.jit.script(model).save(path)): ",
                                                    what));
+  }
+  // A model dbs exported trains as the network inside it (the export's forward would normalise
+  // inputs the worker normalises already).
+  if (module.hasattr(kExportMarker) && module.hasattr("model")) {
+    module = module.attr("model").toModule();
   }
   std::string chosen = loss;
   if (loss == "auto") chosen = module.find_method("loss").has_value() ? "module" : "by_target";
@@ -340,9 +446,19 @@ absl::Status CheckModelFitsData(Net& net, const torch::Tensor& inputs, const tor
   try {
     output = net.Forward(inputs);
   } catch (const std::exception& e) {
+    // Images stored channels last ([N, H, W, C], as NumPy and TensorFlow keep them) where the
+    // model wants them channels first.
+    std::string hint;
+    if (inputs.dim() == 4 && (inputs.size(3) == 1 || inputs.size(3) == 3) && inputs.size(1) > 4 &&
+        inputs.size(2) > 4) {
+      hint = absl::StrCat(". The samples look channels-last ([H, W, C] = [", inputs.size(1), ", ",
+                          inputs.size(2), ", ", inputs.size(3),
+                          "]); PyTorch models take [C, H, W]: save the array transposed, "
+                          "e.g. np.ascontiguousarray(x.transpose(0, 3, 1, 2))");
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("the model cannot take the data's inputs (a batch of shape ", shape(inputs),
-                     "): ", TorchErrorLine(e.what())));
+                     "): ", TorchErrorLine(e.what()), hint));
   }
   const int64_t n = inputs.size(0);
   if (num_classes > 0) {
@@ -357,9 +473,17 @@ absl::Status CheckModelFitsData(Net& net, const torch::Tensor& inputs, const tor
                        " classes) but the model gives ", output.size(1), " outputs per sample"));
     }
   } else if (output.numel() != targets.numel()) {
+    // Real-valued targets: one value per output. Class labels saved as floats land here.
+    std::string hint;
+    if (output.dim() == 2 && output.size(0) == n && targets.numel() == n) {
+      hint = absl::StrCat(
+          ". Float targets are read as real values to regress (one per output); if they are "
+          "class labels, save them as integers (e.g. y.astype(np.int64)) and the model's ",
+          output.size(1), " outputs are its classes");
+    }
     return absl::InvalidArgumentError(absl::StrCat("the model outputs ", shape(output),
                                                    " but the targets of that batch are ",
-                                                   shape(targets)));
+                                                   shape(targets), hint));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #ifndef DBS_WORKER_MODEL_H_
 #define DBS_WORKER_MODEL_H_
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -24,6 +25,18 @@
 
 namespace dbs {
 
+// What the worker makes of the data's inputs before the network sees them (PrepareInputs), kept
+// in an export so that it takes inputs as the data set holds them.
+struct InputTransform {
+  std::vector<double> mean, std;  // per channel (one: every value); empty: no standardisation
+  std::vector<int64_t> shape;     // mean and std's shape against a batch (dim 1 onwards)
+  int64_t num_classes = 0;        // class labels in [0, num_classes); 0: real-valued targets
+};
+
+// The name of the string attribute an export carries (what it does to its inputs), by which
+// LoadScriptNet knows one and trains the network inside it.
+inline constexpr char kExportMarker[] = "dbs_input_transform";
+
 class Net {
  public:
   virtual ~Net() = default;
@@ -36,13 +49,19 @@ class Net {
   virtual torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& target) = 0;
   virtual void SetTraining(bool on) = 0;
   virtual void To(const torch::Device& device) = 0;
-  // Writes the network with its current values where PyTorch loads it (docs/models.md).
-  virtual absl::Status Export(const std::string& path) = 0;
+  // Writes a TorchScript module that torch.jit.load reads (docs/models.md#trained-weights-out):
+  // the network with its current values (submodule `model`), in evaluation mode, behind a
+  // forward that applies `inputs` first, so it takes raw inputs (bytes or floats as the data
+  // set holds them); attributes `mean`, `std` and `num_classes`.
+  absl::Status Export(const std::string& path, const InputTransform& inputs);
 
   // The trained parameters (the first entries of Tensors()).
   std::vector<torch::Tensor> Parameters();
 
  protected:
+  // The network as a TorchScript module of its own, holding copies of its current values.
+  virtual torch::jit::Module ScriptModule() = 0;
+
   ModelLayout layout_;
 };
 

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -66,10 +68,14 @@ class TorchLearner : public Learner {
     net_->To(device_);
     torch::Tensor mean, std;  // on the CPU
     const int64_t rank = static_cast<int64_t>(data_.train.inputs.shape().size());
+    inputs_.mean = norm_.mean;
+    inputs_.std = norm_.std;
+    inputs_.num_classes = data_.num_classes;
     if (norm_.mean.size() > 1) {
       // Shaped to broadcast over dim 1 of a batch: [C] for vectors, [C, 1, ...] for images.
       std::vector<int64_t> shape(std::max<int64_t>(rank - 1, 1), 1);
       shape[0] = static_cast<int64_t>(norm_.mean.size());
+      inputs_.shape = shape;
       const auto as_tensor = [&](const std::vector<double>& v) {
         return torch::tensor(v, torch::kFloat64).to(torch::kFloat32).reshape(shape);
       };
@@ -152,7 +158,7 @@ class TorchLearner : public Learner {
     return r;
   }
 
-  absl::Status Export(const std::string& path) override { return net_->Export(path); }
+  absl::Status Export(const std::string& path) override { return net_->Export(path, inputs_); }
 
   // The first few training samples, for CheckModelFitsData.
   absl::Status CheckModel() {
@@ -197,6 +203,7 @@ class TorchLearner : public Learner {
   const Normalization norm_;
   const torch::Tensor train_x_, train_y_, test_x_, test_y_;
   torch::Tensor mean_, std_;  // norm_ as tensors on the device (more than one channel)
+  InputTransform inputs_;     // norm_ and the classes, for an export
   int64_t channels_ = 1;
   std::vector<float> table_;  // uint8 inputs: 256 values per channel
   std::vector<float> batch_;  // the last batch of uint8 inputs, made float
@@ -221,10 +228,10 @@ absl::StatusOr<std::unique_ptr<Learner>> MakeTorchLearner(const LearnerConfig& c
     DBS_ASSIGN_OR_RETURN(
         net, MakeBuiltinNet(config.model, data.train.inputs.row_shape(), outputs, config.loss));
   } else if (access(config.model.c_str(), R_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown model '", config.model,
-        "': use cnn, mlp or the path of a TorchScript file (there is no readable file by that "
-        "name)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model '", config.model,
+                                                   "': use cnn, mlp or the path of a TorchScript "
+                                                   "file (that file cannot be read: ",
+                                                   std::strerror(errno), ")"));
   } else {
     DBS_ASSIGN_OR_RETURN(net, LoadScriptNet(config.model, config.loss));
   }
