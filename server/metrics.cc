@@ -239,6 +239,9 @@ std::string Metrics::Render(const RunInfo& run, const StepProgress& progress) {
 
 nlohmann::json Metrics::Status(const RunInfo& run, const StepProgress& progress, absl::Time now) {
   nlohmann::json s = BuildSummary(run);
+  // While the job runs it has no outcome yet: "running"; then "ok" or the error that ended it.
+  if (!run.finished) s["status"] = "running";
+  s["state"] = !run.finished ? "running" : run.status == "ok" ? "finished" : "failed";
   nlohmann::json live;
   live["epoch"] = progress.epoch + 1;
   live["step"] = progress.step;

@@ -45,6 +45,7 @@ struct RunInfo {
   absl::Time start;
   absl::Time end;
   std::string status = "ok";  // "ok" or the error that ended the job
+  bool finished = false;      // the job has ended (status says how)
 };
 
 // Test accuracy of an epoch over all workers' test slices (0 when nothing was evaluated).

@@ -107,8 +107,9 @@ function render(s) {
   headline.textContent = `policy ${s.policy}, ${s.workers} workers, global batch ` +
       `${s.global_batch} - epoch ${live.epoch}/${s.epochs_planned}, step ${live.step}/` +
       `${live.num_steps} - elapsed ${Math.round(live.elapsed_seconds || 0)} s, ETA ${eta}` +
-      ` - status ${s.status}`;
-  headline.className = "sub" + (s.status === "ok" ? "" : " bad");
+      ` - ${s.state === "running" ? "running" : s.state === "finished" ?
+                                 "finished (status ok)" : "ended: " + s.status}`;
+  headline.className = "sub" + (s.state === "failed" ? " bad" : "");
   const epochs = s.epochs || [];
   const current = epochs.length ? epochs[epochs.length - 1] : null;
   let lastDone = null;

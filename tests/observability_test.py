@@ -109,6 +109,8 @@ class ObservabilityTest(ProcessTestCase):
         self.assertEqual(dom.count('<tr class="worker">'), 2, dom[-3000:])
         self.assertIn("w0", dom)
         self.assertIn("samples/s", dom)
+        self.assertIn("- running", dom, "the headline says the job runs, not how it ended")
+        self.assertEqual(status["status"], "running")
         out_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.tmp)
         shot = os.path.join(out_dir, "status_page.png")
         subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
@@ -119,6 +121,30 @@ class ObservabilityTest(ProcessTestCase):
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         print(f"status page screenshot: {shot}", flush=True)
         self.stop(ps, workers)
+
+
+class FinalStateTest(ProcessTestCase):
+    def test_the_status_page_shows_the_end_through_the_linger(self):
+        """After the job, dbs_ps keeps its status page up for --linger_s with the final state;
+        while the job ran, the page said it was running."""
+        metrics_file = os.path.join(self.tmp, "metrics.port")
+        ps, port = self.start_ps(["--workers=1", "--epochs=1", "--global_batch=64",
+                                  "--linger_s=8", "--metrics_port=0",
+                                  f"--metrics_port_file={metrics_file}"])
+        metrics = open(metrics_file).read().strip()
+        self.assertEqual(json.loads(get(f"http://127.0.0.1:{metrics}/status.json"))["state"],
+                         "running")
+        rc, _, err = self.run_cmd(self.worker_argv(port, "--train_limit=640", "--test_limit=100",
+                                                   "--model=mlp"), 120)
+        self.assertEqual(rc, 0, err[-2000:])
+        ended = time.time()
+        status = json.loads(get(f"http://127.0.0.1:{metrics}/status.json"))
+        self.assertIsNone(ps.poll(), "dbs_ps lingers after its workers left")
+        self.assertEqual((status["state"], status["status"]), ("finished", "ok"))
+        self.assertEqual(status["epochs_completed"], 1)
+        ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0)
+        self.assertGreater(time.time() - ended, 5, "it stayed up for about --linger_s")
 
 
 if __name__ == "__main__":
