@@ -104,14 +104,17 @@ std::vector<std::string> FlagsOf(const std::string& main_file) {
   return names;
 }
 
-std::string HelpText(const std::string& usage, const std::string& main_file) {
-  std::string out = absl::StrCat(usage,
-                                 "\n\nFlags (each also read from the environment variable "
-                                 "shown; the command line wins):\n");
+std::string HelpText(const std::string& usage, const std::string& main_file, FlagSources sources) {
+  const bool env = sources == FlagSources::kCommandLineAndEnvironment;
+  std::string out =
+      absl::StrCat(usage, env ? "\n\nFlags (each also read from the environment variable "
+                                "shown; the command line wins):\n"
+                              : "\n\nFlags (from the command line only):\n");
   for (const std::string& name : FlagsOf(main_file)) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    absl::StrAppend(&out, "  --", name, "=", flag->DefaultValue(), "  [", EnvVarOf(name),
-                    "]\n      ", flag->Help(), "\n");
+    absl::StrAppend(&out, "  --", name, "=", flag->DefaultValue(),
+                    env ? absl::StrCat("  [", EnvVarOf(name), "]") : "", "\n      ", flag->Help(),
+                    "\n");
   }
   return out;
 }
@@ -132,17 +135,21 @@ void SkipDeadlockDetection() {
 
 std::vector<char*> ParseCommandLine(int argc, char** argv, const std::string& usage,
                                     const std::string& main_file,
-                                    const std::map<std::string, std::string>& fallbacks) {
+                                    const std::map<std::string, std::string>& fallbacks,
+                                    FlagSources sources) {
   absl::SetProgramUsageMessage(usage);
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
     if (IsHelp(args[i])) {
-      std::cout << HelpText(usage, main_file) << std::flush;
+      std::cout << HelpText(usage, main_file, sources) << std::flush;
       std::exit(kExitOk);
     }
   }
-  absl::StatusOr<std::vector<std::string>> folded =
-      ArgsWithEnvironment(args, Environment(), FlagsOf(main_file), fallbacks);
+  absl::StatusOr<std::vector<std::string>> folded = ArgsWithEnvironment(
+      args,
+      sources == FlagSources::kCommandLineAndEnvironment ? Environment()
+                                                         : std::map<std::string, std::string>{},
+      FlagsOf(main_file), fallbacks);
   if (!folded.ok()) {
     std::cerr << args[0] << ": " << folded.status().message() << std::endl;
     std::exit(kExitBadConfig);

@@ -47,17 +47,24 @@ absl::StatusOr<std::vector<std::string>> ArgsWithEnvironment(
 // Every flag defined in a file whose name ends with `main_file`, sorted by name.
 std::vector<std::string> FlagsOf(const std::string& main_file);
 
-// The --help text: `usage`, then each flag of `main_file` with its default, its variable and its
-// help.
-std::string HelpText(const std::string& usage, const std::string& main_file);
+// Whether a binary's flags also come from DBS_* variables. A helper that runs beside another
+// binary, in its environment (dbs_health_probe in dbs_ps's container), takes its command line
+// alone: the variables there are the other binary's.
+enum class FlagSources { kCommandLineAndEnvironment, kCommandLineOnly };
+
+// The --help text: `usage`, then each flag of `main_file` with its default, its variable (when
+// read from the environment) and its help.
+std::string HelpText(const std::string& usage, const std::string& main_file,
+                     FlagSources sources = FlagSources::kCommandLineAndEnvironment);
 
 // Parses the command line of a binary whose flags are defined in `main_file`: prints HelpText
 // and exits 0 for --help/-h/--helpfull; folds the environment in (ArgsWithEnvironment, from
-// the process's environment); on a bad variable or flag prints the reason and exits
-// kExitBadConfig. Returns the positional arguments.
+// the process's environment) unless `sources` says not to; on a bad variable or flag prints the
+// reason and exits kExitBadConfig. Returns the positional arguments.
 std::vector<char*> ParseCommandLine(int argc, char** argv, const std::string& usage,
                                     const std::string& main_file,
-                                    const std::map<std::string, std::string>& fallbacks = {});
+                                    const std::map<std::string, std::string>& fallbacks = {},
+                                    FlagSources sources = FlagSources::kCommandLineAndEnvironment);
 
 // Turns Abseil's mutex deadlock detector off for this process. Debian builds Abseil without
 // NDEBUG, which leaves the detector on: every Mutex::Lock then looks its mutex up in one global

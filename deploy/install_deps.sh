@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# Installs everything dbs needs to build, run and test on Debian 12 (bookworm). Idempotent: when
-# every package is already installed it changes nothing and does not touch the network.
+# Installs what dbs needs on Debian 12 (bookworm). Idempotent: when every package is already
+# installed it changes nothing and does not touch the network.
+#
+#   deploy/install_deps.sh           everything: build, run, test and benchmark (a developer, CI)
+#   deploy/install_deps.sh --build   only what building the binaries needs (the image's builder)
 set -euo pipefail
 
-PACKAGES=(
-  bazel-bootstrap bazel-rules-java g++
+# Building dbs_ps, dbs_worker and dbs_health_probe.
+BUILD_PACKAGES=(
+  bazel-bootstrap bazel-rules-java g++ python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgoogle-glog-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev
-  libgoogle-perftools-dev
-  libtorch-dev dataset-fashion-mnist python3
-  python3-torch python3-numpy python3-matplotlib clang-format openssl
-  clang libclang-rt-14-dev
+  libabsl-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
+  libgoogle-perftools-dev libtorch-dev
   prometheus-cpp-dev libcpp-httplib-dev libssl-dev libbrotli-dev
-  prometheus chromium docker-compose python3-yaml
+)
+# Running the default job, the tests, the sanitizers, the fuzzers and the benchmarks.
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev dataset-fashion-mnist
+  python3-torch python3-numpy python3-matplotlib python3-yaml clang-format openssl
+  clang libclang-rt-14-dev
+  prometheus chromium docker-compose docker.io debootstrap
 )
 
-# kubectl (for the Kubernetes manifests' test): any kubectl on the PATH will do; otherwise
-# Debian's kubernetes-client provides one.
-if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
-# Node.js and npm (the manifests' schema check uses the npm package kubernetes-models): any on
-# the PATH will do; otherwise Debian's.
-if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
+mode=all
+case "${1:-}" in
+  "") ;;
+  --build) mode=build ;;
+  *) echo "usage: $0 [--build]" >&2; exit 2 ;;
+esac
+
+PACKAGES=("${BUILD_PACKAGES[@]}")
+if [ "$mode" = all ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+  # kubectl (the Kubernetes manifests' test): any kubectl on the PATH will do; otherwise
+  # Debian's kubernetes-client provides one.
+  if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
+  # Node.js and npm (the manifests' schema check uses the npm package kubernetes-models): any
+  # on the PATH will do; otherwise Debian's.
+  if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -37,6 +55,7 @@ else
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+[ "$mode" = build ] && exit 0
 
 # The Kubernetes API schemas that tests/deploy_test.py validates the manifests against (the npm
 # package kubernetes-models, from the npm registry), outside the repository.

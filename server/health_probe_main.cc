@@ -14,10 +14,11 @@ ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Address of dbs_ps (host:port)
 ABSL_FLAG(double, timeout_s, 5.0, "How long to wait for the answer.");
 
 int main(int argc, char** argv) {
+  // It runs in dbs_ps's container, whose DBS_* variables are dbs_ps's.
   dbs::ParseCommandLine(argc, argv,
                         "dbs_health_probe: exits 0 when dbs_ps's health service says SERVING.\n"
                         "Example: dbs_health_probe --server=dbs-ps:50051",
-                        "health_probe_main.cc");
+                        "health_probe_main.cc", {}, dbs::FlagSources::kCommandLineOnly);
   const std::string server = absl::GetFlag(FLAGS_server);
   const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
   if (!(timeout_s > 0)) {
