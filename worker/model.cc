@@ -251,7 +251,14 @@ absl::Status Net::Export(const std::string& path, const InputTransform& inputs) 
     return absl::InternalError(absl::StrCat("cannot make the export of the model: ",
                                             what.substr(0, std::min<size_t>(what.size(), 2000))));
   }
-  return WriteAtomically(path, [&m](const std::string& tmp) { m.save(tmp); });
+  // Saved through a stream: a file name would be written into the archive, and the same model
+  // exported under two names would differ.
+  return WriteAtomically(path, [&m](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary);
+    m.save(out);
+    out.close();
+    if (!out) throw std::runtime_error("write failed");
+  });
 }
 
 std::vector<torch::Tensor> Net::Parameters() {
