@@ -195,5 +195,54 @@ TEST(LoadParametersTest, EveryValueLandsInItsTensorAndEachVersionMoves) {
   }
 }
 
+// An export (Net::Export) takes raw inputs: loaded back with torch::jit::load, fed bytes, it
+// gives what the worker's network gives the same bytes made ready by PrepareInputs, for the
+// built-ins and a TorchScript model, one channel and three; it keeps the mean, std and class
+// count; and LoadScriptNet trains the network inside it, with the same values.
+TEST(ExportTest, AnExportTakesRawInputsAndKeepsItsNormalisation) {
+  struct Case {
+    std::unique_ptr<Net> net;
+    std::vector<int64_t> shape;
+    Normalization norm;
+  };
+  std::vector<Case> cases;
+  cases.push_back({*MakeBuiltinNet("cnn"), {6, 1, 28, 28}, {{0.2860}, {0.3530}, ""}});
+  cases.push_back(
+      {*MakeBuiltinNet("mlp", {3, 4}, 5), {6, 3, 4}, {{0.5, 0.4, 0.3}, {0.2, 0.25, 0.3}, ""}});
+  cases.push_back({*LoadScriptNet("examples/resnet_bn.pt", "auto"), {6, 1, 28, 28}, {}});
+  const std::string path = ::testing::TempDir() + "/export.pt";
+  for (Case& c : cases) {
+    torch::manual_seed(3);
+    const torch::Tensor raw = torch::randint(0, 256, c.shape, torch::kInt64).to(torch::kUInt8);
+    InputTransform t{c.norm.mean, c.norm.std, {}, 10};
+    torch::Tensor mean, std;
+    if (c.norm.mean.size() > 1) {
+      t.shape = {static_cast<int64_t>(c.norm.mean.size()), 1};
+      mean = torch::tensor(c.norm.mean, torch::kFloat64).to(torch::kFloat32).reshape(t.shape);
+      std = torch::tensor(c.norm.std, torch::kFloat64).to(torch::kFloat32).reshape(t.shape);
+    }
+    c.net->SetTraining(false);
+    const torch::Tensor want = c.net->Forward(PrepareInputs(raw, c.norm, mean, std)).detach();
+    ASSERT_THAT(c.net->Export(path, t), IsOk());
+    torch::jit::Module m = torch::jit::load(path);
+    const torch::Tensor got = m.forward({raw}).toTensor();
+    EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6)) << c.shape;
+    const torch::Tensor scaled = m.forward({raw.to(torch::kFloat32) / 255.0}).toTensor();
+    EXPECT_TRUE(torch::allclose(scaled, want, 1e-5, 1e-6)) << "floats skip the scaling";
+    EXPECT_EQ(m.attr("num_classes").toInt(), 10);
+    EXPECT_EQ(m.attr("mean").toDoubleList().vec(), c.norm.mean);
+    EXPECT_EQ(m.attr("std").toDoubleList().vec(), c.norm.std);
+    // Trained on from the export: the network inside it, with the same values.
+    absl::StatusOr<std::unique_ptr<Net>> again = LoadScriptNet(path, "auto");
+    ASSERT_THAT(again, IsOk());
+    EXPECT_EQ((*again)->layout().size(), c.net->layout().size());
+    const size_t n = static_cast<size_t>(TotalElements(c.net->layout()));
+    std::vector<float> a(n), b(n);
+    CopyParametersTo(*c.net, absl::MakeSpan(a));
+    CopyParametersTo(**again, absl::MakeSpan(b));
+    EXPECT_EQ(a, b);
+  }
+}
+
 }  // namespace
 }  // namespace dbs

@@ -116,9 +116,11 @@ class BuiltinNet : public Net {
       auto [it, added] = layers.try_emplace(
           layer, NewModule(absl::StrCat("__torch__.dbs.builtin.", kind_, ".", layer)));
       if (added) order.push_back(layer);
-      it->second.register_parameter(key.substr(key.find('.') + 1),
-                                    item.value().detach().to(torch::kCPU).clone(),
-                                    /*is_buffer=*/false);
+      // Trainable, as the module's are, so that the export trains on as --model.
+      it->second.register_parameter(
+          key.substr(key.find('.') + 1),
+          item.value().detach().to(torch::kCPU).clone().requires_grad_(true),
+          /*is_buffer=*/false);
     }
     for (const std::string& layer : order) core.register_module(layer, layers.at(layer));
     std::string forward = kind_ == "cnn" ? kCnnForward : kMlpForward;
