@@ -351,7 +351,13 @@ absl::Status Scheduler::Report(const EpochTiming& t) {
       return absl::AlreadyExistsError(
           absl::StrCat("worker ", t.worker_id, " already reported epoch ", t.epoch));
     }
-    const WorkerPlan& plan = rec.plans.at(t.worker_id);
+    auto planned = rec.plans.find(t.worker_id);
+    if (planned == rec.plans.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", t.worker_id, " was not in epoch ", t.epoch,
+                       "'s plan (it joined later): it has nothing to report for that epoch"));
+    }
+    const WorkerPlan& plan = planned->second;
     if (rec.dead.count(t.worker_id) > 0) {
       return absl::NotFoundError(
           absl::StrCat("worker ", t.worker_id, " was removed from epoch ", t.epoch, " as dead"));

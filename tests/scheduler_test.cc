@@ -186,6 +186,13 @@ TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
   s->AwaitPlan(2, 1, plan.callback());
   EXPECT_FALSE(plan.plan.has_value()) << "waits for epoch 1 like everyone else";
   const auto h = s->History();
+  // A report for the epoch it was not in is refused, saying why, and changes nothing.
+  EpochTiming stray = Report(h[0].plans.at(0), 0, 100);
+  stray.worker_id = 2;
+  const absl::Status refused = s->Report(stray);
+  EXPECT_THAT(refused, StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("was not in epoch 0's plan"));
+  EXPECT_TRUE(s->History()[0].reports.empty());
   ASSERT_THAT(s->Report(Report(h[0].plans.at(0), 0, 100)), IsOk());
   ASSERT_THAT(s->Report(Report(h[0].plans.at(1), 1, 300)), IsOk());
   ASSERT_TRUE(plan.plan.has_value() && plan.plan->ok());
