@@ -25,6 +25,8 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 // Metadata keys of the credentials (see proto/dbs.proto).
 inline constexpr char kWorkerTokenKey[] = "x-dbs-token";
 inline constexpr char kJobTokenKey[] = "x-dbs-job-token";
+// A follower shard's key, sent by the leader on the Follow stream (ShardLog::Join).
+inline constexpr char kShardKeyKey[] = "x-dbs-shard-key";
 
 // The value of metadata `key` sent by the client ("" when absent).
 inline std::string ClientMetadata(const grpc::CallbackServerContext* ctx, const char* key) {

@@ -124,6 +124,7 @@ class PsServer {
   // The HTTP endpoint's port (0 when off).
   int metrics_port() const { return http_ == nullptr ? 0 : http_->port(); }
   TrainingJob* job() { return job_.get(); }
+  ShardLog* shard_log() { return shard_log_.get(); }  // null but on a sharded job's leader
 
   // Supervises the job until it ends, writes the summary, prints the human summary to `out`,
   // lets the workers leave (at most `linger`), stops serving gRPC, keeps the status page up

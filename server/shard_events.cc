@@ -13,9 +13,9 @@ namespace dbs {
 ShardLog::ShardLog(int num_shards, std::map<std::string, std::string> settings)
     : num_shards_(num_shards), settings_(std::move(settings)) {}
 
-absl::Status ShardLog::Join(int shard, int num_shards,
-                            const std::map<std::string, std::string>& settings,
-                            std::set<CheckpointAt> checkpoints) {
+absl::StatusOr<std::string> ShardLog::Join(int shard, int num_shards,
+                                           const std::map<std::string, std::string>& settings,
+                                           std::set<CheckpointAt> checkpoints) {
   if (num_shards != num_shards_ || shard < 1 || shard >= num_shards_) {
     return absl::FailedPreconditionError(
         absl::StrCat("this leader runs ", num_shards_, " shards; a follower started as shard ",
@@ -51,7 +51,7 @@ absl::Status ShardLog::Join(int shard, int num_shards,
   }
   joined_[shard] = 0;
   checkpoints_[shard] = std::move(checkpoints);
-  return absl::OkStatus();
+  return keys_[shard] = RandomToken();
 }
 
 void ShardLog::Part(int shard) {
@@ -59,6 +59,7 @@ void ShardLog::Part(int shard) {
   {
     absl::MutexLock lock(&mu_);
     if (joined_.erase(shard) == 0) return;
+    keys_.erase(shard);
     checkpoints_.erase(shard);
     if ((workers_seen_ || appended_) && !ended_ && !lost_) {
       lost_ = true;
@@ -88,9 +89,10 @@ absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
   return checkpoints_;
 }
 
-bool ShardLog::Follows(int shard) const {
+bool ShardLog::Vouches(int shard, absl::string_view key) const {
   absl::MutexLock lock(&mu_);
-  return joined_.count(shard) > 0;
+  auto it = keys_.find(shard);
+  return it != keys_.end() && !key.empty() && ConstantTimeEquals(key, it->second);
 }
 
 absl::Status ShardLog::Admit() const {

@@ -85,16 +85,19 @@ class ShardLog {
   // range, other settings, or a job that has gone on without it. UNAVAILABLE (the follower
   // retries) while its previous stream is still open, and while the job is ending because a
   // shard was lost: the leader is about to exit and be restarted.
-  // A follower started with --restore names the checkpoints it holds.
-  absl::Status Join(int shard, int num_shards, const std::map<std::string, std::string>& settings,
-                    std::set<CheckpointAt> checkpoints = {});
+  // A follower started with --restore names the checkpoints it holds. Returns the key the
+  // follower proves itself with on its calls to the leader (Vouches): its own, random, valid
+  // while its stream is open. Workers hold the job's secret; only the follower holds this.
+  absl::StatusOr<std::string> Join(int shard, int num_shards,
+                                   const std::map<std::string, std::string>& settings,
+                                   std::set<CheckpointAt> checkpoints = {});
   // Its stream ended: it may join again (a restarted follower) while no worker has registered.
   // Once workers have, the job cannot go on without that shard's range of the model: `on_lost`
   // (SetOnLost) runs, unless the job has ended.
   void Part(int shard);
   void SetOnLost(std::function<void(int shard)> on_lost);
-  // True while shard `shard` follows (its stream is open).
-  bool Follows(int shard) const;
+  // True while shard `shard` follows (its stream is open) and `key` is the one Join gave it.
+  bool Vouches(int shard, absl::string_view key) const;
   // OK once every follower has joined (workers may register); UNAVAILABLE naming the missing.
   absl::Status Admit() const;
   // Waits at most `timeout` for every follower to join; then the checkpoints each holds (by
@@ -118,7 +121,8 @@ class ShardLog {
   const int num_shards_;
   const std::map<std::string, std::string> settings_;
   mutable absl::Mutex mu_;
-  std::map<int, int64_t> joined_ ABSL_GUARDED_BY(mu_);  // shard -> next position it reads
+  std::map<int, int64_t> joined_ ABSL_GUARDED_BY(mu_);    // shard -> next position it reads
+  std::map<int, std::string> keys_ ABSL_GUARDED_BY(mu_);  // shard -> its key (Join)
   std::map<int, std::set<CheckpointAt>> checkpoints_ ABSL_GUARDED_BY(mu_);  // by shard
   std::deque<ShardEventData> events_ ABSL_GUARDED_BY(mu_);
   int64_t base_ ABSL_GUARDED_BY(mu_) = 0;  // position of events_.front()

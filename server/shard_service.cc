@@ -162,9 +162,10 @@ grpc::ServerWriteReactor<v1::ShardEvent>* ShardServiceImpl::Follow(
   for (const v1::CheckpointAt& c : request->checkpoints()) {
     checkpoints.insert({c.version(), c.epoch(), c.step()});
   }
-  const absl::Status joined =
+  const absl::StatusOr<std::string> key =
       log_->Join(request->shard(), request->num_shards(), settings, std::move(checkpoints));
-  if (!joined.ok()) return new RefusedWrite(joined);
+  if (!key.ok()) return new RefusedWrite(key.status());
+  ctx->AddInitialMetadata(kShardKeyKey, *key);
   LOG(INFO) << "shard " << request->shard() << "/" << request->num_shards() << " follows";
   return new FollowReactor(log_, request->shard());
 }
@@ -176,9 +177,14 @@ grpc::ServerUnaryReactor* ShardServiceImpl::ReportMissing(grpc::CallbackServerCo
     return FinishUnary(ctx, absl::UnauthenticatedError(
                                 "ReportMissing needs the job's secret (dbs_ps --job_token)"));
   }
-  if (!log_->Follows(request->shard())) {
-    return FinishUnary(ctx, absl::FailedPreconditionError(absl::StrCat(
-                                "shard ", request->shard(), " does not follow this leader")));
+  // Workers hold the job's secret too: only the follower itself, with the key its Follow
+  // stream carries, can tell the leader that pushes went missing (which removes workers).
+  if (!log_->Vouches(request->shard(), ClientMetadata(ctx, kShardKeyKey))) {
+    return FinishUnary(
+        ctx, absl::PermissionDeniedError(absl::StrCat(
+                 "ReportMissing comes only from shard ", request->shard(),
+                 " itself, with the key its Follow stream carries; the shard does not follow "
+                 "this leader, or the call is not the shard's")));
   }
   MissingPushes missing;
   missing.epoch = request->epoch();
@@ -196,6 +202,13 @@ absl::Status LeaderLink::ReportMissing(const MissingPushes& missing, absl::Durat
   for (int id : missing.workers) req.add_workers(id);
   grpc::ClientContext ctx;
   if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
+  {
+    absl::MutexLock lock(&mu_);
+    if (shard_key_.empty()) {
+      return absl::UnavailableError("this shard does not follow the leader at the moment");
+    }
+    ctx.AddMetadata(kShardKeyKey, shard_key_);
+  }
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::MissingPushesReply reply;
   return FromGrpcStatus(stub->ReportMissing(&ctx, req, &reply));
@@ -235,7 +248,12 @@ absl::Status LeaderLink::Run() {
     v1::ShardEvent event;
     int64_t read = 0;
     while (reader->Read(&event)) {
-      ++read;
+      if (++read == 1) {  // the leader's initial metadata has arrived with the first event
+        const auto& meta = ctx.GetServerInitialMetadata();
+        auto key = meta.find(kShardKeyKey);
+        absl::MutexLock lock(&mu_);
+        shard_key_ = key == meta.end() ? "" : std::string(key->second.data(), key->second.size());
+      }
       ShardEventData e = FromProto(event);
       follower_->Apply(e);
       if (e.kind == ShardEventData::Kind::kEnd) {
@@ -247,6 +265,7 @@ absl::Status LeaderLink::Run() {
     {
       absl::MutexLock lock(&mu_);
       current_ = nullptr;
+      shard_key_.clear();
       if (cancelled_) return absl::CancelledError("stopped");
     }
     if (ended) break;

@@ -70,6 +70,7 @@ class LeaderLink {
   absl::Mutex mu_;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string shard_key_ ABSL_GUARDED_BY(mu_);  // from the open Follow stream
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

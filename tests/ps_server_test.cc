@@ -505,10 +505,10 @@ TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
   EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
 }
 
-// ShardService.ReportMissing (a follower's report of pushes only the leader got) is a call a
-// stranger could make: it needs the job's secret and a shard that follows, and a report the job
-// cannot act on changes nothing.
-TEST(PsServerTest, AReportOfMissingPushesNeedsTheSecretAndAShardThatFollows) {
+// ShardService.ReportMissing (a follower's report of pushes only the leader got) removes workers:
+// it needs the job's secret and, since every worker holds that too, the key the follower's own
+// Follow stream carries. A caller with the secret alone changes nothing, follower or not.
+TEST(PsServerTest, AReportOfMissingPushesComesOnlyFromTheFollowerItself) {
   ServerConfig c = SmallConfig();
   c.num_shards = 2;
   c.job_token = "the-job-secret";
@@ -531,21 +531,21 @@ TEST(PsServerTest, AReportOfMissingPushesNeedsTheSecretAndAShardThatFollows) {
   EXPECT_THAT(report(""),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("needs the job's secret")));
   EXPECT_THAT(report("a-guess"), StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
-  EXPECT_THAT(report(c.job_token), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                            HasSubstr("shard 1 does not follow this leader")));
+  EXPECT_THAT(report(c.job_token), StatusIs(absl::StatusCode::kPermissionDenied,
+                                            HasSubstr("comes only from shard 1 itself")));
   ServerConfig f = c;
   f.shard = 1;
   f.leader = "127.0.0.1:" + std::to_string((*leader)->port());
   absl::StatusOr<std::unique_ptr<PsServer>> follower = PsServer::Start(f, &clock);
   ASSERT_THAT(follower, IsOk());
-  absl::Status told = report(c.job_token);
-  for (int i = 0; i < 3000 && absl::StrContains(told.message(), "does not follow"); ++i) {
+  // Once the follower follows (the leader's log has a reader), a worker's call with the secret
+  // is still not the follower's.
+  for (int i = 0; i < 3000 && !(*leader)->shard_log()->Admit().ok(); ++i) {
     absl::SleepFor(absl::Milliseconds(10));  // the follower connects on a thread of its own
-    told = report(c.job_token);
   }
-  // Following, but no worker has registered: the job is at no step, so nothing is removed.
-  EXPECT_THAT(told, StatusIs(absl::StatusCode::kFailedPrecondition,
-                             HasSubstr("not at the step after step 0 of epoch 0")));
+  ASSERT_THAT((*leader)->shard_log()->Admit(), IsOk());
+  EXPECT_THAT(report(c.job_token), StatusIs(absl::StatusCode::kPermissionDenied,
+                                            HasSubstr("comes only from shard 1 itself")));
   EXPECT_EQ((*leader)->job()->aggregator()->Progress().epoch, -1);
   (*follower)->Stop(absl::CancelledError("test over"));
   (*leader)->Stop(absl::CancelledError("test over"));

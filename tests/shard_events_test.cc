@@ -30,13 +30,23 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cannot follow")));
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.1"}}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lr 0.1 (leader: 0.05)")));
-  EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}), IsOk());
+  const absl::StatusOr<std::string> key1 = log.Join(1, 3, {{"lr", "0.05"}});
+  ASSERT_THAT(key1, IsOk());
   // Retried by the follower: a restarted one may come before its old stream has ended.
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("following already")));
   EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shard(s) 2 of")));
-  EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}), IsOk());
+  const absl::StatusOr<std::string> key2 = log.Join(2, 3, {{"lr", "0.05"}});
+  ASSERT_THAT(key2, IsOk());
   EXPECT_THAT(log.Admit(), IsOk());
+  // Each follower has a key of its own, which vouches for it and for nobody else.
+  EXPECT_EQ(key1->size(), 32u);
+  EXPECT_NE(*key1, *key2);
+  EXPECT_TRUE(log.Vouches(1, *key1));
+  EXPECT_TRUE(log.Vouches(2, *key2));
+  EXPECT_FALSE(log.Vouches(1, *key2));
+  EXPECT_FALSE(log.Vouches(1, ""));
+  EXPECT_FALSE(log.Vouches(3, *key1));
 
   // Reading: an event that exists comes at once; otherwise the wake-up comes with the next.
   ShardEventData e;
@@ -56,6 +66,7 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
   log.SetOnLost([&](int shard) { lost.push_back(shard); });
   log.Part(2);
   EXPECT_EQ(lost, std::vector<int>{2});
+  EXPECT_FALSE(log.Vouches(2, *key2)) << "a key ends with its follower's stream";
   EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
   log.Part(1);
