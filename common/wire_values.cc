@@ -239,6 +239,7 @@ WirePayload SubPayload(const WirePayload& payload, size_t first, size_t count) {
   WirePayload view;
   view.dtype = payload.dtype;
   view.keepalive = payload.keepalive;
+  view.writable_by_sender = payload.writable_by_sender;
   const size_t width = BytesPerValue(payload.dtype);
   size_t skip = first * width;  // bytes to pass over
   size_t want = count * width;  // bytes still to take

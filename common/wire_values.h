@@ -51,6 +51,9 @@ struct WirePayload {
   std::vector<absl::Span<const uint8_t>> segments;
   size_t bytes = 0;  // the sum of the segments' sizes
   std::shared_ptr<const void> keepalive;
+  // The bytes lie in memory the sender can still write (its shared-memory region): a reader
+  // that checks values must read each one once, and use what it checked.
+  bool writable_by_sender = false;
 
   // How many values the bytes hold; INVALID_ARGUMENT unless that is exactly `count`.
   absl::Status CheckCount(size_t count) const;

@@ -214,6 +214,7 @@ absl::StatusOr<std::shared_ptr<const WirePayload>> ParameterServiceImpl::SharedG
   payload->bytes = region->size();
   payload->segments.emplace_back(region->data(), region->size());
   payload->keepalive = std::move(region);
+  payload->writable_by_sender = true;
   return payload;
 }
 

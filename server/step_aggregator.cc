@@ -51,9 +51,17 @@ void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
 
 void StepAggregator::TakePendingLocked(std::vector<Done>* to_run) {
   for (auto& [id, p] : pending_) {
-    if (p.done) to_run->push_back(std::move(p.done));
+    if (!p.done) continue;
+    auto refused = refused_.find(id);
+    if (refused == refused_.end()) {
+      to_run->push_back(std::move(p.done));
+    } else {
+      to_run->push_back([done = std::move(p.done),
+                         why = refused->second](const absl::StatusOr<StepResult>&) { done(why); });
+    }
   }
   pending_.clear();
+  refused_.clear();
 }
 
 bool StepAggregator::IsRetryLocked(const GradientPush& push) const {
@@ -176,7 +184,15 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
   static const uint16_t kBf16Limit = Bf16LimitBits(kMaxAbsGradient);
   const WireDtype dtype = values.dtype;
   float decoded[kSumBlock];
+  // Values their sender can still write (shared memory) are copied first, block by block, so
+  // that what is summed is what was checked.
+  alignas(64) uint8_t copy[kSumBlock * sizeof(float)];
+  const bool copy_first = check && sum != nullptr && values.writable_by_sender;
   auto block = [&](size_t first, size_t count, const uint8_t* raw) {
+    if (copy_first) {
+      std::memcpy(copy, raw, count * BytesPerValue(dtype));
+      raw = copy;
+    }
     const uint8_t* fp32 = raw;
     if (dtype == WireDtype::kFp16) {
       DecodeValues(raw, dtype, absl::MakeSpan(decoded, count));
@@ -329,9 +345,10 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   in.samples = push.num_samples;
   in.received = model;
   // Its values were checked before the lock (CheckGradient): they are summed without a second
-  // pass over them.
-  in.queued.push_back(
-      Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_, /*checked=*/true});
+  // pass over them, unless its sender can still write them (shared memory): those are checked
+  // again, one read of each value, as they are summed.
+  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_,
+                            /*checked=*/!(*push.gradient).writable_by_sender, /*whole=*/true});
   return absl::OkStatus();
 }
 
@@ -486,6 +503,20 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* not
             ? absl::InternalError("the step's sum has no buffer: the model is not registered")
             : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from), 0,
                          sum, static_cast<float>(in->samples), &summed, !piece.checked);
+    if (!added.ok() && piece.whole) {
+      // A whole push checked before the lock whose values then changed (its sender's shared
+      // memory): the values summed are the checked ones before the bad block; the rest of it
+      // is left out, so that the step completes with every other worker's values, and the
+      // push is refused when it does.
+      LOG(WARNING) << "worker " << id << "'s gradient changed after it was checked; its push of "
+                   << "epoch " << epoch_ << " step " << step_ << " is refused: " << added;
+      refused_.emplace(id, absl::InvalidArgumentError(absl::StrCat(
+                               "the gradient in shared memory changed after it was checked: ",
+                               added.message())));
+      in->summed = in->received = end;
+      in->queued.pop_front();
+      continue;
+    }
     if (!added.ok()) {
       // The values before the bad one's block stay summed, as the pieces before a refused
       // piece do; the rest of the push must come again (a retry resumes from there).
@@ -708,7 +739,9 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     el.steps_completed += 1;
     last_ = r;
     last_participants_.clear();
-    for (const auto& [id, unused] : pending_) last_participants_[id] = 1;
+    for (const auto& [id, unused] : pending_) {
+      if (refused_.count(id) == 0) last_participants_[id] = 1;
+    }
   } else {
     *result = snap.status();
   }

@@ -344,6 +344,9 @@ class StepAggregator {
   std::map<int, std::set<std::pair<int, int>>> accepted_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Workers of the step whose whole push was refused as it was summed (values in their shared
+  // memory changed after the check): answered with the refusal when the step completes.
+  std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // sum_i b_i * g_i: it lies in the buffer the store's next update writes the new parameters
   // into (ParameterStore::ReserveNextBuffer), so the server holds no model-sized sum of its own;
@@ -366,7 +369,10 @@ class StepAggregator {
     Taken taken;      // may be empty
     size_t skip = 0;  // its first values were summed before (a retry after a refusal)
     uint64_t serial = 0;
-    bool checked = false;  // its values were checked before the lock (a whole push's)
+    // Its values were checked before the lock (a whole push's, unless its sender can still
+    // write them: those are checked again as they are summed).
+    bool checked = false;
+    bool whole = false;  // a whole push's gradient (not a piece of a stream)
   };
   struct Incoming {
     int samples = 0;

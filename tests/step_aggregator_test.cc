@@ -135,6 +135,53 @@ TEST_F(StepAggregatorTest, AWholePushWithABadValueIsRefusedAtOnceEvenBeforeItsTu
   EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
 }
 
+// A gradient in the worker's shared memory can change after it was checked, while it is held
+// for its turn: what is summed is what was checked (each value read once), a value that went
+// bad refuses that push when the step completes, and the step completes for everyone else.
+TEST_F(StepAggregatorTest, AGradientInSharedMemoryThatGoesBadAfterItsCheckIsRefusedNotSummed) {
+  auto shared = [](std::vector<float>* region) {
+    auto payload = std::make_shared<WirePayload>();
+    payload->segments.emplace_back(reinterpret_cast<const uint8_t*>(region->data()),
+                                   region->size() * sizeof(float));
+    payload->bytes = region->size() * sizeof(float);
+    payload->writable_by_sender = true;
+    return std::shared_ptr<const WirePayload>(payload);
+  };
+  grads_.reserve(16);
+  // Unchanged, it is summed as a received one is: p' = -(1 * (4, 0) + 3 * (0, 8)) / 4.
+  std::vector<float> region = {0.0f, 8.0f};
+  Outcome a, b;
+  GradientPush from_region = Push(1, 0, 3, {});
+  from_region.gradient = shared(&region);
+  agg_->Push(from_region, b.callback());
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  ASSERT_THAT(*b.result, IsOk());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(-6.0f, 1e-6)));
+  // Step 1 (worker 1 has no samples in it), then epoch 1: worker 1 pushes first and is held.
+  Outcome c, d;
+  agg_->Push(Push(0, 1, 1, {0.0f, 0.0f}), c.callback());
+  agg_->Push(Push(1, 1, 0, {}), d.callback());
+  ASSERT_THAT(*d.result, IsOk());
+  agg_->BeginEpoch(1, {{{0, 1}, {1, 3}}});
+  Outcome held, other;
+  from_region.epoch = 1;
+  agg_->Push(from_region, held.callback());
+  EXPECT_FALSE(held.result.has_value()) << "checked and held for worker 0's push";
+  region[1] = std::numeric_limits<float>::quiet_NaN();
+  region[0] = 1e38f;
+  GradientPush first = Push(0, 0, 1, {4.0f, 0.0f});
+  first.epoch = 1;
+  agg_->Push(first, other.callback());
+  ASSERT_TRUE(other.result.has_value() && held.result.has_value());
+  EXPECT_THAT(*other.result, IsOk()) << "the step completes for the others";
+  EXPECT_THAT(held.result->status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("changed after it was")));
+  for (float p : Params()) EXPECT_TRUE(std::isfinite(p)) << p;
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-2.0f, 1e-6), FloatNear(-6.0f, 1e-6)))
+      << "worker 1's values were left out, its samples still count in the mean";
+}
+
 TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
   grads_.reserve(16);
   Outcome a, a_again, b, b_late_retry;
