@@ -25,6 +25,9 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 // Metadata keys of the credentials (see proto/dbs.proto).
 inline constexpr char kWorkerTokenKey[] = "x-dbs-token";
 inline constexpr char kJobTokenKey[] = "x-dbs-job-token";
+// Trailing metadata of an UNAVAILABLE answer from a server that is up but cannot take the call
+// yet (a follower shard that has not heard from its leader): retry after this many ms, quietly.
+inline constexpr char kRetryAfterMsKey[] = "x-dbs-retry-after-ms";
 // A follower shard's key, sent by the leader on the Follow stream (ShardLog::Join).
 inline constexpr char kShardKeyKey[] = "x-dbs-shard-key";
 

@@ -240,8 +240,17 @@ ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, in
   return ValuesOf(snap);
 }
 
+namespace {
+// A follower shard answers calls ahead of its leader UNAVAILABLE at once (it never waits on a
+// callback thread); the worker comes back in a few ms, which is when the leader's word arrives.
+absl::Status PushBackIfUnavailable(grpc::CallbackServerContext* ctx, absl::Status s) {
+  if (absl::IsUnavailable(s)) ctx->AddTrailingMetadata(kRetryAfterMsKey, "2");
+  return s;
+}
+}  // namespace
+
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
-  return authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey));
+  return PushBackIfUnavailable(ctx, authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey)));
 }
 
 void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
@@ -413,7 +422,10 @@ absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* 
   push->num_samples = req->num_samples();
   push->loss_sum = req->loss_sum();
   push->compute_seconds = std::isfinite(req->compute_seconds()) ? req->compute_seconds() : 0.0;
-  if (gate_) DBS_RETURN_IF_ERROR(gate_(push->worker_id, push->epoch, push->step));
+  if (gate_) {
+    DBS_RETURN_IF_ERROR(
+        PushBackIfUnavailable(ctx, gate_(push->worker_id, push->epoch, push->step)));
+  }
   // Who, which step and how many samples are checked before the values are read: a push the
   // barrier would refuse costs no pass over its (possibly 512 MiB) payload.
   DBS_RETURN_IF_ERROR(aggregator_->Precheck(*push));

@@ -362,10 +362,12 @@ absl::Status ShardFollower::Gate(int epoch, int step) {
     if (epoch == epoch_) return step <= done_ || step > done_ + 1;  // too far ahead: refused later
     return epoch > epoch_ + 1 || step > 0;
   };
-  if (mu_.AwaitWithTimeout(absl::Condition(&open), wait_)) return end_;
+  if (open()) return end_;
+  // Not waited for here: a gRPC callback thread never blocks on the leader (a few such calls
+  // would hold every other call). The worker retries, as for any UNAVAILABLE.
   return absl::UnavailableError(absl::StrCat(
-      "this shard has not heard from the leader about epoch ", epoch, " step ", step, " within ",
-      absl::FormatDuration(wait_), " (it is at epoch ", epoch_, ", ", done_, " steps done)"));
+      "this shard has not yet heard from the leader that epoch ", epoch, " step ", step,
+      " may begin (it is at epoch ", epoch_, ", ", done_, " steps done); retry"));
 }
 
 absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token) {
@@ -376,19 +378,14 @@ absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token)
   auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ended_ || tokens_.count(worker_id) > 0;
   };
-  // Only an id the leader may be about to announce is waited for, and by a few calls at a
-  // time: a peer making up ids cannot hold more of the server's threads than that. With the
-  // leader's key, a peer without the job's secret cannot make it wait at all.
+  // An id the leader may be about to announce is answered UNAVAILABLE at once, which the
+  // worker retries: nothing waits on a gRPC callback thread. With the leader's key, a token it
+  // did not sign for that id is refused for good.
   const bool plausible = worker_id >= 0 && worker_id <= static_cast<int>(tokens_.size()) + 64;
   if (plausible && !known() && !token_key_.empty() &&
       !IsIssuedWorkerToken(token_key_, worker_id, token)) {
     return absl::PermissionDeniedError(
         absl::StrCat("the token was not issued to worker ", worker_id, " by this job's server"));
-  }
-  if (plausible && !known() && waiting_auth_ < kMaxAuthWaits) {
-    ++waiting_auth_;
-    mu_.AwaitWithTimeout(absl::Condition(&known), wait_);
-    --waiting_auth_;
   }
   auto it = tokens_.find(worker_id);
   if (it == tokens_.end()) {

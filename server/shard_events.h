@@ -138,8 +138,9 @@ class ShardLog {
 // A follower's side: applies the leader's events to `aggregator`. Thread-safe.
 class ShardFollower {
  public:
-  // `aggregator` must outlive the follower. Calls that wait for the leader (Gate, Authenticate)
-  // wait at most `wait`.
+  // `aggregator` must outlive the follower. Its own waits on the leader's thread (an eviction,
+  // a checkpoint after a step) last at most `wait`; the calls of workers (Gate, Authenticate)
+  // never wait: they run on gRPC's callback threads.
   ShardFollower(StepAggregator* aggregator, absl::Duration wait);
 
   // How this shard checkpoints: `save` writes its state now; `restore` loads its own checkpoint
@@ -161,16 +162,15 @@ class ShardFollower {
   // The leader is gone before the job ended: every push fails with `why`.
   void Lost(const absl::Status& why);
 
-  // Before a push of (epoch, step): waits until the leader has begun `epoch` and completed the
-  // step before `step`, so the barrier expects what the leader's does. UNAVAILABLE when that
-  // does not happen within the wait. A push further ahead is not waited for (the barrier
-  // refuses it).
+  // Before a push of (epoch, step): OK once the leader has begun `epoch` and completed the step
+  // before `step`, so the barrier expects what the leader's does; UNAVAILABLE before (the
+  // worker retries). A push further ahead passes (the barrier refuses it). Never waits.
   absl::Status Gate(int epoch, int step);
   // OK when `token` is worker `worker_id`'s (as Scheduler::Authenticate). An id the leader may
-  // be about to announce is waited for (by at most 8 calls at a time), then UNAVAILABLE (a
-  // client retries); NOT_FOUND for one far beyond the known workers. With a token key (the
-  // leader's, SetTokenKey), only a token the leader signed for that id is waited for: any
-  // other is refused at once (PERMISSION_DENIED), as is a call with no token (UNAUTHENTICATED).
+  // be about to announce is answered UNAVAILABLE (the worker retries); NOT_FOUND for one far
+  // beyond the known workers. With a token key (the leader's, SetTokenKey), a token the leader
+  // did not sign for that id is refused (PERMISSION_DENIED), as is a call with no token
+  // (UNAUTHENTICATED). Never waits.
   absl::Status Authenticate(int worker_id, absl::string_view token);
   // The key the leader signs worker tokens with (Scheduler::SetTokenKey). Call before serving.
   void SetTokenKey(std::string key);
@@ -210,8 +210,6 @@ class ShardFollower {
   // The leader's end-of-epoch checkpoint is still to come: the epoch's pushes wait for it.
   bool awaiting_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   // Calls waiting in Authenticate for the leader to announce their worker.
-  static constexpr int kMaxAuthWaits = 8;
-  int waiting_auth_ ABSL_GUARDED_BY(mu_) = 0;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_ ABSL_GUARDED_BY(mu_);
 };

@@ -100,6 +100,43 @@ TEST_F(GrpcPsClientDeadlineTest, AWaitingCallIsAskedAgainUntilTheMaximumWait) {
   EXPECT_GE(hole_.calls.load(), 4) << "each 100 ms attempt ends and the wait is asked again";
 }
 
+// Answers ReportEpoch UNAVAILABLE with a retry-after of 1 ms (as a follower shard answers a
+// call ahead of its leader) `busy` times, then OK.
+class PushesBack final : public v1::SchedulerService::CallbackService {
+ public:
+  std::atomic<int> calls{0};
+  int busy = 3;
+
+  grpc::ServerUnaryReactor* ReportEpoch(grpc::CallbackServerContext* ctx, const v1::EpochReport*,
+                                        v1::EpochReportReply*) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (++calls <= busy) {
+      ctx->AddTrailingMetadata(kRetryAfterMsKey, "1");
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "not yet"));
+    } else {
+      reactor->Finish(grpc::Status::OK);
+    }
+    return reactor;
+  }
+};
+
+TEST(GrpcPsClientRetryTest, AServerThatAsksToBeCalledAgainSoonIsCalledAgainQuietly) {
+  PushesBack server;
+  LoopbackServer s = ServeOnLoopback(&server);
+  ASSERT_NE(s.port, 0);
+  GrpcClientConfig config;
+  config.address = s.address();
+  config.connect_timeout = absl::Seconds(30);
+  // The client's own backoff would not retry before the deadline: the server's delay is used.
+  config.backoff.initial = absl::Minutes(5);
+  config.backoff.max = absl::Minutes(5);
+  GrpcPsClient client(config);
+  EXPECT_THAT(client.ReportEpoch(EpochTiming{}), IsOk());
+  EXPECT_EQ(server.calls.load(), 4);
+  EXPECT_FALSE(client.TakeReconnected()) << "the server never went away";
+  s.server->Shutdown();
+}
+
 // A client of `server` that streams anything above 64 values: 47 chunks for kStreamedLayout's
 // 3,000 values.
 GrpcClientConfig StreamingClientOf(const PsServer& server) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -297,9 +298,26 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   return absl::OkStatus();
 }
 
+namespace {
+// The delay a server that is up asked for with an UNAVAILABLE answer (kRetryAfterMsKey), or 0.
+int RetryAfterMs(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const auto after = trailers.find(kRetryAfterMsKey);
+  int ms = 0;
+  if (after == trailers.end() ||
+      !absl::SimpleAtoi(absl::string_view(after->second.data(), after->second.size()), &ms)) {
+    return 0;
+  }
+  return std::clamp(ms, 0, 1000);
+}
+}  // namespace
+
 template <typename Rpc>
 grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
   Backoff backoff(config_.backoff);
+  // For a server that is up and asks to be called again shortly (kRetryAfterMsKey): from its
+  // delay, growing while it keeps asking.
+  std::optional<Backoff> soon;
   const absl::Time start = absl::Now();
   absl::Time deadline = start + config_.connect_timeout;
   while (true) {
@@ -307,6 +325,7 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     ctx.AddMetadata(kWorkerTokenKey, token_);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.call_timeout));
     if (!Begin(&ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+    session_retry_after_ms_ = 0;
     grpc::Status s = rpc(&ctx);
     if (End()) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     // Not ours: a server shutting down cancels the calls in flight. It may come back.
@@ -328,6 +347,16 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return s;
+    }
+    const int after_ms = std::max(RetryAfterMs(ctx), session_retry_after_ms_);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && after_ms > 0) {
+      if (!soon.has_value()) {
+        soon.emplace(BackoffConfig{absl::Milliseconds(after_ms), config_.backoff.max, 2.0, 0.2});
+      }
+      const absl::Duration delay = soon->Next();
+      if (absl::Now() + delay >= deadline) return s;
+      if (Pause(delay)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+      continue;
     }
     const absl::Duration delay = backoff.Next();
     if (absl::Now() + delay >= deadline) return s;
@@ -666,6 +695,7 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
       return grpc::Status::OK;
     }
     const grpc::Status ended = session_->stream->Finish();
+    session_retry_after_ms_ = RetryAfterMs(session_->ctx);
     ForgetSession(ctx);
     if (ended.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
       if (!ended.ok()) return ended;

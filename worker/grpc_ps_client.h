@@ -131,6 +131,8 @@ class GrpcPsClient : public PsClient {
   };
   std::unique_ptr<grpc::internal::RpcMethod> session_method_;
   std::unique_ptr<PushSession> session_;
+  // The retry-after (kRetryAfterMsKey) of the session that ended the last push attempt, if any.
+  int session_retry_after_ms_ = 0;
   int sessions_opened_ = 0;
   bool sessions_ = true;  // false once the server answered UNIMPLEMENTED (an older dbs_ps)
   // One attempt of a whole-message push: on the session (opened if needed), or as a
