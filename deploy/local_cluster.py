@@ -183,6 +183,14 @@ def build_parser():
     ap.add_argument("--noise_margin", type=float, default=None,
                     help="dbs: standard deviations of each worker's step time added to its "
                          "step-time curve (dbs_ps --noise_margin; default: dbs_ps's)")
+    ap.add_argument("--corrupt_gradient", default="",
+                    help="emulate a faulty GPU on the last worker (dbs_worker --corrupt_gradient, "
+                         "e.g. nan@50): dbs_ps quarantines it (--faulty_gradients) and the job "
+                         "goes on, so its exit does not stop the others")
+    ap.add_argument("--faulty_gradients", default="evict", choices=["evict", "log", "off"],
+                    help="what dbs_ps does about a faulty gradient (dbs_ps --faulty_gradients)")
+    ap.add_argument("--faulty_norm_ratio", type=float, default=None,
+                    help="dbs_ps --faulty_norm_ratio (default: dbs_ps's)")
     ap.add_argument("--speed_window", type=int, default=1,
                     help="proportional: lowest speed over this many recent epochs")
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
@@ -277,8 +285,10 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--replan_threshold={args.replan_threshold}",
         f"--count_communication={args.count_communication}",
         f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}",
-        f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}"] + (
-        [] if args.noise_margin is None else [f"--noise_margin={args.noise_margin}"])
+        f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}",
+        f"--faulty_gradients={args.faulty_gradients}"] + (
+        [] if args.noise_margin is None else [f"--noise_margin={args.noise_margin}"]) + (
+        [] if args.faulty_norm_ratio is None else [f"--faulty_norm_ratio={args.faulty_norm_ratio}"])
 
 
 def fixed_split_flag(text, workers):
@@ -306,7 +316,9 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
         f"--slow_windows={window}", f"--init_params={args.init_params}",
         f"--loss={args.loss}", f"--cpu_limit={args.cpu_limit}",
         f"--shared_memory={args.shared_memory}"] + (
-            [f"--export_path={args.export_path}"] if args.export_path and i == 0 else [])
+            [f"--export_path={args.export_path}"] if args.export_path and i == 0 else []) + (
+            [f"--corrupt_gradient={args.corrupt_gradient}"]
+            if args.corrupt_gradient and i == args.workers - 1 else [])
 
 
 def describe_emulation(slowdowns, windows, quotas, cgroups):
@@ -320,15 +332,16 @@ def describe_emulation(slowdowns, windows, quotas, cgroups):
     return described
 
 
-def supervise(everyone, start, timeout_s):
-    """Waits until every process exits 0 (returns []) or one fails or time runs out (reasons)."""
+def supervise(everyone, start, timeout_s, may_fail=()):
+    """Waits until every process exits (0, or any code for those in `may_fail`) and returns [],
+    or until one fails or time runs out (returns the reasons)."""
     while True:
         codes = {label: p.poll() for label, p in everyone}
         bad = [f"{label} exited with code {c}" for label, c in codes.items()
-               if c not in (None, 0)]
+               if c not in (None, 0) and label not in may_fail]
         if bad:
             return bad
-        if all(c == 0 for c in codes.values()):
+        if all(c == 0 or (c is not None and label in may_fail) for label, c in codes.items()):
             return []
         if timeout_s and time.time() - start > timeout_s:
             return [f"timed out after {timeout_s} s"]
@@ -374,7 +387,9 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
         everyone += [(f"worker-{i}", w) for i, w in enumerate(workers)]
-        failure.extend(supervise(everyone, start, args.timeout_s))
+        # A worker with a faulty GPU is quarantined: it exits, the job goes on.
+        faulty = [f"worker-{args.workers - 1}"] if args.corrupt_gradient else []
+        failure.extend(supervise(everyone, start, args.timeout_s, faulty))
     except KeyboardInterrupt:
         if not failure:
             failure.append("interrupted (Ctrl-C)")

@@ -1,5 +1,6 @@
 #include "server/job_config.h"
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,11 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
   if (c.replan_window_steps < -1) {
     return absl::InvalidArgumentError("replan_window_steps must be >= -1");
+  }
+  if (!(c.screen.norm_ratio > 1.0) || !std::isfinite(c.screen.norm_ratio)) {
+    return absl::InvalidArgumentError(
+        "faulty_norm_ratio must be a number > 1 (a gradient this many times the median of the "
+        "recent ones is faulty)");
   }
   if (!(c.replan_threshold > 1.0)) {
     return absl::InvalidArgumentError("replan_threshold must be > 1");

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/wire_values.h"
+#include "server/gradient_screen.h"
 #include "server/optimizer.h"
 #include "server/scheduler.h"
 #include "server/share_policy.h"
@@ -57,6 +58,9 @@ struct JobConfig {
   // Update each step's first values while its last gradients still arrive, and stream them back
   // at once (AggregatorOptions::pipelined); the result is the same, bit for bit.
   bool pipelined = true;
+  // What a faulty worker's gradient meets (dbs_ps --faulty_gradients, --faulty_norm_ratio):
+  // by default the worker is quarantined and the job goes on without it.
+  ScreenConfig screen;
   // Checkpoints: written into `checkpoint_dir` every `checkpoint_every_steps` completed steps
   // and at the end of every epoch ('' : never).
   std::string checkpoint_dir;

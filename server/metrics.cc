@@ -102,10 +102,15 @@ Metrics::Metrics()
                          .Add({})),
       workers_(GaugeFamily(*registry_, "dbs_workers",
                            "Workers by state: alive (in the current epoch), evicted (removed as "
-                           "dead or left), joined (ever registered)")),
+                           "dead, left or quarantined), quarantined (removed for a faulty "
+                           "gradient), joined (ever registered)")),
       replans_(CounterFamily(*registry_, "dbs_replans_total",
                              "Re-plans of an epoch's remaining steps (rebalancing and evictions)")
                    .Add({})),
+      faulty_(CounterFamily(*registry_, "dbs_faulty_gradients_total",
+                            "Pushes whose gradient was found faulty (--faulty_gradients): "
+                            "quarantined, or only logged")
+                  .Add({})),
       imbalance_(GaugeFamily(*registry_, "dbs_compute_imbalance",
                              "Slowest worker's compute time over the fastest's, last epoch")
                      .Add({})),
@@ -191,6 +196,8 @@ void Metrics::SetFromRun(const RunInfo& run, const StepProgress& progress) {
   epochs_completed_.Set(completed);
   epoch_.Set(progress.epoch + 1);
   AdvanceTo(replans_, revisions);
+  AdvanceTo(faulty_, static_cast<double>(run.faulty_pushes));
+  workers_.Add({{"state", "quarantined"}}).Set(static_cast<double>(run.quarantined.size()));
   workers_.Add({{"state", "joined"}}).Set(static_cast<double>(run.workers.size()));
   workers_.Add({{"state", "evicted"}}).Set(static_cast<double>(removed.size()));
   workers_.Add({{"state", "alive"}})

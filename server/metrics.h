@@ -72,6 +72,7 @@ class Metrics : public JobObserver, public CallObserver {
   prometheus::Gauge& test_accuracy_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Counter& replans_;
+  prometheus::Counter& faulty_;
   prometheus::Gauge& imbalance_;
   prometheus::Family<prometheus::Gauge>& batch_;
   prometheus::Family<prometheus::Gauge>& share_;

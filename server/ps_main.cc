@@ -139,6 +139,17 @@ ABSL_FLAG(bool, pipelined, true,
           "Streamed pushes (large models): update a step's first values as soon as every "
           "worker's gradients for them are in and stream them back while the rest still arrive; "
           "false: update and answer once the whole step is in. Same result, bit for bit.");
+ABSL_FLAG(std::string, faulty_gradients, "evict",
+          "What a worker's faulty gradient meets (a GPU that corrupts results): a push with a "
+          "value that is not finite or beyond 1e30, or whose L2 norm is more than "
+          "--faulty_norm_ratio times the median of the last accepted pushes' norms. 'evict': not "
+          "summed; the worker is quarantined (removed, its samples re-planned to the others) and "
+          "the job goes on; 'log': a norm outlier is logged and summed, a bad value refuses the "
+          "push; 'off': no norm screen, a bad value refuses the push.");
+ABSL_FLAG(double, faulty_norm_ratio, 10.0,
+          "With --faulty_gradients: how many times the median of the recent gradient norms a "
+          "push's norm may be (> 1). Honest workers' norms vary with their batch sizes and the "
+          "noise; lower values catch smaller corruptions and risk false alarms.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Write checkpoints here (every --checkpoint_every_steps steps and every epoch end).");
 ABSL_FLAG(int, checkpoint_every_steps, 50, "Steps between checkpoints.");
@@ -212,6 +223,9 @@ absl::StatusOr<dbs::JobConfig> JobConfigFromFlags() {
   DBS_ASSIGN_OR_RETURN(job.wire_dtype, dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   job.deterministic = absl::GetFlag(FLAGS_deterministic);
   job.pipelined = absl::GetFlag(FLAGS_pipelined);
+  DBS_ASSIGN_OR_RETURN(job.screen.mode,
+                       dbs::ParseFaultyGradients(absl::GetFlag(FLAGS_faulty_gradients)));
+  job.screen.norm_ratio = absl::GetFlag(FLAGS_faulty_norm_ratio);
   return job;
 }
 

@@ -187,6 +187,9 @@ void PsServer::FollowLeader(const std::string& token_key) {
   follower_ = std::make_unique<ShardFollower>(job_->aggregator(), absl::Seconds(10));
   follower_->SetTokenKey(token_key);
   job_->aggregator()->SetStepHook([](const StepStats&) { return std::nullopt; });
+  // Only the leader removes workers: a faulty push here is refused, and the worker, which stops,
+  // is removed by the leader (its own screen, or this shard's report of its missing push).
+  job_->aggregator()->SetFaultyHook(nullptr);
   parameter_service_.SetGate(
       [f = follower_.get()](int, int epoch, int step) { return f->Gate(epoch, step); });
   follower_->SetOnFirstEvent([this] {

@@ -190,6 +190,16 @@ nlohmann::json BuildSummary(const RunInfo& run) {
   out["final_test_accuracy"] = final_accuracy;
   out["final_test_loss"] = final_loss;
   out["wall_seconds"] = Seconds(run.start, run.end);
+  json quarantined = json::array();
+  for (const Quarantine& q : run.quarantined) {
+    quarantined.push_back({{"id", q.worker_id},
+                           {"epoch", q.epoch},
+                           {"step", q.step},
+                           {"reason", q.reason},
+                           {"samples_reassigned", q.samples_reassigned}});
+  }
+  out["quarantined"] = std::move(quarantined);
+  out["faulty_pushes"] = run.faulty_pushes;
   return out;
 }
 
@@ -227,6 +237,12 @@ std::string HumanSummary(const RunInfo& run) {
   }
   absl::StrAppendFormat(&out, "  status: %s\n  epochs: %d of %d, wall time %.1f s\n", run.status,
                         completed, run.scheduler.epochs, Seconds(run.start, run.end));
+  for (const Quarantine& q : run.quarantined) {
+    absl::StrAppendFormat(&out,
+                          "  quarantined: worker %d at epoch %d step %d (%s); its %d samples went "
+                          "to the others\n",
+                          q.worker_id, q.epoch + 1, q.step + 1, q.reason, q.samples_reassigned);
+  }
   if (last != nullptr) {
     absl::StrAppendFormat(&out, "  final test accuracy: %.2f%%, test loss %.6g\n",
                           100.0 * TestAccuracy(*last), TestLoss(*last));

@@ -33,6 +33,15 @@ struct SampleAudit {
 SampleAudit AuditEpoch(const EpochRecord& record, const std::set<std::pair<int, int>>& accepted,
                        int64_t samples);
 
+// A worker removed for a faulty gradient (StepAggregator's screen).
+struct Quarantine {
+  int worker_id = 0;
+  int epoch = 0;
+  int step = 0;
+  std::string reason;
+  int64_t samples_reassigned = 0;  // its samples of that step and the epoch's later ones
+};
+
 struct RunInfo {
   std::string policy;
   PolicyConfig controller;  // the share policy's settings, for replaying its decisions
@@ -42,6 +51,8 @@ struct RunInfo {
   std::vector<EpochRecord> epochs;
   std::map<int, EpochLoss> losses;    // by epoch
   std::map<int, SampleAudit> audits;  // by epoch
+  std::vector<Quarantine> quarantined;
+  int64_t faulty_pushes = 0;  // found by the screen, quarantined or (log mode) only logged
   absl::Time start;
   absl::Time end;
   std::string status = "ok";  // "ok" or the error that ended the job

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/multiversion.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -13,7 +14,7 @@
 namespace dbs {
 
 StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, AggregatorOptions options)
-    : store_(store), clock_(clock), options_(options) {}
+    : store_(store), clock_(clock), options_(options), screen_(options.screen) {}
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
@@ -62,6 +63,11 @@ void StepAggregator::TakePendingLocked(std::vector<Done>* to_run) {
   }
   pending_.clear();
   refused_.clear();
+  for (auto& [id, s] : suspects_) {
+    if (s.pending.done) to_run->push_back(std::move(s.pending.done));
+  }
+  suspects_.clear();
+  step_norms_.clear();
 }
 
 bool StepAggregator::IsRetryLocked(const GradientPush& push) const {
@@ -87,7 +93,8 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
-absl::Status StepAggregator::CheckGradient(const GradientPush& push) const {
+absl::Status StepAggregator::CheckGradient(const GradientPush& push, double* sum_squares,
+                                           bool* bad_values) const {
   if (push.num_samples <= 0) return absl::OkStatus();  // nothing of it is summed
   if (push.gradient == nullptr) {
     return absl::InvalidArgumentError(
@@ -97,7 +104,12 @@ absl::Status StepAggregator::CheckGradient(const GradientPush& push) const {
   if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
   }
-  return CheckChunk(push.worker_id, 0, push.gradient.get(), model, /*check_values=*/true);
+  DBS_RETURN_IF_ERROR(
+      CheckChunk(push.worker_id, 0, push.gradient.get(), model, /*check_values=*/false));
+  const absl::Status values = SumChecked(push.worker_id, 0, *push.gradient, 0, nullptr, 0.0f,
+                                         nullptr, /*check=*/true, sum_squares);
+  if (bad_values != nullptr) *bad_values = !values.ok();
+  return values;
 }
 
 absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const WirePayload* values,
@@ -133,6 +145,26 @@ DBS_WIDE_VECTORS bool AllWithin(const uint8_t* values, size_t n, float limit) {
   return bad == 0;
 }
 
+// The sum of the squares of n fp32 values, in 16 lanes (a loop the compiler vectorizes without
+// reordering a single sum).
+DBS_WIDE_VECTORS double SumOfSquares(const uint8_t* values, size_t n) {
+  float lanes[16] = {};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (size_t k = 0; k < 16; ++k) {
+      const float v = LoadFp32(values, i + k);
+      lanes[k] += v * v;
+    }
+  }
+  double total = 0.0;
+  for (float l : lanes) total += l;
+  for (; i < n; ++i) {
+    const double v = LoadFp32(values, i);
+    total += v * v;
+  }
+  return total;
+}
+
 // sum[i] += weight * values[i], fp32 values.
 DBS_WIDE_VECTORS void AddScaled(float* sum, const uint8_t* values, size_t n, float weight) {
   for (size_t i = 0; i < n; ++i) sum[i] += weight * LoadFp32(values, i);
@@ -164,6 +196,18 @@ DBS_WIDE_VECTORS void AddScaledBf16(float* sum, const uint8_t* values, size_t n,
   }
 }
 
+// The same on bf16 values.
+DBS_WIDE_VECTORS double SumOfSquaresBf16(const uint8_t* values, size_t n) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(LoadBf16(values, i)) << 16;
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    total += static_cast<double>(v) * v;
+  }
+  return total;
+}
+
 // The bits of the largest bf16 value at most `limit` (positive, finite): fp32's bits cut to
 // their top half, which rounds toward zero.
 uint16_t Bf16LimitBits(float limit) {
@@ -176,7 +220,7 @@ uint16_t Bf16LimitBits(float limit) {
 
 absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
                                         size_t skip, float* sum, float weight, size_t* summed,
-                                        bool check) {
+                                        bool check, double* sum_squares) {
   // Block by block: each block is checked while it is in the L1 cache, the culprit named only
   // when there is one, and then added. A bad value stops the sum at the start of its block.
   // `raw` holds the block's values as they arrived, little-endian in the payload's dtype:
@@ -211,6 +255,10 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
               " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
         }
       }
+    }
+    if (sum_squares != nullptr) {
+      *sum_squares +=
+          dtype == WireDtype::kBf16 ? SumOfSquaresBf16(raw, count) : SumOfSquares(fp32, count);
     }
     if (sum != nullptr) {
       if (dtype == WireDtype::kBf16) {
@@ -355,7 +403,14 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
-  const absl::Status gradient_ok = push.streamed ? absl::OkStatus() : CheckGradient(push);
+  double sum_squares = 0.0;
+  bool bad_values = false;
+  const absl::Status gradient_ok =
+      push.streamed ? absl::OkStatus() : CheckGradient(push, &sum_squares, &bad_values);
+  const bool screened =
+      !push.streamed && push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
+  std::vector<FaultyPush> faulty;
+  Refusals refusals;
   std::vector<Done> to_run;
   Notices notices;
   uint64_t waiting = 0;
@@ -373,26 +428,59 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       result = *last_;
       to_run.push_back(std::move(done));
     } else if (aborted_.ok() && push.epoch == epoch_ && push.step == step_ &&
-               pending_.count(push.worker_id) > 0) {
+               (pending_.count(push.worker_id) > 0 || suspects_.count(push.worker_id) > 0)) {
       // A retry of a pending push: it waits for the same result in the earlier call's place;
       // the gradient is not added again.
-      Pending& p = pending_[push.worker_id];
+      Pending& p = pending_.count(push.worker_id) > 0 ? pending_[push.worker_id]
+                                                      : suspects_[push.worker_id].pending;
       superseded = std::move(p.done);
       p.done = std::move(done);
       p.ticket = retry_ticket = ++last_ticket_;
     } else {
       absl::Status valid = Validate(push);
+      const double norm = std::sqrt(sum_squares);
+      absl::Status suspicion;
+      if (valid.ok() && screened && bad_values && options_.screen.mode == FaultyGradients::kEvict) {
+        // A value no GPU computes: its worker is removed as a dead one is.
+        faulty.push_back(FaultyPush{push.worker_id, push.epoch, push.step, gradient_ok, true});
+        valid = Quarantined(push.worker_id, push.epoch, push.step, gradient_ok);
+      } else if (valid.ok() && screened && gradient_ok.ok()) {
+        suspicion = screen_.Judge(norm);
+      }
       if (valid.ok()) valid = gradient_ok;
-      if (valid.ok()) valid = TakeGradientLocked(push);
+      if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push);
       if (!valid.ok()) {
         result = valid;
         to_run.push_back(std::move(done));
+      } else if (!suspicion.ok()) {
+        // Held until the step's other pushes tell a spike they share from this one's outlier.
+        Suspect& s = suspects_[push.worker_id];
+        s.push = push;
+        s.pending = Pending{std::move(done), ++last_ticket_};
+        s.norm = norm;
+        s.verdict = suspicion;
+        step_norms_[push.worker_id] = norm;
+        waiting = last_ticket_;
+        ResolveSuspectsLocked(&faulty, &refusals, &notices);
+        if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
+          waiting = 0;
+          stats = TakeStepStatsLocked();
+          completed = true;
+          CompleteStepLocked(&to_run, &result, &notices);
+        }
       } else {
+        // A push summed (a log-only outlier too) is part of what the job's gradients have been.
+        if (screened) {
+          screen_.Accepted(norm);
+          step_norms_[push.worker_id] = norm;
+        }
         AcceptLocked(push, std::move(done));
+        const uint64_t mine = last_ticket_;
         ReduceReadyLocked(&notices);
+        ResolveSuspectsLocked(&faulty, &refusals, &notices);
         if (pending_.size() < quotas_[step_].size()) {
           AdvanceUpdateLocked();
-          waiting = last_ticket_;
+          waiting = mine;
         } else {
           stats = TakeStepStatsLocked();
           completed = true;
@@ -404,6 +492,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   }
   Notify(&notices);
   TellReady(ready);
+  TellFaulty(faulty, &refusals);
   if (waiting != 0) return waiting;
   if (retry_ticket != 0) {
     if (superseded) {
@@ -416,6 +505,76 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   if (completed) AfterStep(stats, &result);
   for (Done& d : to_run) d(result);
   return 0;
+}
+
+namespace {
+double MedianOf(std::vector<double> v) {
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  return *mid;
+}
+}  // namespace
+
+absl::Status StepAggregator::Quarantined(int worker, int epoch, int step, const absl::Status& why) {
+  return absl::AbortedError(absl::StrCat(
+      "worker ", worker, " is quarantined: its gradient of epoch ", epoch + 1, " step ", step + 1,
+      " is faulty (", why.message(), "); the job goes on without it"));
+}
+
+void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals,
+                                           Notices* notices) {
+  if (suspects_.empty() || step_ >= static_cast<int>(quotas_.size()) ||
+      pending_.size() + suspects_.size() < quotas_[step_].size()) {
+    return;
+  }
+  const bool evict = options_.screen.mode == FaultyGradients::kEvict;
+  for (auto& [id, s] : suspects_) {
+    std::vector<double> others;
+    for (const auto& [w, n] : step_norms_) {
+      if (w != id) others.push_back(n);
+    }
+    // Alone at its step, the job's history is all there is to judge it by.
+    absl::Status verdict = s.verdict;
+    if (!others.empty()) {
+      const double median = MedianOf(others);
+      verdict = s.norm <= options_.screen.norm_ratio * median
+                    ? absl::OkStatus()
+                    : absl::InvalidArgumentError(absl::StrFormat(
+                          "%s, and %.4g times the median %.4g of the other %d workers' at this "
+                          "step",
+                          s.verdict.message(), median > 0 ? s.norm / median : INFINITY, median,
+                          others.size()));
+    }
+    if (verdict.ok() || !evict) {
+      if (!verdict.ok()) faulty->push_back(FaultyPush{id, epoch_, step_, verdict, false});
+      const uint64_t ticket = s.pending.ticket;
+      AcceptLocked(s.push, std::move(s.pending.done));
+      pending_[id].ticket = ticket;
+      screen_.Accepted(s.norm);
+      const absl::Status taken = TakeGradientLocked(s.push);
+      if (!taken.ok()) LOG(ERROR) << "worker " << id << "'s held push: " << taken;
+    } else {
+      faulty->push_back(FaultyPush{id, epoch_, step_, verdict, true});
+      step_norms_.erase(id);
+      refusals->emplace_back(std::move(s.pending.done), Quarantined(id, epoch_, step_, verdict));
+    }
+  }
+  suspects_.clear();
+  ReduceReadyLocked(notices);
+}
+
+void StepAggregator::TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals) {
+  for (const FaultyPush& f : faulty) {
+    LOG(WARNING) << "worker " << f.worker_id << "'s gradient of epoch " << f.epoch + 1 << " step "
+                 << f.step + 1 << " is faulty: " << f.why.message()
+                 << (f.quarantine ? "; not summed, the worker is quarantined"
+                                  : "; summed (--faulty_gradients=log)");
+    if (faulty_hook_) faulty_hook_(f);
+  }
+  for (auto& [done, why] : *refusals) {
+    if (done) done(why);
+  }
+  refusals->clear();
 }
 
 void StepAggregator::AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result) {
@@ -481,6 +640,12 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   for (auto& [id, p] : pending_) {
     if (p.ticket == ticket && p.done) {
       p.done = nullptr;
+      return true;
+    }
+  }
+  for (auto& [id, s] : suspects_) {
+    if (s.pending.ticket == ticket && s.pending.done) {
+      s.pending.done = nullptr;
       return true;
     }
   }
@@ -766,6 +931,8 @@ bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
 }
 
 void StepAggregator::CompleteEviction(PlanChange change) {
+  std::vector<FaultyPush> faulty;
+  Refusals refusals;
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
   Notices notices;
@@ -791,6 +958,7 @@ void StepAggregator::CompleteEviction(PlanChange change) {
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
     revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
     ReduceReadyLocked(&notices);  // an evicted worker may have been the one the sum waited for
+    ResolveSuspectsLocked(&faulty, &refusals, &notices);
     if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
       CompleteStepLocked(&to_run, &result, &notices);
       completed = true;
@@ -801,6 +969,7 @@ void StepAggregator::CompleteEviction(PlanChange change) {
   }
   Notify(&notices);
   TellReady(ready);
+  TellFaulty(faulty, &refusals);
   if (!completed) return;
   for (Done& d : to_run) d(result);
 }

@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/plan.h"
 #include "common/wire_values.h"
+#include "server/gradient_screen.h"
 #include "server/parameter_store.h"
 
 namespace dbs {
@@ -131,6 +132,20 @@ struct AggregatorOptions {
   // (SetValuesHook). The result is bit for bit the same. Off: the whole update runs when the
   // step completes.
   bool pipelined = true;
+  // What a faulty whole push meets (gradient_screen.h): a value that is not finite or beyond
+  // kMaxAbsGradient, or an L2 norm far above the job's recent ones. Off here (a bad value
+  // refuses the push); a job's default is kEvict (JobConfig::screen).
+  ScreenConfig screen{FaultyGradients::kOff};
+};
+
+// A whole push found faulty (SetFaultyHook): refused and its worker to be quarantined
+// (`quarantine`, FaultyGradients::kEvict), or only logged (kLog: it was summed).
+struct FaultyPush {
+  int worker_id = 0;
+  int epoch = 0;
+  int step = 0;
+  absl::Status why;
+  bool quarantine = false;
 };
 
 class StepAggregator {
@@ -177,6 +192,12 @@ class StepAggregator {
   // Called (outside the lock) when a complete step cannot be applied; the job cannot go on.
   using FailureHook = std::function<void(const absl::Status&)>;
   void SetFailureHook(FailureHook hook) { failure_hook_ = std::move(hook); }
+  // Called (outside the lock, before the push is answered) for each faulty whole push of the
+  // current step (AggregatorOptions::screen). With `quarantine` the push was refused (ABORTED)
+  // and the worker is still one the step waits for: the hook removes it (TrainingJob). Set
+  // before training starts.
+  using FaultyHook = std::function<void(const FaultyPush&)>;
+  void SetFaultyHook(FaultyHook hook) { faulty_hook_ = std::move(hook); }
 
   // The (worker, step) pushes counted in `epoch`, for the sample audit.
   std::set<std::pair<int, int>> AcceptedPushes(int epoch) const;
@@ -266,7 +287,10 @@ class StepAggregator {
   using Notices = std::vector<std::pair<Taken, absl::Status>>;
   static void Notify(Notices* notices);
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
-  absl::Status CheckGradient(const GradientPush& push) const;
+  // `*sum_squares` receives the sum of the squares of its values (when they are checked), and
+  // `*bad_values` whether a value failed (rather than its shape).
+  absl::Status CheckGradient(const GradientPush& push, double* sum_squares = nullptr,
+                             bool* bad_values = nullptr) const;
   // The same for a piece at `offset` of a model of `model` values: its shape, and its values
   // when `check_values`.
   static absl::Status CheckChunk(int worker_id, size_t offset, const WirePayload* values,
@@ -278,9 +302,10 @@ class StepAggregator {
   // refused one's block otherwise). With `check` false the values were checked already (a
   // whole push, before the lock) and are only summed, which spares a second pass over every
   // received byte.
+  // With `sum_squares`, the squares of the values checked are added to it.
   static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
                                  size_t skip, float* sum, float weight, size_t* summed,
-                                 bool check = true);
+                                 bool check = true, double* sum_squares = nullptr);
   // A valid push's gradient becomes the step's: a whole one is queued as one piece; a streamed
   // one must have arrived completely. Changes nothing on error.
   absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -333,6 +358,7 @@ class StepAggregator {
   const AggregatorOptions options_;
   StepHook hook_;
   FailureHook failure_hook_;
+  FaultyHook faulty_hook_;
   ValuesHook values_hook_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
@@ -347,6 +373,28 @@ class StepAggregator {
   // Workers of the step whose whole push was refused as it was summed (values in their shared
   // memory changed after the check): answered with the refusal when the step completes.
   std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+  GradientScreen screen_ ABSL_GUARDED_BY(mu_);
+  // The screen's suspects of the step: whole pushes whose norm is far above the job's recent
+  // ones, held (not summed, not pending) until every push of the step is in, then judged
+  // against the other workers' norms at the step: a spike every worker shares (the loss
+  // jumped) is summed, one worker's outlier is faulty.
+  struct Suspect {
+    GradientPush push;
+    Pending pending;
+    double norm = 0.0;
+    absl::Status verdict;  // against the history
+  };
+  std::map<int, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
+  std::map<int, double> step_norms_ ABSL_GUARDED_BY(mu_);  // the step's screened norms
+  using Refusals = std::vector<std::pair<Done, absl::Status>>;
+  // Once every push of the step is in (pending or suspect): each suspect is summed (pending) or
+  // refused (into `refusals`, its worker into `faulty` for the hook).
+  void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals, Notices* notices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The refusal of a quarantined worker's push.
+  static absl::Status Quarantined(int worker, int epoch, int step, const absl::Status& why);
+  // Logs each faulty push, tells the hook, then answers the refused pushes. Outside the lock.
+  void TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // sum_i b_i * g_i: it lies in the buffer the store's next update writes the new parameters
   // into (ParameterStore::ReserveNextBuffer), so the server holds no model-sized sum of its own;

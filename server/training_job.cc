@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
   job->store_ = std::make_unique<ParameterStore>(std::move(optimizer));
   job->aggregator_ = std::make_unique<StepAggregator>(
-      job->store_.get(), clock, AggregatorOptions{config.deterministic, config.pipelined});
+      job->store_.get(), clock,
+      AggregatorOptions{config.deterministic, config.pipelined, config.screen});
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
     return change;
   });
   job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
+  job->aggregator_->SetFaultyHook([raw](const FaultyPush& f) { raw->OnFaultyPush(f); });
   return job;
 }
 
@@ -583,6 +585,44 @@ absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id, ParameterSnapshot
   return rp;
 }
 
+void TrainingJob::OnFaultyPush(const FaultyPush& f) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++faulty_pushes_;
+  }
+  if (!f.quarantine) return;
+  // Its push was refused: the step waits for it, as for a worker that died before pushing.
+  const StepProgress p = aggregator_->Progress();
+  if (p.epoch != f.epoch || p.step != f.step ||
+      std::find(p.waiting_for.begin(), p.waiting_for.end(), f.worker_id) == p.waiting_for.end()) {
+    return;  // removed meanwhile (its deadline, or the epoch's end)
+  }
+  Quarantine q;
+  q.worker_id = f.worker_id;
+  q.epoch = f.epoch;
+  q.step = f.step;
+  q.reason = std::string(f.why.message());
+  for (const EpochRecord& r : scheduler_->History()) {
+    if (r.epoch != f.epoch) continue;
+    auto steps = r.layout.find(f.worker_id);
+    if (steps == r.layout.end()) break;
+    for (size_t s = static_cast<size_t>(f.step); s < steps->second.size(); ++s) {
+      q.samples_reassigned += CountSamples(steps->second[s]);
+    }
+  }
+  if (!RemoveAtStep(p, {f.worker_id},
+                    absl::StrCat("worker ", f.worker_id, " quarantined at step ", f.step + 1,
+                                 " of epoch ", f.epoch + 1, " (", q.reason, "); its ",
+                                 q.samples_reassigned, " samples left in the epoch"))) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    quarantined_.push_back(q);
+  }
+  if (removed_hook_) removed_hook_({f.worker_id});
+}
+
 RunInfo TrainingJob::Run() const {
   RunInfo run;
   run.policy = PolicyName(config_.policy);
@@ -595,6 +635,8 @@ RunInfo TrainingJob::Run() const {
   run.start = start_;
   absl::MutexLock lock(&mu_);
   run.audits = audits_;
+  run.quarantined = quarantined_;
+  run.faulty_pushes = faulty_pushes_;
   run.finished = finished_.HasBeenNotified();
   run.end = run.finished ? end_ : clock_->Now();
   if (finished_.HasBeenNotified() && !final_status_.ok()) run.status = final_status_.ToString();

@@ -103,6 +103,10 @@ class TrainingJob : public SchedulerListener {
   // restored step on every shard.
   absl::Status AdmitPush(int worker_id) const;
 
+  // A faulty push (StepAggregator::SetFaultyHook): counted; with `quarantine`, its worker is
+  // removed at that step as a dead worker is (its samples go to the others) and recorded.
+  void OnFaultyPush(const FaultyPush& f);
+
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>& plans) override;
   void OnEpochCompleted(const EpochRecord& record) override;
   void OnJobFinished(const absl::Status& status) override;
@@ -125,6 +129,8 @@ class TrainingJob : public SchedulerListener {
   mutable absl::Mutex mu_;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
+  std::vector<Quarantine> quarantined_ ABSL_GUARDED_BY(mu_);
+  int64_t faulty_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   // After every step: record its times, re-plan the rest of the epoch when the window says so,
   // then checkpoint when due (so that the checkpoint holds the re-plan).
   std::optional<PlanChange> OnStep(const StepStats& stats, bool* checkpointed);

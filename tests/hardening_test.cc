@@ -292,20 +292,28 @@ using ::testing::HasSubstr;
 // Item 8: each push was checked for NaN/Inf but the weighted sum was not: values near 1e38
 // overflowed to Inf, and every worker and checkpoint got Inf/NaN parameters.
 // Every accepted gradient is at most kMaxAbsGradient in magnitude, so no step's sum can overflow.
-TEST_F(HardeningTest, APushBeyondTheGradientBoundIsRefusedNamingItsWorker) {
+// A job's default (--faulty_gradients=evict): a push beyond the bound is not summed, its worker
+// is quarantined (removed, its samples re-planned to the others) and the step completes with
+// the other two.
+TEST_F(HardeningTest, APushBeyondTheGradientBoundQuarantinesItsWorkerAndTheJobGoesOn) {
   auto* a = Push(0, 0, 0, 2);
   std::vector<float> huge = {3e38f};
   std::optional<absl::StatusOr<StepResult>> refused;
   job_->aggregator()->Push({1, 0, 0, 2, 1.0, huge},
                            [&refused](const absl::StatusOr<StepResult>& r) { refused = r; });
   ASSERT_TRUE(refused.has_value());
-  EXPECT_THAT(*refused, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 HasSubstr("worker 1's element 0 is 3e+38")));
-  EXPECT_FALSE(a->has_value()) << "the step still waits for a valid push from worker 1";
-  Push(1, 0, 0, 2);
+  EXPECT_THAT(*refused,
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("worker 1's element 0 is 3e+38")));
+  EXPECT_THAT(refused->status().message(), HasSubstr("worker 1 is quarantined"));
+  ASSERT_EQ(job_->Run().quarantined.size(), 1u);
+  EXPECT_EQ(job_->Run().quarantined[0].worker_id, 1);
+  EXPECT_EQ(job_->Run().quarantined[0].samples_reassigned, 4) << "its 2 steps of 2 samples";
+  EXPECT_EQ(job_->Run().epochs[0].dead, std::set<int>{1});
+  EXPECT_FALSE(a->has_value()) << "the step waits for worker 2";
   Push(2, 0, 0, 2);
   ASSERT_TRUE(a->has_value());
   ASSERT_THAT(**a, IsOk());
+  EXPECT_EQ((**a)->global_samples, 4);
   for (float v : *(**a)->parameters.values) EXPECT_TRUE(std::isfinite(v));
 }
 

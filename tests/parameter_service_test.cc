@@ -59,6 +59,9 @@ class ServiceTest : public ::testing::Test {
     config.policy = PolicyKind::kDbs;
     config.optimizer.name = "sgd";
     config.optimizer.sgd = SgdConfig{0.5, 0.0, 0.0, false};
+    // Bad input is refused and its worker kept: the adapter's refusals, as a job with
+    // --faulty_gradients=off gives them (quarantine: hardening_test, faulty_worker_test).
+    config.screen.mode = FaultyGradients::kOff;
     job_ = *TrainingJob::Create(config, &clock_);
     scheduler_service_ = std::make_unique<SchedulerServiceImpl>(job_->scheduler());
     Scheduler* s = job_->scheduler();

@@ -182,6 +182,102 @@ TEST_F(StepAggregatorTest, AGradientInSharedMemoryThatGoesBadAfterItsCheckIsRefu
       << "worker 1's values were left out, its samples still count in the mean";
 }
 
+// A faulty GPU's push (StepAggregator's screen). A norm far above the job's recent ones is held
+// until the step's other pushes are in: one worker's outlier is faulty (kEvict: not summed, its
+// worker handed to the hook, which removes it, and its push refused; kLog: reported and summed),
+// a spike every worker shares is summed. A value no GPU computes is faulty at once.
+class ScreenTest : public ::testing::TestWithParam<FaultyGradients> {
+ protected:
+  void SetUp() override {
+    ASSERT_THAT(store_.Register({{"w", {2}}}, std::vector<float>{0.0f, 0.0f}), IsOk());
+    AggregatorOptions options;
+    options.screen.mode = GetParam();
+    options.screen.min_history = 4;
+    agg_ = std::make_unique<StepAggregator>(&store_, nullptr, options);
+    agg_->SetFaultyHook([this](const FaultyPush& f) { faulty_.push_back(f); });
+    // Workers 0 and 1, batch 1 each, six steps; steps 0 and 1 make the history (norms 5).
+    agg_->BeginEpoch(0, StepQuotas(6, {{0, 1}, {1, 1}}));
+    grads_.reserve(32);
+    for (int step = 0; step < 2; ++step) {
+      Outcome a, b;
+      Push(0, step, {3.0f, 4.0f}, &a);
+      Push(1, step, {4.0f, 3.0f}, &b);
+      ASSERT_THAT(*b.result, IsOk());
+    }
+  }
+  void Push(int worker, int step, std::vector<float> g, Outcome* out) {
+    grads_.push_back(std::move(g));
+    agg_->Push(GradientPush{worker, 0, step, 1, 0.0, grads_.back()}, out->callback());
+  }
+
+  std::vector<float> Params() { return *store_.Snapshot()->values; }
+
+  ParameterStore store_{std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false})};
+  std::unique_ptr<StepAggregator> agg_;
+  std::vector<FaultyPush> faulty_;
+  std::vector<std::vector<float>> grads_;
+};
+
+TEST_P(ScreenTest, OneWorkersOutlierIsFaulty) {
+  Outcome a, b;
+  Push(1, 2, {4000.0f, 3000.0f}, &b);  // 1000 times the others'
+  EXPECT_FALSE(b.result.has_value()) << "held for the step's other pushes";
+  EXPECT_TRUE(faulty_.empty());
+  Push(0, 2, {3.0f, 4.0f}, &a);
+  ASSERT_EQ(faulty_.size(), 1u);
+  EXPECT_EQ(faulty_[0].worker_id, 1);
+  EXPECT_EQ(faulty_[0].step, 2);
+  EXPECT_THAT(faulty_[0].why.message(), HasSubstr("1000 times the median 5 of the other 1"));
+  if (GetParam() == FaultyGradients::kEvict) {
+    EXPECT_TRUE(faulty_[0].quarantine);
+    ASSERT_TRUE(b.result.has_value());
+    EXPECT_THAT(b.result->status(),
+                StatusIs(absl::StatusCode::kAborted, HasSubstr("worker 1 is quarantined")));
+    EXPECT_FALSE(a.result.has_value()) << "the step waits for worker 1's removal";
+    EXPECT_THAT(agg_->Progress().waiting_for, ElementsAre(1));
+    ASSERT_TRUE(agg_->Evict(0, 2, {1}));
+    agg_->CompleteEviction(PlanChange{StepQuotas(3, {{0, 2}}), {}});
+    ASSERT_TRUE(a.result.has_value());
+    ASSERT_THAT(*a.result, IsOk());
+    EXPECT_THAT(Params(), ElementsAre(FloatNear(-10.0f, 1e-5), FloatNear(-11.0f, 1e-5)))
+        << "steps 0 and 1 moved both by 7; step 2 is worker 0's gradient alone";
+  } else {
+    EXPECT_FALSE(faulty_[0].quarantine);
+    ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+    EXPECT_THAT(*b.result, IsOk()) << "summed";
+  }
+}
+
+TEST_P(ScreenTest, ASpikeEveryWorkerSharesIsSummed) {
+  Outcome a, b;
+  Push(0, 2, {3000.0f, 4000.0f}, &a);
+  Push(1, 2, {4000.0f, 3000.0f}, &b);
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  EXPECT_THAT(*a.result, IsOk());
+  EXPECT_THAT(*b.result, IsOk());
+  EXPECT_TRUE(faulty_.empty());
+}
+
+TEST_P(ScreenTest, AValueNoGpuComputesIsFaultyAtOnce) {
+  Outcome c;
+  Push(1, 2, {std::numeric_limits<float>::quiet_NaN(), 1.0f}, &c);
+  ASSERT_TRUE(c.result.has_value());
+  if (GetParam() == FaultyGradients::kEvict) {
+    ASSERT_EQ(faulty_.size(), 1u);
+    EXPECT_THAT(faulty_[0].why.message(), HasSubstr("is nan"));
+    EXPECT_THAT(c.result->status(), StatusIs(absl::StatusCode::kAborted, HasSubstr("")));
+  } else {  // refused as a malformed push, the worker kept
+    EXPECT_TRUE(faulty_.empty());
+    EXPECT_THAT(c.result->status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ScreenTest,
+                         ::testing::Values(FaultyGradients::kEvict, FaultyGradients::kLog),
+                         [](const auto& info) {
+                           return std::string(FaultyGradientsName(info.param));
+                         });
+
 TEST_F(StepAggregatorTest, DuplicatePushIsNotCountedTwice) {
   grads_.reserve(16);
   Outcome a, a_again, b, b_late_retry;

@@ -244,6 +244,11 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
       return loss.status();
     }
     loss_sum = *loss;
+    if (config_.fault.Apply(global_step_, absl::MakeSpan(grad_)) &&
+        global_step_ == config_.fault.from_step) {
+      Say(absl::StrCat("from this step (", global_step_,
+                       ") on, every pushed gradient is corrupted (--corrupt_gradient)"));
+    }
     EmulateSlowdown(clock_, t0, clock_->ProcessCpuTime() - cpu0,
                     config_.slowdown.FactorAt(epoch_, global_step_), config_.slowdown_of);
   }

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/plan.h"
+#include "worker/gradient_fault.h"
 #include "worker/learner.h"
 #include "worker/ps_client.h"
 #include "worker/slowdown_schedule.h"
@@ -68,6 +69,8 @@ struct LoopConfig {
   int export_every_epochs = 0;
   // The CPU limit this worker runs under, in cores (common/cpu_limit.h; 0: none).
   double cpu_limit_cores = 0.0;
+  // A faulty GPU, emulated: corrupts the gradients it pushes from a step on (testing).
+  GradientFault fault;
 };
 
 // One reported epoch of this worker.

@@ -58,6 +58,12 @@ ABSL_FLAG(double, slowdown, 1.0,
 ABSL_FLAG(std::string, slow_windows, "",
           "Extra slowdown while training, like a background job: 'e<begin>:<end>:<factor>' "
           "(epochs) or 's<begin>:<end>:<factor>' (global steps), ';'-separated, e.g. e2:4:3.");
+ABSL_FLAG(std::string, corrupt_gradient, "",
+          "Testing: emulate a faulty GPU from this worker's Nth step on (counted over the job "
+          "from 0): 'nan@N' every value NaN, 'scale:F@N' every value times F, 'sign@N' negated, "
+          "'bitflip@N' one random bit flipped in about one value in a thousand (drawn from --seed "
+          "and the step). dbs_ps "
+          "--faulty_gradients decides what the job does about it.");
 ABSL_FLAG(std::string, slowdown_of, "cpu",
           "What the slowdown multiplies: 'cpu', the step's CPU time (the computation ends that "
           "many times its CPU time after it began, as on a slower core of its own; time spent "
@@ -130,6 +136,11 @@ absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
       absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
   if (!slowdown.ok()) return slowdown.status();
   loop->slowdown = *slowdown;
+  absl::StatusOr<dbs::GradientFault> fault =
+      dbs::GradientFault::Parse(absl::GetFlag(FLAGS_corrupt_gradient));
+  if (!fault.ok()) return fault.status();
+  loop->fault = *fault;
+  loop->fault.seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<dbs::SlowdownOf> of = dbs::ParseSlowdownOf(absl::GetFlag(FLAGS_slowdown_of));
   if (!of.ok()) return of.status();
   loop->slowdown_of = *of;
