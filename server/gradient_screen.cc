@@ -29,33 +29,48 @@ const char* FaultyGradientsName(FaultyGradients mode) {
   return "?";
 }
 
-double GradientScreen::Median() const {
-  if (recent_.empty()) return 0.0;
-  std::vector<double> v(recent_.begin(), recent_.end());
+namespace {
+double MedianOf(std::vector<double> v) {
   auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
   std::nth_element(v.begin(), mid, v.end());
   return *mid;
 }
+}  // namespace
 
-absl::Status GradientScreen::Judge(double norm) const {
-  if (config_.mode == FaultyGradients::kOff) return absl::OkStatus();
-  if (std::isnan(norm)) return absl::InvalidArgumentError("the gradient's norm is NaN");
-  if (static_cast<int>(recent_.size()) < config_.min_history) {
-    return std::isfinite(norm) ? absl::OkStatus()
-                               : absl::InvalidArgumentError("the gradient's norm is infinite");
+absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& reference, double ratio,
+                       absl::string_view against) {
+  if (std::isnan(push.norm)) return absl::InvalidArgumentError("the gradient's norm is NaN");
+  std::vector<double> norms, samples;
+  for (const PushNorm& r : reference) {
+    norms.push_back(r.norm);
+    samples.push_back(r.samples);
   }
-  const double median = Median();
-  if (norm <= config_.norm_ratio * median) return absl::OkStatus();
+  const double median = MedianOf(norms);
+  const double fewer = std::max(1.0, MedianOf(samples) / std::max(push.samples, 1));
+  const double allowed = ratio * median * std::sqrt(fewer);
+  if (push.norm <= allowed) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
-      "the gradient's L2 norm %.4g is %.4g times the median %.4g of the last %d accepted pushes "
-      "(--faulty_norm_ratio=%g)",
-      norm, median > 0 ? norm / median : INFINITY, median, recent_.size(), config_.norm_ratio));
+      "the gradient's L2 norm %.4g (over %d samples) is %.4g times the median %.4g of %s "
+      "(allowed: %.4g times)",
+      push.norm, push.samples, median > 0 ? push.norm / median : INFINITY, median, against,
+      allowed / std::max(median, 1e-300)));
 }
 
-void GradientScreen::Accepted(double norm) {
-  if (!std::isfinite(norm)) return;
-  recent_.push_back(norm);
-  while (static_cast<int>(recent_.size()) > config_.history) recent_.pop_front();
+absl::Status GradientScreen::Judge(const PushNorm& push) const {
+  if (config_.mode == FaultyGradients::kOff) return absl::OkStatus();
+  if (static_cast<int>(recent_.size()) < config_.min_history) {
+    return std::isfinite(push.norm)
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError("the gradient's norm is not finite");
+  }
+  return JudgeNorm(push, recent_, config_.norm_ratio,
+                   absl::StrCat("the last ", recent_.size(), " accepted pushes"));
+}
+
+void GradientScreen::Accepted(const PushNorm& push) {
+  if (!std::isfinite(push.norm)) return;
+  recent_.push_back(push);
+  if (static_cast<int>(recent_.size()) > config_.history) recent_.erase(recent_.begin());
 }
 
 }  // namespace dbs

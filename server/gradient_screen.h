@@ -6,14 +6,17 @@
 // one but whose L2 norm is far above what the job's gradients have been (a scaled-up gradient,
 // a flipped exponent bit) is what this screen catches: its norm against the median of the last
 // accepted pushes' norms (every worker's, so a minority of faulty pushes does not move it), at
-// most `norm_ratio` times larger. A gradient whose norm is plausible (a sign flip, a small
-// scale) is not told apart: see docs/security.md for what that costs.
+// most `norm_ratio` times larger. A mean gradient over fewer samples is noisier, so a push of
+// b samples against pushes of a median of m may be sqrt(m / b) times larger still (a worker
+// that DBS gives a small batch is not an outlier for that). A gradient whose norm is plausible
+// (a sign flip, a small scale) is not told apart: see docs/fault_tolerance.md for what that
+// costs.
 //
 // Pure value type; thread-compatible.
 #ifndef DBS_SERVER_GRADIENT_SCREEN_H_
 #define DBS_SERVER_GRADIENT_SCREEN_H_
 
-#include <deque>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +34,18 @@ enum class FaultyGradients {
 absl::StatusOr<FaultyGradients> ParseFaultyGradients(absl::string_view name);
 const char* FaultyGradientsName(FaultyGradients mode);
 
+// A push's gradient norm and the samples it is the mean over.
+struct PushNorm {
+  double norm = 0.0;
+  int samples = 1;
+};
+
+// OK, or (INVALID_ARGUMENT, naming `against`) why `push` is an outlier against `reference`
+// (not empty): more than `ratio` times their median norm, times sqrt(their median samples /
+// its samples) when it is over fewer samples.
+absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& reference, double ratio,
+                       absl::string_view against);
+
 struct ScreenConfig {
   FaultyGradients mode = FaultyGradients::kEvict;
   double norm_ratio = 10.0;  // > 1
@@ -42,18 +57,16 @@ class GradientScreen {
  public:
   explicit GradientScreen(ScreenConfig config = {}) : config_(config) {}
 
-  // OK, or (INVALID_ARGUMENT) why a push whose gradient has L2 norm `norm` is an outlier.
-  absl::Status Judge(double norm) const;
+  // OK, or (INVALID_ARGUMENT) why `push` is an outlier against the last accepted pushes.
+  absl::Status Judge(const PushNorm& push) const;
   // An accepted push's norm joins the history.
-  void Accepted(double norm);
+  void Accepted(const PushNorm& push);
 
   const ScreenConfig& config() const { return config_; }
-  // The median of the history (0 while it is empty).
-  double Median() const;
 
  private:
   ScreenConfig config_;
-  std::deque<double> recent_;
+  std::vector<PushNorm> recent_;  // oldest first
 };
 
 }  // namespace dbs

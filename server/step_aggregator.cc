@@ -198,8 +198,19 @@ DBS_WIDE_VECTORS void AddScaledBf16(float* sum, const uint8_t* values, size_t n,
 
 // The same on bf16 values.
 DBS_WIDE_VECTORS double SumOfSquaresBf16(const uint8_t* values, size_t n) {
+  float lanes[16] = {};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (size_t k = 0; k < 16; ++k) {
+      const uint32_t bits = static_cast<uint32_t>(LoadBf16(values, i + k)) << 16;
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      lanes[k] += v * v;
+    }
+  }
   double total = 0.0;
-  for (size_t i = 0; i < n; ++i) {
+  for (float l : lanes) total += l;
+  for (; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(LoadBf16(values, i)) << 16;
     float v;
     std::memcpy(&v, &bits, sizeof v);
@@ -438,7 +449,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       p.ticket = retry_ticket = ++last_ticket_;
     } else {
       absl::Status valid = Validate(push);
-      const double norm = std::sqrt(sum_squares);
+      const PushNorm norm{std::sqrt(sum_squares), push.num_samples};
       absl::Status suspicion;
       if (valid.ok() && screened && bad_values && options_.screen.mode == FaultyGradients::kEvict) {
         // A value no GPU computes: its worker is removed as a dead one is.
@@ -507,14 +518,6 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   return 0;
 }
 
-namespace {
-double MedianOf(std::vector<double> v) {
-  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
-}
-}  // namespace
-
 absl::Status StepAggregator::Quarantined(int worker, int epoch, int step, const absl::Status& why) {
   return absl::AbortedError(absl::StrCat(
       "worker ", worker, " is quarantined: its gradient of epoch ", epoch + 1, " step ", step + 1,
@@ -529,21 +532,19 @@ void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refu
   }
   const bool evict = options_.screen.mode == FaultyGradients::kEvict;
   for (auto& [id, s] : suspects_) {
-    std::vector<double> others;
+    std::vector<PushNorm> others;
     for (const auto& [w, n] : step_norms_) {
       if (w != id) others.push_back(n);
     }
     // Alone at its step, the job's history is all there is to judge it by.
     absl::Status verdict = s.verdict;
     if (!others.empty()) {
-      const double median = MedianOf(others);
-      verdict = s.norm <= options_.screen.norm_ratio * median
-                    ? absl::OkStatus()
-                    : absl::InvalidArgumentError(absl::StrFormat(
-                          "%s, and %.4g times the median %.4g of the other %d workers' at this "
-                          "step",
-                          s.verdict.message(), median > 0 ? s.norm / median : INFINITY, median,
-                          others.size()));
+      verdict = JudgeNorm(s.norm, others, options_.screen.norm_ratio,
+                          absl::StrCat("the other ", others.size(), " workers' at this step"));
+      if (!verdict.ok()) {
+        verdict = absl::InvalidArgumentError(absl::StrCat(
+            verdict.message(), "; against the job's recent pushes: ", s.verdict.message()));
+      }
     }
     if (verdict.ok() || !evict) {
       if (!verdict.ok()) faulty->push_back(FaultyPush{id, epoch_, step_, verdict, false});

@@ -381,11 +381,11 @@ class StepAggregator {
   struct Suspect {
     GradientPush push;
     Pending pending;
-    double norm = 0.0;
+    PushNorm norm;
     absl::Status verdict;  // against the history
   };
   std::map<int, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
-  std::map<int, double> step_norms_ ABSL_GUARDED_BY(mu_);  // the step's screened norms
+  std::map<int, PushNorm> step_norms_ ABSL_GUARDED_BY(mu_);  // the step's screened norms
   using Refusals = std::vector<std::pair<Done, absl::Status>>;
   // Once every push of the step is in (pending or suspect): each suspect is summed (pending) or
   // refused (into `refusals`, its worker into `faulty` for the hook).

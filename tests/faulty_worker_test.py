@@ -17,9 +17,10 @@ WORKERS = 4
 # 2 epochs of 4,000 images in global batches of 64: 63 steps each.
 JOB = ["--epochs=2", "--global_batch=64"]
 WORKER_FLAGS = ["--train_limit=4000", "--test_limit=1000", "--log_every_s=60"]
-# On 1,000 test images two jobs that train the same samples in other sums differ by a point or
-# two; bench/faulty.py measures the difference on the whole test set.
-ACCURACY_TOLERANCE = 0.03
+# Two runs of the same clean job differ by up to 1.8 points on the whole test set
+# (bench/results/faulty), and 1,000 test images add about 1.4 points of sampling noise; a job
+# that went on training from the faulty worker's values would lose far more.
+ACCURACY_TOLERANCE = 0.05
 
 
 class FaultyWorkerTest(ProcessTestCase):
@@ -81,8 +82,10 @@ class FaultyWorkerTest(ProcessTestCase):
                                        clean["final_test_accuracy"], delta=ACCURACY_TOLERANCE)
 
     def test_log_mode_keeps_the_worker_and_counts_its_pushes(self):
-        # Summed, a gradient 1000 times too large would end the job: log mode is for watching.
-        record, code, _ = self.run_with("scale:30", ["--faulty_gradients=log"])
+        # Log mode sums what it flags: a gradient far too large would make the job diverge, so
+        # this one is 4 times too large, against a ratio of 2.
+        record, code, _ = self.run_with("scale:4", ["--faulty_gradients=log",
+                                                    "--faulty_norm_ratio=2"])
         self.assertEqual(code, 0)
         self.assertEqual(record["quarantined"], [])
         self.assertGreater(record["faulty_pushes"], 0)

@@ -24,19 +24,32 @@ TEST(GradientScreenTest, ModesParseAndUnknownOnesAreRefused) {
 TEST(GradientScreenTest, ANormFarAboveTheRecentMedianIsAnOutlier) {
   GradientScreen screen;  // ratio 10, at least 8 norms
   // The job's first pushes pass whatever their norm, but for a NaN or infinite one.
-  EXPECT_THAT(screen.Judge(1e6), IsOk());
-  EXPECT_THAT(screen.Judge(std::numeric_limits<double>::infinity()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("infinite")));
-  EXPECT_THAT(screen.Judge(std::nan("")),
+  EXPECT_THAT(screen.Judge({1e6, 8}), IsOk());
+  EXPECT_THAT(screen.Judge({std::numeric_limits<double>::infinity(), 8}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not finite")));
+  EXPECT_THAT(screen.Judge({std::nan(""), 8}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not finite")));
+  // Honest norms spread by noise (a factor of 3 here), all over 8 samples: median 2.2.
+  for (double n : {1.0, 2.0, 3.0, 1.5, 2.5, 1.2, 2.2, 2.8}) screen.Accepted({n, 8});
+  EXPECT_THAT(screen.Judge({3.0 * 2.2, 8}), IsOk());
+  EXPECT_THAT(screen.Judge({10.0 * 2.2, 8}), IsOk()) << "at the ratio: passes";
+  EXPECT_THAT(screen.Judge({1000.0 * 2.2, 8}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("1000 times the median 2.2 of the last 8 accepted pushes")));
+  EXPECT_THAT(screen.Judge({0.0, 8}), IsOk()) << "a small gradient is not screened";
+  EXPECT_THAT(screen.Judge({std::nan(""), 8}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NaN")));
-  // Honest norms spread by batch size and noise (a factor of 3 here).
-  for (double n : {1.0, 2.0, 3.0, 1.5, 2.5, 1.2, 2.2, 2.8}) screen.Accepted(n);
-  EXPECT_DOUBLE_EQ(screen.Median(), 2.2);
-  EXPECT_THAT(screen.Judge(3.0 * 2.2), IsOk());
-  EXPECT_THAT(screen.Judge(10.0 * 2.2), IsOk()) << "at the ratio: passes";
-  EXPECT_THAT(screen.Judge(1000.0 * 2.2),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1000 times the median")));
-  EXPECT_THAT(screen.Judge(0.0), IsOk()) << "a small gradient is not screened";
+}
+
+TEST(GradientScreenTest, AMeanOverFewerSamplesMayBeNoisier) {
+  // The median push is over 64 samples; one over 1 sample may be sqrt(64) = 8 times noisier.
+  const std::vector<PushNorm> reference = {{1.0, 64}, {1.0, 64}, {1.0, 32}};
+  EXPECT_THAT(JudgeNorm({70.0, 1}, reference, 10.0, "x"), IsOk());
+  EXPECT_THAT(JudgeNorm({90.0, 1}, reference, 10.0, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("allowed: 80 times")));
+  // A push over more samples than the median gets no more room than the ratio.
+  EXPECT_THAT(JudgeNorm({11.0, 256}, reference, 10.0, "the others"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of the others")));
 }
 
 TEST(GradientScreenTest, AFewOutliersInTheHistoryDoNotMoveTheMedianAndOldNormsAge) {
@@ -44,26 +57,26 @@ TEST(GradientScreenTest, AFewOutliersInTheHistoryDoNotMoveTheMedianAndOldNormsAg
   c.history = 10;
   c.min_history = 4;
   GradientScreen screen(c);
-  for (int i = 0; i < 7; ++i) screen.Accepted(1.0);
-  screen.Accepted(1e9);  // log-only mode sums an outlier; it stays a minority of the history
-  screen.Accepted(1e9);
-  EXPECT_DOUBLE_EQ(screen.Median(), 1.0);
-  EXPECT_THAT(screen.Judge(50.0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  for (int i = 0; i < 7; ++i) screen.Accepted({1.0, 4});
+  screen.Accepted({1e9, 4});  // log-only mode sums an outlier; it stays a minority of the history
+  screen.Accepted({1e9, 4});
+  EXPECT_THAT(screen.Judge({50.0, 4}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("the median 1 of the last 9")));
   // The gradients shrink as the job trains: the median follows the last `history` norms.
-  for (int i = 0; i < 10; ++i) screen.Accepted(0.01);
-  EXPECT_DOUBLE_EQ(screen.Median(), 0.01);
-  EXPECT_THAT(screen.Judge(1.0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
-  screen.Accepted(std::numeric_limits<double>::infinity());  // not kept
-  EXPECT_DOUBLE_EQ(screen.Median(), 0.01);
+  for (int i = 0; i < 10; ++i) screen.Accepted({0.01, 4});
+  EXPECT_THAT(screen.Judge({1.0, 4}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr("the median 0.01 of the last 10")));
+  screen.Accepted({std::numeric_limits<double>::infinity(), 4});  // not kept
+  EXPECT_THAT(screen.Judge({0.05, 4}), IsOk());
 }
 
 TEST(GradientScreenTest, OffJudgesNothing) {
   ScreenConfig c;
   c.mode = FaultyGradients::kOff;
   GradientScreen screen(c);
-  for (int i = 0; i < 10; ++i) screen.Accepted(1.0);
-  EXPECT_THAT(screen.Judge(1e12), IsOk());
-  EXPECT_THAT(screen.Judge(std::nan("")), IsOk());
+  for (int i = 0; i < 10; ++i) screen.Accepted({1.0, 1});
+  EXPECT_THAT(screen.Judge({1e12, 1}), IsOk());
+  EXPECT_THAT(screen.Judge({std::nan(""), 1}), IsOk());
 }
 
 }  // namespace
