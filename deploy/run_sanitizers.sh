@@ -8,7 +8,8 @@
 #      checks, the exported models read back in Python, the data formats' jobs and the
 #      Prometheus and Chromium checks (deploy_test, torchscript_test, data_formats_test,
 #      observability_test: their readers and exports are under ASan in dataset_test and
-#      exactness_test, their jobs in cluster_test); and with
+#      exactness_test, their jobs in cluster_test; faulty_worker_test: its screen and quarantine
+#      are under ASan in step_aggregator_test and hardening_test); and with
 #      simulation_test's property tests on their first 60 random clusters instead of 300 (the
 #      same code paths at a fifth of the time); only the tests and what they need are built;
 #   2. the domain and adapter tests (every C++ test that does not need libtorch) under
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 status=0
 bazel test --config=asan --build_tests_only --test_env=SIMULATION_TEST_CLUSTERS=60 -- //... \
   -//tests:bench_small_test -//tests:compose_test -//tests:deploy_test -//tests:torchscript_test \
-  -//tests:data_formats_test -//tests:observability_test || status=1
+  -//tests:data_formats_test -//tests:observability_test -//tests:faulty_worker_test || status=1
 tsan_tests=$(bazel query 'kind(cc_test, //tests:*) except rdeps(//tests:*, @system//:torch)
                           except //tests:simulation_test' 2>/dev/null)
 if [[ -z $tsan_tests ]]; then
