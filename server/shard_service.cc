@@ -220,6 +220,14 @@ std::shared_ptr<grpc::Channel> LeaderLink::Channel() {
   return channel_;
 }
 
+void LeaderLink::KeepShardKey(const grpc::ClientContext& ctx) {
+  // The leader's initial metadata has arrived with the stream's first event.
+  const auto& meta = ctx.GetServerInitialMetadata();
+  auto key = meta.find(kShardKeyKey);
+  absl::MutexLock lock(&mu_);
+  shard_key_ = key == meta.end() ? "" : std::string(key->second.data(), key->second.size());
+}
+
 absl::Status LeaderLink::Run() {
   auto stub = v1::ShardService::NewStub(Channel());
   v1::FollowRequest req;
@@ -248,12 +256,7 @@ absl::Status LeaderLink::Run() {
     v1::ShardEvent event;
     int64_t read = 0;
     while (reader->Read(&event)) {
-      if (++read == 1) {  // the leader's initial metadata has arrived with the first event
-        const auto& meta = ctx.GetServerInitialMetadata();
-        auto key = meta.find(kShardKeyKey);
-        absl::MutexLock lock(&mu_);
-        shard_key_ = key == meta.end() ? "" : std::string(key->second.data(), key->second.size());
-      }
+      if (++read == 1) KeepShardKey(ctx);
       ShardEventData e = FromProto(event);
       follower_->Apply(e);
       if (e.kind == ShardEventData::Kind::kEnd) {

@@ -64,6 +64,8 @@ class LeaderLink {
 
  private:
   std::shared_ptr<grpc::Channel> Channel();
+  // Keeps the key the leader gave this follower on its Follow stream (ShardLog::Join).
+  void KeepShardKey(const grpc::ClientContext& ctx);
 
   const FollowConfig config_;
   ShardFollower* const follower_;

@@ -414,97 +414,39 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
-  double sum_squares = 0.0;
-  bool bad_values = false;
-  const absl::Status gradient_ok =
-      push.streamed ? absl::OkStatus() : CheckGradient(push, &sum_squares, &bad_values);
-  const bool screened =
-      !push.streamed && push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
-  std::vector<FaultyPush> faulty;
-  Refusals refusals;
-  std::vector<Done> to_run;
-  Notices notices;
-  uint64_t waiting = 0;
-  absl::StatusOr<StepResult> result;
-  StepStats stats;
-  bool completed = false;
+  CheckedGradient checked;
+  if (!push.streamed) {
+    checked.status = CheckGradient(push, &checked.sum_squares, &checked.bad_values);
+  }
+  PushOutcome out;
   Done superseded;
   uint64_t retry_ticket = 0;
   std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
-    // A retry of the step that just completed: answer with its result.
+    Pending* earlier = aborted_.ok() && push.epoch == epoch_ && push.step == step_
+                           ? PendingOfLocked(push.worker_id)
+                           : nullptr;
     if (last_.has_value() && push.epoch == last_->epoch && push.step == last_->step &&
         last_participants_.count(push.worker_id) > 0 && aborted_.ok()) {
-      result = *last_;
-      to_run.push_back(std::move(done));
-    } else if (aborted_.ok() && push.epoch == epoch_ && push.step == step_ &&
-               (pending_.count(push.worker_id) > 0 || suspects_.count(push.worker_id) > 0)) {
+      // A retry of the step that just completed: answer with its result.
+      out.result = *last_;
+      out.to_run.push_back(std::move(done));
+    } else if (earlier != nullptr) {
       // A retry of a pending push: it waits for the same result in the earlier call's place;
       // the gradient is not added again.
-      Pending& p = pending_.count(push.worker_id) > 0 ? pending_[push.worker_id]
-                                                      : suspects_[push.worker_id].pending;
-      superseded = std::move(p.done);
-      p.done = std::move(done);
-      p.ticket = retry_ticket = ++last_ticket_;
+      superseded = std::move(earlier->done);
+      earlier->done = std::move(done);
+      earlier->ticket = retry_ticket = ++last_ticket_;
     } else {
-      absl::Status valid = Validate(push);
-      const PushNorm norm{std::sqrt(sum_squares), push.num_samples};
-      absl::Status suspicion;
-      if (valid.ok() && screened && bad_values && options_.screen.mode == FaultyGradients::kEvict) {
-        // A value no GPU computes: its worker is removed as a dead one is.
-        faulty.push_back(FaultyPush{push.worker_id, push.epoch, push.step, gradient_ok, true});
-        valid = Quarantined(push.worker_id, push.epoch, push.step, gradient_ok);
-      } else if (valid.ok() && screened && gradient_ok.ok()) {
-        suspicion = screen_.Judge(norm);
-      }
-      if (valid.ok()) valid = gradient_ok;
-      if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push);
-      if (!valid.ok()) {
-        result = valid;
-        to_run.push_back(std::move(done));
-      } else if (!suspicion.ok()) {
-        // Held until the step's other pushes tell a spike they share from this one's outlier.
-        Suspect& s = suspects_[push.worker_id];
-        s.push = push;
-        s.pending = Pending{std::move(done), ++last_ticket_};
-        s.norm = norm;
-        s.verdict = suspicion;
-        step_norms_[push.worker_id] = norm;
-        waiting = last_ticket_;
-        ResolveSuspectsLocked(&faulty, &refusals, &notices);
-        if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
-          waiting = 0;
-          stats = TakeStepStatsLocked();
-          completed = true;
-          CompleteStepLocked(&to_run, &result, &notices);
-        }
-      } else {
-        // A push summed (a log-only outlier too) is part of what the job's gradients have been.
-        if (screened) {
-          screen_.Accepted(norm);
-          step_norms_[push.worker_id] = norm;
-        }
-        AcceptLocked(push, std::move(done));
-        const uint64_t mine = last_ticket_;
-        ReduceReadyLocked(&notices);
-        ResolveSuspectsLocked(&faulty, &refusals, &notices);
-        if (pending_.size() < quotas_[step_].size()) {
-          AdvanceUpdateLocked();
-          waiting = mine;
-        } else {
-          stats = TakeStepStatsLocked();
-          completed = true;
-          CompleteStepLocked(&to_run, &result, &notices);
-        }
-      }
+      TakeNewPushLocked(push, checked, std::move(done), &out);
     }
     ready = std::exchange(ready_, std::nullopt);
   }
-  Notify(&notices);
+  Notify(&out.notices);
   TellReady(ready);
-  TellFaulty(faulty, &refusals);
-  if (waiting != 0) return waiting;
+  TellFaulty(out.faulty, &out.refusals);
+  if (out.waiting != 0) return out.waiting;
   if (retry_ticket != 0) {
     if (superseded) {
       superseded(
@@ -513,9 +455,70 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     }
     return retry_ticket;
   }
-  if (completed) AfterStep(stats, &result);
-  for (Done& d : to_run) d(result);
+  if (out.completed) AfterStep(out.stats, &out.result);
+  for (Done& d : out.to_run) d(out.result);
   return 0;
+}
+
+StepAggregator::Pending* StepAggregator::PendingOfLocked(int worker) {
+  if (auto p = pending_.find(worker); p != pending_.end()) return &p->second;
+  if (auto s = suspects_.find(worker); s != suspects_.end()) return &s->second.pending;
+  return nullptr;
+}
+
+absl::Status StepAggregator::ScreenLocked(const GradientPush& push, const CheckedGradient& checked,
+                                          std::vector<FaultyPush>* faulty) const {
+  if (push.streamed || push.num_samples <= 0 || options_.screen.mode == FaultyGradients::kOff) {
+    return absl::OkStatus();
+  }
+  if (checked.bad_values && options_.screen.mode == FaultyGradients::kEvict) {
+    // A value no GPU computes: its worker is removed as a dead one is.
+    faulty->push_back(FaultyPush{push.worker_id, push.epoch, push.step, checked.status, true});
+    return Quarantined(push.worker_id, push.epoch, push.step, checked.status);
+  }
+  return absl::OkStatus();
+}
+
+void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGradient& checked,
+                                       Done done, PushOutcome* out) {
+  const bool screened =
+      !push.streamed && push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
+  const PushNorm norm{std::sqrt(checked.sum_squares), push.num_samples};
+  absl::Status valid = Validate(push);
+  if (valid.ok()) valid = ScreenLocked(push, checked, &out->faulty);
+  // A norm far above the job's recent ones: held until the step's other pushes tell a spike
+  // they share from this one's outlier.
+  const absl::Status suspicion =
+      valid.ok() && screened && checked.status.ok() ? screen_.Judge(norm) : absl::OkStatus();
+  if (valid.ok()) valid = checked.status;
+  if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push);
+  if (!valid.ok()) {
+    out->result = valid;
+    out->to_run.push_back(std::move(done));
+    return;
+  }
+  uint64_t mine = 0;
+  if (!suspicion.ok()) {
+    suspects_[push.worker_id] =
+        Suspect{push, Pending{std::move(done), ++last_ticket_}, norm, suspicion};
+    mine = last_ticket_;
+  } else {
+    // A push summed (a log-only outlier too) is part of what the job's gradients have been.
+    if (screened) screen_.Accepted(norm);
+    AcceptLocked(push, std::move(done));
+    mine = last_ticket_;
+    ReduceReadyLocked(&out->notices);
+  }
+  if (screened) step_norms_[push.worker_id] = norm;
+  ResolveSuspectsLocked(&out->faulty, &out->refusals, &out->notices);
+  if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
+    out->stats = TakeStepStatsLocked();
+    out->completed = true;
+    CompleteStepLocked(&out->to_run, &out->result, &out->notices);
+    return;
+  }
+  if (suspicion.ok()) AdvanceUpdateLocked();
+  out->waiting = mine;
 }
 
 absl::Status StepAggregator::Quarantined(int worker, int epoch, int step, const absl::Status& why) {

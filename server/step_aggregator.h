@@ -391,6 +391,34 @@ class StepAggregator {
   // refused (into `refusals`, its worker into `faulty` for the hook).
   void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals, Notices* notices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Push found before the lock: the gradient's check, whether a value (not its shape)
+  // failed it, and the sum of its squared values.
+  struct CheckedGradient {
+    absl::Status status;
+    bool bad_values = false;
+    double sum_squares = 0.0;
+  };
+  // What a push leads to, acted on once the lock is released.
+  struct PushOutcome {
+    std::vector<FaultyPush> faulty;
+    Refusals refusals;
+    std::vector<Done> to_run;  // answered with `result`
+    Notices notices;
+    absl::StatusOr<StepResult> result;
+    StepStats stats;
+    bool completed = false;  // the push completed the step (AfterStep runs)
+    uint64_t waiting = 0;    // the push waits: its ticket
+  };
+  // The pending (or held) push of `worker` at the current step, or null.
+  Pending* PendingOfLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push with a value no GPU computes under kEvict: its refusal, its worker into `faulty`.
+  absl::Status ScreenLocked(const GradientPush& push, const CheckedGradient& checked,
+                            std::vector<FaultyPush>* faulty) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push that is neither a retry nor of the step just completed: refused, held as a suspect,
+  // or accepted, and the step completed when it was the last one.
+  void TakeNewPushLocked(const GradientPush& push, const CheckedGradient& checked, Done done,
+                         PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The refusal of a quarantined worker's push.
   static absl::Status Quarantined(int worker, int epoch, int step, const absl::Status& why);
   // Logs each faulty push, tells the hook, then answers the refused pushes. Outside the lock.
