@@ -166,10 +166,8 @@ def build_parser():
                     help="mid-epoch re-planning window in steps (-1: the policy's default, 8 for "
                          "dbs; 0: epoch boundaries only)")
     ap.add_argument("--replan_threshold", type=float, default=1.15,
-                    help="re-plan mid-epoch when the slowest worker's recent compute time is this "
+                    help="re-plan mid-epoch when the slowest worker's recent step time is this "
                          "many times the fastest's")
-    ap.add_argument("--count_communication", default="true", choices=["true", "false"],
-                    help="dbs: balance compute plus each worker's own communication")
     ap.add_argument("--wire_dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                     help="how gradients and parameters travel each step (dbs_ps --wire_dtype)")
     ap.add_argument("--deterministic", default="true", choices=["true", "false"],
@@ -283,7 +281,6 @@ def ps_argv(args, ps_bin, port_file, summary):
         f"--max_batch={args.max_batch}",
         f"--replan_window_steps={args.replan_window_steps}",
         f"--replan_threshold={args.replan_threshold}",
-        f"--count_communication={args.count_communication}",
         f"--wire_dtype={args.wire_dtype}", f"--deterministic={args.deterministic}",
         f"--fixed_split={fixed_split_flag(args.fixed_split, args.workers)}",
         f"--faulty_gradients={args.faulty_gradients}"] + (

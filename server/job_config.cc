@@ -33,7 +33,6 @@ std::map<std::string, std::string> TrainingSettings(const JobConfig& c) {
           {"fixed_split", FixedSplitText(c.fixed_split)},
           {"replan_window_steps", absl::StrCat(c.replan_window_steps)},
           {"replan_threshold", f(c.replan_threshold)},
-          {"count_communication", c.count_communication ? "true" : "false"},
           {"wire_dtype", WireDtypeName(c.wire_dtype)},
           {"noise_margin", f(c.noise_margin)},
           {"optimizer", c.optimizer.name},

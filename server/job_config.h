@@ -34,18 +34,12 @@ struct JobConfig {
   // declared dead: the step completes without it and its samples go to the others. Zero: never.
   absl::Duration worker_timeout = absl::Seconds(60);
   // Mid-epoch re-planning (never with the fixed split): when over the last
-  // `replan_window_steps` steps the slowest worker's compute time is `replan_threshold` times the
+  // `replan_window_steps` steps the slowest worker's step time is `replan_threshold` times the
   // fastest's or more (and clear of the noise), the policy re-plans the rest of the epoch with
   // the window as the newest measurement (see ReplanWindow). -1: the policy's default
   // (ReplanWindowSteps); 0: off, the paper's epoch-boundary rule.
   int replan_window_steps = -1;
   double replan_threshold = kDefaultReplanThreshold;
-  // dbs: a worker's step time, for the model and for re-planning, runs from the previous step's
-  // answers going out to its push arriving: its compute plus its own communication (decoding,
-  // encoding, both transfers), measured by the server, none of the wait for other workers. A
-  // worker whose communication is slow (a throttled CPU, a far link) then gets fewer samples.
-  // False: compute alone, as the workers time it (the paper's measure).
-  bool count_communication = true;
   // dbs: standard deviations of each worker's per-step time added to its predicted step, so a
   // noisy worker (which more often makes the others wait) gets a little less (BalancingOptions).
   double noise_margin = kDefaultNoiseMargin;

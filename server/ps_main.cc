@@ -116,13 +116,8 @@ ABSL_FLAG(int, replan_window_steps, -1,
           "steps for dbs, off for proportional and fixed); 0: only at epoch boundaries (the "
           "paper's rule).");
 ABSL_FLAG(double, replan_threshold, 1.15,
-          "Re-plan mid-epoch when the slowest worker's recent compute time is this many times "
-          "the fastest's (and the gap is clear of the noise).");
-ABSL_FLAG(bool, count_communication, true,
-          "dbs: time each worker's step from the previous step's answers to its push (compute "
-          "plus its own decoding, encoding and transfers, measured here, without the wait for "
-          "other workers), so a worker with slow communication gets fewer samples; false: "
-          "compute alone.");
+          "Re-plan mid-epoch when the slowest worker's recent step time (as this server observes "
+          "it) is this many times the fastest's (and the gap is clear of the noise).");
 ABSL_FLAG(double, noise_margin, dbs::kDefaultNoiseMargin,
           "dbs: standard deviations of each worker's per-step time added to its predicted step: "
           "a step waits for its slowest worker, so a noisy worker gets a little less; 0: balance "
@@ -218,7 +213,6 @@ absl::StatusOr<dbs::JobConfig> JobConfigFromFlags() {
   job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   job.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);
   job.replan_threshold = absl::GetFlag(FLAGS_replan_threshold);
-  job.count_communication = absl::GetFlag(FLAGS_count_communication);
   job.noise_margin = absl::GetFlag(FLAGS_noise_margin);
   DBS_ASSIGN_OR_RETURN(job.wire_dtype, dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   job.deterministic = absl::GetFlag(FLAGS_deterministic);

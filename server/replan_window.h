@@ -1,8 +1,8 @@
-// ReplanWindow: when to re-plan the rest of an epoch, from the compute times that arrive with
-// every push.
+// ReplanWindow: when to re-plan the rest of an epoch, from the step times the server observes
+// for every push (TrainingJob::Replan).
 //
 // It keeps each worker's last `steps` steps of the running epoch and fires when, over that window,
-// the slowest worker's compute time is `threshold` times the fastest's or more (the fastest
+// the slowest worker's step time is `threshold` times the fastest's or more (the fastest
 // judged with one more sample per step, as the controller's hold does), and the gap is
 // larger than two standard errors of the two totals (estimated from the spread of their per-step
 // times), so noise alone does not re-plan: the split no longer fits the workers' speeds (a
@@ -24,7 +24,7 @@
 namespace dbs {
 
 struct ReplanTrigger {
-  // Slowest / fastest compute over the window, the fastest counted with one more sample per
+  // Slowest / fastest step time over the window, the fastest counted with one more sample per
   // step (whole samples: what a plan could still give it); workers without samples excluded.
   double imbalance = 0.0;
   std::map<int, Measurement> window;  // by worker id

@@ -116,8 +116,8 @@ json EpochWorkers(const EpochRecord& r) {
       continue;
     }
     const EpochTiming& t = report->second;
-    // The step times the controller balanced, as the server measured them (with the worker's
-    // own communication when --count_communication).
+    // The step times the controller balanced, as the server observed them (compute and the
+    // worker's own communication).
     double step_seconds = 0.0;
     if (auto st = r.step_times.find(id); st != r.step_times.end()) {
       for (const auto& [batch, bt] : st->second) step_seconds += bt.seconds;

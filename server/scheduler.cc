@@ -156,6 +156,11 @@ std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id) {
   }
   auto times = r.step_times.find(id);
   if (times != r.step_times.end()) m.by_batch = times->second;
+  // The server's own timing of its steps, where it has it, rather than the worker's word.
+  if (!m.by_batch.empty()) {
+    m.compute_seconds = 0.0;
+    for (const auto& [batch, t] : m.by_batch) m.compute_seconds += t.seconds;
+  }
   return m;
 }
 

@@ -62,7 +62,9 @@ struct BatchTime {
 // What one worker did in one measurement: an epoch, or the last steps of the running epoch.
 struct Measurement {
   int64_t samples = 0;
-  double compute_seconds = 0.0;  // compute only, every call to the server excluded
+  // Its steps' seconds: as the server observed them (the sum of by_batch) where it has them,
+  // otherwise as the worker reported its compute.
+  double compute_seconds = 0.0;
   int steps = 0;
   // Steps and compute seconds by batch size, from the per-step times sent with every push; empty
   // when only the totals above are known (then samples / steps is taken as the batch).

@@ -27,13 +27,19 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       LOG(ERROR) << "epoch " << epoch << " begun while step " << step_ << " of epoch " << epoch_
                  << " had " << pending_.size() << " pushes waiting; they are refused";
       TakePendingLocked(&orphans);
-      stats_.workers.clear();
+      stats_ = StepStats();
     }
     AbandonUpdateLocked();  // cannot be open: its step's pushes would still wait
     zeroed_ = 0;            // the sum starts again
     DropIncomingLocked(absl::FailedPreconditionError("the epoch ended before this push completed"),
                        &notices);
     BeginEpochLocked(epoch, std::move(quotas));
+    // The plans go out now: each worker's first push of the epoch is timed from here.
+    if (clock_ != nullptr) {
+      released_ = clock_->Now();
+      released_epoch_ = epoch;
+      released_step_ = -1;
+    }
   }
   Notify(&notices);
   for (Done& d : orphans) {
@@ -614,7 +620,7 @@ void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {
   stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
   if (clock_ != nullptr && released_epoch_ == epoch_ && released_step_ == step_ - 1) {
     const double cycle = absl::ToDoubleSeconds(clock_->Now() - released_);
-    overhead_[push.worker_id] = std::max(0.0, cycle - push.compute_seconds);
+    stats_.cycle[push.worker_id] = cycle;
   }
 }
 
@@ -624,9 +630,8 @@ StepStats StepAggregator::TakeStepStatsLocked() {
   stats.step = step_;
   stats.workers = std::move(stats_.workers);
   stats_.workers.clear();
-  for (const auto& [id, unused] : stats.workers) {
-    if (auto o = overhead_.find(id); o != overhead_.end()) stats.overhead[id] = o->second;
-  }
+  stats.cycle = std::move(stats_.cycle);
+  stats_.cycle.clear();
   stats.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
   return stats;
 }

@@ -68,13 +68,15 @@ struct StepProgress {
 struct StepStats {
   int epoch = 0;
   int step = 0;
-  bool last_of_epoch = false;                         // nothing is left to re-plan
-  std::map<int, std::pair<int64_t, double>> workers;  // id -> (samples, compute seconds)
-  // id -> the worker's own communication in this step (or the last step it was measured): the
-  // time from the previous step's answers going out to this push arriving, less its compute.
-  // It holds the worker's decoding and encoding, both transfers and its share of the answers'
-  // serialisation, none of the wait for other workers. Only with a clock (see the constructor).
-  std::map<int, double> overhead;
+  bool last_of_epoch = false;  // nothing is left to re-plan
+  // id -> (samples, compute seconds as the worker reported them).
+  std::map<int, std::pair<int64_t, double>> workers;
+  // id -> the worker's step as the server observed it: from the previous step's answers (the
+  // epoch's plans, for its first step) going out to this push arriving. It holds the worker's
+  // compute, its decoding and encoding, both transfers and its share of the answers'
+  // serialisation, none of the wait for other workers. Absent without a clock (see the
+  // constructor) and for a step the server did not see begin (the first after a restore).
+  std::map<int, double> cycle;
 };
 
 // Gradients beyond this magnitude are refused: with at most kMaxGlobalBatch samples a step's
@@ -153,7 +155,7 @@ class StepAggregator {
   using Done = std::function<void(const absl::StatusOr<StepResult>&)>;
 
   // `store` must outlive the aggregator; so must `clock`, which times each worker's own
-  // communication (StepStats::overhead; none without a clock).
+  // steps (StepStats::cycle; none without a clock).
   explicit StepAggregator(ParameterStore* store, const Clock* clock = nullptr,
                           AggregatorOptions options = {});
 
@@ -463,11 +465,10 @@ class StepAggregator {
   std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_
   std::map<int, EpochLoss> epoch_loss_ ABSL_GUARDED_BY(mu_);
-  // When the answers of (released_epoch_, released_step_) went out; each worker's last overhead.
+  // When the answers of (released_epoch_, released_step_) went out (step -1: the epoch's plans).
   absl::Time released_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int released_epoch_ ABSL_GUARDED_BY(mu_) = -1;
   int released_step_ ABSL_GUARDED_BY(mu_) = -1;
-  std::map<int, double> overhead_ ABSL_GUARDED_BY(mu_);
   int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_piece_ ABSL_GUARDED_BY(mu_) = 0;  // pieces queued so far
 };

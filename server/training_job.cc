@@ -342,12 +342,12 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
 }
 
 std::optional<PlanChange> TrainingJob::Replan(const StepStats& stats) {
-  // What the controller balances: compute, plus each worker's own communication when counted.
+  // What the controller balances: each worker's step as the server observed it, whatever the
+  // worker says it computed. Its own figure counts only where the server saw no beginning (the
+  // first step after a restore).
   std::map<int, std::pair<int64_t, double>> step_times = stats.workers;
-  if (config_.count_communication) {
-    for (auto& [id, t] : step_times) {
-      if (auto o = stats.overhead.find(id); o != stats.overhead.end()) t.second += o->second;
-    }
+  for (auto& [id, t] : step_times) {
+    if (auto c = stats.cycle.find(id); c != stats.cycle.end()) t.second = c->second;
   }
   scheduler_->RecordStep(stats.epoch, step_times);
   if (stats.last_of_epoch) return std::nullopt;
@@ -361,10 +361,9 @@ std::optional<PlanChange> TrainingJob::Replan(const StepStats& stats) {
       scheduler_->Rebalance(stats.epoch, stats.step + 1, trigger->window);
   if (!replan.ok()) return std::nullopt;
   LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
-            << ": slowest worker's compute over the last "
+            << ": slowest worker's step time over the last "
             << ReplanWindowSteps(config_.policy, config_.replan_window_steps) << " steps was "
-            << trigger->imbalance << "x the fastest's"
-            << (config_.count_communication ? " (compute and own communication)" : "");
+            << trigger->imbalance << "x the fastest's (compute and own communication)";
   return *std::move(replan);
 }
 

@@ -55,8 +55,7 @@ TEST(ReplanWindowTest, NoiseAloneDoesNotFire) {
 
 TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
   // Worker 2 has batch 0: the imbalance is 0.02 / (0.01 x 11/10), not against zero, nor
-  // against worker 2's own communication time (what the server times with
-  // --count_communication).
+  // against worker 2's own communication time (which the server's step time holds).
   for (double idle : {0.0, 0.001}) {
     ReplanWindow w(1, 1.5);
     std::optional<ReplanTrigger> t = w.Add(0, {{0, {10, 0.010}}, {1, {10, 0.020}}, {2, {0, idle}}});

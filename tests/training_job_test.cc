@@ -234,6 +234,23 @@ std::unique_ptr<TrainingJob> TwoWorkerJob(const JobConfig& config, const Clock* 
   return job;
 }
 
+// Worker 0's and worker 1's pushes of `step`, each `seconds` after the step began (the clock
+// advances to each in turn): the server times a worker's step from the answers to its push.
+void PushTimed(TrainingJob* job, FakeClock* clock, int step, std::map<int, int> batch,
+               std::map<int, double> seconds, std::optional<absl::StatusOr<StepResult>>* r0,
+               std::optional<absl::StatusOr<StepResult>>* r1) {
+  static const std::vector<float> g = {1.0f};
+  const int first = seconds[0] <= seconds[1] ? 0 : 1;
+  double now = 0.0;
+  for (int id : {first, 1 - first}) {
+    clock->Advance(absl::Seconds(seconds[id] - now));
+    now = seconds[id];
+    auto* r = id == 0 ? r0 : r1;
+    job->aggregator()->Push({id, 0, step, batch[id], 0.0, g, seconds[id]},
+                            [r](const absl::StatusOr<StepResult>& s) { *r = s; });
+  }
+}
+
 TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
   FakeClock clock;
   JobConfig config = ReplanConfig();
@@ -246,10 +263,8 @@ TEST(MidEpochReplanTest, ASlowedWorkerIsReplannedWithinTheWindow) {
     std::optional<absl::StatusOr<StepResult>> r0, r1;
     // Worker 1 is slowed 3x from step 2 on: 3 s per sample instead of 1.
     const double slow = step >= 2 ? 3.0 : 1.0;
-    job->aggregator()->Push({0, 0, step, batch[0], 0.0, g, 1.0 * batch[0]},
-                            [&](const absl::StatusOr<StepResult>& r) { r0 = r; });
-    job->aggregator()->Push({1, 0, step, batch[1], 0.0, g, slow * batch[1]},
-                            [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+    PushTimed(job.get(), &clock, step, batch, {{0, 1.0 * batch[0]}, {1, slow * batch[1]}}, &r0,
+              &r1);
     ASSERT_TRUE(r0.has_value() && r0->ok()) << "step " << step;
     if ((*r0)->revisions != nullptr) {
       replanned_after = step;
@@ -291,11 +306,9 @@ TEST(MidEpochReplanTest, ACheckpointOfTheReplanningStepHoldsTheNewPlan) {
   std::vector<float> g = {1.0f};
   std::optional<PlanRevision> revision;
   for (int step = 0; step < 5; ++step) {
-    std::optional<absl::StatusOr<StepResult>> r1;
+    std::optional<absl::StatusOr<StepResult>> r0, r1;
     const double slow = step >= 2 ? 3.0 : 1.0;  // as in the test above: re-planned after step 4
-    job->aggregator()->Push({0, 0, step, 2, 0.0, g, 2.0}, [](const absl::StatusOr<StepResult>&) {});
-    job->aggregator()->Push({1, 0, step, 2, 0.0, g, slow * 2},
-                            [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
+    PushTimed(job.get(), &clock, step, {{0, 2}, {1, 2}}, {{0, 2.0}, {1, slow * 2}}, &r0, &r1);
     ASSERT_TRUE(r1.has_value() && r1->ok()) << "step " << step;
     if ((*r1)->revisions != nullptr) revision = (*r1)->revisions->at(1);
   }
@@ -312,13 +325,12 @@ TEST(MidEpochReplanTest, ACheckpointOfTheReplanningStepHoldsTheNewPlan) {
 }
 
 // Both workers compute 1 s per step at batch 2; worker 1's answers and pushes take another
-// second (a throttled CPU decoding, a slow link). Counting communication, the controller sees
-// worker 1's steps take twice as long and moves samples off it; counting compute alone it
-// sees a balanced split while every step waits a second for worker 1.
-int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
+// second (a throttled CPU decoding, a slow link). The server times each worker's step from its
+// answers to the push, so it sees worker 1's steps take twice as long and moves samples off it,
+// whatever compute worker 1 reports: `reported` is the compute it says it spent.
+int ReplannedBatchOfTheSlowCommunicator(double reported) {
   FakeClock clock;
   JobConfig config = ReplanConfig();
-  config.count_communication = count_communication;
   // 2 s against 1 s at 2 samples each: worker 0 with a third sample would take 1.5 s, so the
   // window sees 2 / 1.5 = 1.33x, which must be enough to re-plan here.
   config.replan_threshold = 1.2;
@@ -331,7 +343,7 @@ int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
     job->aggregator()->Push({0, 0, step, batch[0], 0.0, g, 0.5 * batch[0]},
                             [&](const absl::StatusOr<StepResult>& r) { r0 = r; });
     clock.Advance(absl::Seconds(1));
-    job->aggregator()->Push({1, 0, step, batch[1], 0.0, g, 0.5 * batch[1]},
+    job->aggregator()->Push({1, 0, step, batch[1], 0.0, g, reported},
                             [&](const absl::StatusOr<StepResult>& r) { r1 = r; });
     EXPECT_TRUE(r0.has_value() && r0->ok()) << "step " << step;
     if (r0.has_value() && r0->ok() && (*r0)->revisions != nullptr) {
@@ -346,8 +358,14 @@ int ReplannedBatchOfTheSlowCommunicator(bool count_communication) {
 }
 
 TEST(MidEpochReplanTest, AWorkerWithSlowCommunicationGetsFewerSamples) {
-  EXPECT_LT(ReplannedBatchOfTheSlowCommunicator(true), 2);
-  EXPECT_EQ(ReplannedBatchOfTheSlowCommunicator(false), 2) << "compute alone looks balanced";
+  EXPECT_LT(ReplannedBatchOfTheSlowCommunicator(1.0), 2);
+}
+
+// A worker that says it computes in no time (a lying or broken clock) earns no more samples
+// than the speed the server observes: its steps still take 2 s from the answers to its push.
+TEST(MidEpochReplanTest, AWorkerThatUnderReportsItsComputeGetsNoMoreSamples) {
+  EXPECT_LT(ReplannedBatchOfTheSlowCommunicator(1e-6), 2);
+  EXPECT_LT(ReplannedBatchOfTheSlowCommunicator(0.0), 2);
 }
 
 // Both shards of a two-shard job were killed after step 0, whose checkpoint they restore. A
