@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
@@ -36,6 +37,18 @@ inline std::string ClientMetadata(const grpc::CallbackServerContext* ctx, const 
   auto it = ctx->client_metadata().find(key);
   if (it == ctx->client_metadata().end()) return "";
   return std::string(it->second.data(), it->second.size());
+}
+
+// The host of a gRPC peer address, without its port: "ipv4:10.0.0.5:41234" -> "10.0.0.5",
+// "ipv6:[::1]:41234" -> "[::1]"; any other kind of address (a Unix socket) whole.
+inline std::string PeerHost(absl::string_view peer) {
+  const size_t scheme = peer.find(':');
+  if (scheme == absl::string_view::npos) return std::string(peer);
+  const absl::string_view kind = peer.substr(0, scheme);
+  if (kind != "ipv4" && kind != "ipv6") return std::string(peer);
+  absl::string_view rest = peer.substr(scheme + 1);
+  const size_t port = rest.rfind(':');
+  return std::string(port == absl::string_view::npos ? rest : rest.substr(0, port));
 }
 
 // Finishes a unary callback RPC at once with `s` and returns its reactor.

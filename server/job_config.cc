@@ -54,6 +54,12 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (s.expected_workers > static_cast<int>(kMaxWorkers)) {
     return absl::InvalidArgumentError(absl::StrCat("workers must be at most ", kMaxWorkers));
   }
+  if (s.max_workers_per_source < 0) {
+    return absl::InvalidArgumentError("max_workers_per_host must be >= 0 (0: no limit)");
+  }
+  if (s.registration_idle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("registration_idle_s must be >= 0 (0: never)");
+  }
   if (s.epochs < 1 || s.epochs > 1000000) {
     return absl::InvalidArgumentError("epochs must be in [1, 1000000]");
   }

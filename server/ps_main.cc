@@ -110,6 +110,12 @@ ABSL_FLAG(double, stall_timeout_s, 300.0,
 ABSL_FLAG(double, worker_timeout_s, 60.0,
           "A worker that has not pushed a step this long after the first push of that step is "
           "removed as dead and the job goes on without it; 0: never.");
+ABSL_FLAG(int, max_workers_per_host, 64,
+          "At most this many workers from one address (host) in the job at once, so that one "
+          "host's registrations cannot fill the job's 1,024 places; 0: no limit.");
+ABSL_FLAG(double, registration_idle_s, 60.0,
+          "A worker that registered but was never planned, is not waiting for a plan and made "
+          "no call for this long loses its registration (its place is freed); 0: never.");
 ABSL_FLAG(int, replan_window_steps, -1,
           "Mid-epoch re-planning: judge the balance over this many recent steps and re-plan the "
           "rest of the epoch when it is off by --replan_threshold; -1: the policy's default (8 "
@@ -209,6 +215,8 @@ absl::StatusOr<dbs::JobConfig> JobConfigFromFlags() {
   job.optimizer = OptimizerFromFlags();
   job.stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_stall_timeout_s));
   job.worker_timeout = absl::Seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+  job.scheduler.max_workers_per_source = absl::GetFlag(FLAGS_max_workers_per_host);
+  job.scheduler.registration_idle = absl::Seconds(absl::GetFlag(FLAGS_registration_idle_s));
   job.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   job.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   job.replan_window_steps = absl::GetFlag(FLAGS_replan_window_steps);

@@ -8,6 +8,7 @@
 #include "common/permutation.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace dbs {
 
@@ -67,6 +68,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i].name == reg.name && !left_[i]) id = static_cast<int>(i);
     }
+    if (id >= 0) last_call_[id] = clock_->Now();
     if (id >= 0 && workers_[id].incarnation != reg.incarnation) {
       return absl::AlreadyExistsError(absl::StrCat(
           "a worker named '", reg.name, "' is already in the job (worker ", id,
@@ -84,13 +86,12 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
             " test samples; the job's first worker has ", workers_[0].train_samples, " and ",
             workers_[0].test_samples, ": every worker must load the same data set"));
       }
-      if (workers_.size() >= kMaxWorkers) {
-        return absl::ResourceExhaustedError(absl::StrCat("the job already has ", workers_.size(),
-                                                         " workers; at most ", kMaxWorkers));
-      }
+      ExpireIdleLocked();
+      DBS_RETURN_IF_ERROR(RoomForLocked(reg.source));
       id = static_cast<int>(workers_.size());
       workers_.push_back(reg);
       left_.push_back(false);
+      last_call_.push_back(clock_->Now());
       tokens_.push_back(NewTokenLocked());
       if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back());
       ++events_;
@@ -115,6 +116,52 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
   }
   Run(calls);
   return result;
+}
+
+void Scheduler::ExpireIdleLocked() {
+  if (config_.registration_idle <= absl::ZeroDuration()) return;
+  const absl::Time now = clock_->Now();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const int id = static_cast<int>(i);
+    if (left_[i] || now - last_call_[i] < config_.registration_idle || WaitersOfLocked(id) > 0) {
+      continue;
+    }
+    bool planned = false;
+    for (const EpochRecord& r : records_) planned = planned || r.plans.count(id) > 0;
+    if (planned) continue;  // a member: the liveness monitor judges it
+    left_[i] = true;
+    ++events_;
+    LOG(WARNING) << "worker " << id << " ('" << workers_[i].name << "', from "
+                 << (workers_[i].source.empty() ? "?" : workers_[i].source)
+                 << ") registered and then made no call for "
+                 << absl::FormatDuration(now - last_call_[i])
+                 << "; its registration is dropped (--registration_idle_s)";
+  }
+}
+
+absl::Status Scheduler::RoomForLocked(const std::string& source) const {
+  size_t active = 0, from_source = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (left_[i]) continue;
+    ++active;
+    from_source += workers_[i].source == source ? 1 : 0;
+  }
+  if (active >= kMaxWorkers) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job already has ", active, " workers; at most ", kMaxWorkers));
+  }
+  if (config_.max_workers_per_source > 0 &&
+      from_source >= static_cast<size_t>(config_.max_workers_per_source)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job already has ", from_source, " workers from ", source, "; at most ",
+                     config_.max_workers_per_source, " (dbs_ps --max_workers_per_host)"));
+  }
+  if (workers_.size() >= kMaxWorkerIds) {
+    return absl::ResourceExhaustedError(absl::StrCat("the job has handed out ", workers_.size(),
+                                                     " worker ids; at most ", kMaxWorkerIds,
+                                                     ": start a new job"));
+  }
+  return absl::OkStatus();
 }
 
 int64_t EpochRecord::SamplesOf(int worker_id) const {
@@ -323,6 +370,7 @@ bool Scheduler::CancelAwait(uint64_t wait_id) {
   auto it = std::find_if(waiters_.begin(), waiters_.end(),
                          [wait_id](const Waiter& w) { return w.id == wait_id; });
   if (it == waiters_.end()) return false;
+  last_call_[it->worker_id] = clock_->Now();  // idle from here
   waiters_.erase(it);
   return true;
 }
@@ -664,6 +712,7 @@ void Scheduler::LoadState(State state) {
   records_ = std::move(state.records);
   finished_ = state.finished;
   tokens_ = std::move(state.tokens);
+  last_call_.assign(workers_.size(), clock_->Now());
   // A checkpoint without tokens (none are written empty) gets fresh ones: its workers register
   // again under their names.
   while (tokens_.size() < workers_.size()) tokens_.push_back(NewTokenLocked());
@@ -735,6 +784,7 @@ absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token) con
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
   }
+  last_call_[worker_id] = clock_->Now();
   return absl::OkStatus();
 }
 

@@ -39,6 +39,11 @@ struct SchedulerConfig {
   int epochs = 1;
   int global_batch = 64;
   uint64_t seed = 1;
+  // Workers one source (WorkerRegistration::source) may have in the job at once; 0: no limit.
+  int max_workers_per_source = 0;
+  // A registration that has never been planned, has no plan request waiting and has made no
+  // call for this long is dropped, and its slot freed; 0: never.
+  absl::Duration registration_idle = absl::ZeroDuration();
 };
 
 // One decision of the share policy about an epoch, with the inputs that are not in the epochs'
@@ -97,7 +102,10 @@ inline constexpr int kMaxDecisionsPerEpoch = 64;
 // Limits on what a registering peer may declare.
 inline constexpr size_t kMaxNameLength = 256;
 inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
-inline constexpr size_t kMaxWorkers = 1024;
+inline constexpr size_t kMaxWorkers = 1024;  // in the job at once
+// Ids handed out over the job's life (each registration of a new name, or of a name whose
+// worker was removed, takes one): bounds the memory registrations can take.
+inline constexpr size_t kMaxWorkerIds = 16 * kMaxWorkers;
 // Plan requests waiting at once, per worker. A worker waits with one call; calls whose clients
 // went away (a dropped connection) stay until the plan is answered, hence the margin.
 inline constexpr int kMaxWaitersPerWorker = 16;
@@ -151,12 +159,15 @@ class Scheduler {
   int WorkersReady() const;
 
   // OK when `token` is worker `worker_id`'s: NOT_FOUND for an unknown id, UNAUTHENTICATED for no
-  // token, PERMISSION_DENIED for another worker's or a wrong one.
+  // token, PERMISSION_DENIED for another worker's or a wrong one. A call that passes keeps the
+  // worker's registration from expiring (SchedulerConfig::registration_idle).
   absl::Status Authenticate(int worker_id, absl::string_view token) const;
 
   // Joins the job. The same name gets the same id back. A new worker joining a running job is
   // planned from the next epoch (RegistrationResult::start_epoch). FAILED_PRECONDITION when the
-  // job has finished or the worker's data set size differs from the first worker's.
+  // job has finished or the worker's data set size differs from the first worker's;
+  // RESOURCE_EXHAUSTED when the job, or the registration's source, has as many workers as it
+  // may (after idle registrations have been dropped).
   absl::StatusOr<RegistrationResult> Register(const WorkerRegistration& registration);
 
   // A worker leaves. It is not planned again; while training runs, the listener is told
@@ -248,6 +259,10 @@ class Scheduler {
   int WorkersReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops registrations idle for config_.registration_idle (see SchedulerConfig).
+  void ExpireIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when a new worker from `source` would exceed a limit.
+  absl::Status RoomForLocked(const std::string& source) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a registering peer declares, within the limits above and this job's batch.
   absl::Status ValidateRegistration(const WorkerRegistration& reg) const;
   // Completes `rec` when every planned worker has reported or been removed: plans the next
@@ -270,6 +285,8 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
   std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
+  // By id: when the worker registered or last made a call the scheduler saw.
+  mutable std::vector<absl::Time> last_call_ ABSL_GUARDED_BY(mu_);
   bool start_with_models_ ABSL_GUARDED_BY(mu_) = false;
   std::set<int> models_accepted_ ABSL_GUARDED_BY(mu_);  // before the start
   std::vector<EpochRecord> records_ ABSL_GUARDED_BY(mu_);

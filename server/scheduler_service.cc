@@ -61,7 +61,9 @@ void SchedulerServiceImpl::DoRegisterWorker(grpc::CallbackServerContext* ctx,
                               "every worker the same --job_token or --job_token_file"));
     }
   }
-  absl::StatusOr<RegistrationResult> r = scheduler_->Register(FromProto(req));
+  WorkerRegistration registration = FromProto(req);
+  registration.source = PeerHost(ctx->peer());
+  absl::StatusOr<RegistrationResult> r = scheduler_->Register(registration);
   if (r.ok()) {
     ToProto(*r, reply);
     reply->set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));

@@ -24,8 +24,11 @@ using ::testing::HasSubstr;
 
 // A bare scheduler with the fixed split (no TrainingJob around it).
 std::unique_ptr<Scheduler> FixedScheduler(int workers, int epochs, int global_batch,
-                                          const Clock* clock) {
+                                          const Clock* clock, int per_source = 0,
+                                          absl::Duration idle = absl::ZeroDuration()) {
   SchedulerConfig sc;
+  sc.max_workers_per_source = per_source;
+  sc.registration_idle = idle;
   sc.expected_workers = workers;
   sc.epochs = epochs;
   sc.global_batch = global_batch;
@@ -279,6 +282,64 @@ TEST(LimitsTest, RegistrationsAreBounded) {
   EXPECT_THAT(s.Register({"one-too-many", 12, 3, "cpu"}),
               StatusCodeIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(s.Workers().size(), kMaxWorkers);
+}
+
+WorkerRegistration From(const std::string& name, const std::string& source) {
+  WorkerRegistration r{name, 12, 3, "cpu"};
+  r.source = source;
+  return r;
+}
+
+// A worker with the job's secret registered 1,024 names: a restarted honest worker could not
+// rejoin. One host now has at most --max_workers_per_host places.
+TEST(LimitsTest, OneHostCannotTakeMoreThanItsPlaces) {
+  FakeClock clock;
+  std::unique_ptr<Scheduler> scheduler = FixedScheduler(8, 1, 6, &clock, 2);
+  Scheduler& s = *scheduler;
+  ASSERT_THAT(s.Register(From("a", "10.0.0.1")), IsOk());
+  ASSERT_THAT(s.Register(From("b", "10.0.0.1")), IsOk());
+  EXPECT_THAT(
+      s.Register(From("c", "10.0.0.1")),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               HasSubstr("2 workers from 10.0.0.1; at most 2 (dbs_ps --max_workers_per_host)")));
+  EXPECT_THAT(s.Register(From("a", "10.0.0.1")), IsOk()) << "a member registers again";
+  EXPECT_THAT(s.Register(From("d", "10.0.0.2")), IsOk()) << "another host";
+  ASSERT_THAT(s.Leave(1), IsOk());
+  EXPECT_THAT(s.Register(From("c", "10.0.0.1")), IsOk()) << "a place was freed";
+}
+
+// Slots held by registrations that never asked for a plan expire; a worker waiting for its plan,
+// or calling, keeps its own.
+TEST(LimitsTest, IdleRegistrationsExpireAndFreeTheirPlaces) {
+  FakeClock clock;
+  std::unique_ptr<Scheduler> scheduler = FixedScheduler(2000, 1, 6, &clock, 0, absl::Seconds(60));
+  Scheduler& s = *scheduler;
+  absl::StatusOr<RegistrationResult> waiting = s.Register(From("waiting", "10.0.0.1"));
+  absl::StatusOr<RegistrationResult> calling = s.Register(From("calling", "10.0.0.1"));
+  ASSERT_THAT(waiting, IsOk());
+  ASSERT_THAT(calling, IsOk());
+  std::optional<absl::StatusOr<WorkerPlan>> plan;
+  s.AwaitPlan(waiting->worker_id, 0, [&](const absl::StatusOr<WorkerPlan>& p) { plan = p; });
+  for (size_t i = 2; i < kMaxWorkers; ++i) {
+    ASSERT_THAT(
+        s.Register(From(absl::StrCat("flood", i), absl::StrCat("10.1.", i / 256, ".", i % 256))),
+        IsOk());
+  }
+  EXPECT_THAT(s.Register(From("restarted", "10.0.0.9")),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  clock.Advance(absl::Seconds(59));
+  EXPECT_THAT(s.Authenticate(calling->worker_id, calling->token), IsOk());
+  EXPECT_THAT(s.Register(From("restarted", "10.0.0.9")),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted))
+      << "not idle for a minute yet";
+  clock.Advance(absl::Seconds(2));
+  absl::StatusOr<RegistrationResult> restarted = s.Register(From("restarted", "10.0.0.9"));
+  ASSERT_THAT(restarted, IsOk());
+  EXPECT_TRUE(s.IsRegistered(waiting->worker_id)) << "its plan request waits";
+  EXPECT_TRUE(s.IsRegistered(calling->worker_id)) << "it called 2 s ago";
+  EXPECT_FALSE(s.IsRegistered(2)) << "the flood's registrations expired";
+  EXPECT_FALSE(plan.has_value());
+  EXPECT_EQ(s.active_workers(), 3);
 }
 
 }  // namespace

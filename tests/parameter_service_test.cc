@@ -277,6 +277,17 @@ std::string Expected(const ParameterSnapshot& snap, WireDtype dtype) {
 
 // fp32 answers send the parameters from the store's snapshot itself: only the field's head is
 // written, and every answer of the version shares it.
+// Where a registration came from is the connection's, never the request's: it bounds how many
+// workers one host may register (dbs_ps --max_workers_per_host).
+TEST_F(ServiceTest, ARegistrationsSourceIsThePeersHost) {
+  for (const WorkerRegistration& w : job_->scheduler()->Workers()) EXPECT_EQ(w.source, "127.0.0.1");
+  EXPECT_EQ(PeerHost("ipv4:10.0.0.5:41234"), "10.0.0.5");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:41234"), "[::1]");
+  EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:41234"), "%5B::1%5D");
+  EXPECT_EQ(PeerHost("unix:/tmp/socket"), "unix:/tmp/socket");
+  EXPECT_EQ(PeerHost(""), "");
+}
+
 TEST_F(ServiceTest, Fp32AnswersAreTheSnapshotItself) {
   GoodStep();
   const ParameterSnapshot snap = *job_->store()->Snapshot();
