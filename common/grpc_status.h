@@ -3,10 +3,14 @@
 #ifndef DBS_COMMON_GRPC_STATUS_H_
 #define DBS_COMMON_GRPC_STATUS_H_
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/secrets.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
@@ -49,6 +53,17 @@ inline std::string PeerHost(absl::string_view peer) {
   absl::string_view rest = peer.substr(scheme + 1);
   const size_t port = rest.rfind(':');
   return std::string(port == absl::string_view::npos ? rest : rest.substr(0, port));
+}
+
+// Who the caller is beyond its address: the SHA-256 (hex) of the certificate it presented under
+// mutual TLS, "" without one (plaintext, or TLS without client certificates). A worker's token
+// is bound to it (Scheduler::Authenticate).
+inline std::string ClientIdentity(const grpc::ServerContextBase* ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth == nullptr) return "";
+  const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  if (pem.empty()) return "";
+  return Sha256Hex(absl::string_view(pem.front().data(), pem.front().size()));
 }
 
 // Finishes a unary callback RPC at once with `s` and returns its reactor.

@@ -169,9 +169,11 @@ struct WorkerRegistration {
   // the same one, another process with the same name a different one.
   std::string incarnation;
   double cpu_limit_cores = 0.0;  // the CPU limit it runs under (0: none), for reports
-  // Where the registration came from (the peer's address without its port), as the server saw
-  // it; never taken from the request.
+  // Where the registration came from (the peer's address without its port) and the client
+  // certificate it presented (ClientIdentity: "" without mutual TLS), as the server saw them;
+  // never taken from the request.
   std::string source;
+  std::string identity;
 };
 
 // What the scheduler answers.

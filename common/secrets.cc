@@ -47,6 +47,13 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
+}
+
 std::string TokenKeyFromSecret(absl::string_view job_secret) {
   return HmacSha256(job_secret, "dbs worker token key v1");
 }

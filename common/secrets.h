@@ -21,6 +21,10 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 // that passes IsIssuedWorkerToken; the server still compares a call's token with the one it
 // issued to that worker.
 std::string TokenKeyFromSecret(absl::string_view job_secret);
+
+// SHA-256 of `bytes`, as 64 hex digits (a client certificate's identity: ClientIdentity,
+// common/grpc_status.h).
+std::string Sha256Hex(absl::string_view bytes);
 std::string IssueWorkerToken(absl::string_view key, int worker_id);
 bool IsIssuedWorkerToken(absl::string_view key, int worker_id, absl::string_view token);
 

@@ -172,6 +172,8 @@ ckpt::Checkpoint CheckpointOf(const JobState& st) {
     ToProto(st.scheduler.workers[i], member->mutable_registration());
     member->set_left(i < st.scheduler.left.size() && st.scheduler.left[i]);
     if (i < st.scheduler.tokens.size()) member->set_token(st.scheduler.tokens[i]);
+    member->set_source(st.scheduler.workers[i].source);
+    member->set_identity(st.scheduler.workers[i].identity);
   }
   m.set_finished(st.scheduler.finished);
   for (const EpochRecord& r : st.scheduler.records) EpochToProto(r, m.add_epochs());
@@ -197,6 +199,8 @@ absl::StatusOr<JobState> JobStateOf(const ckpt::Checkpoint& m) {
   st.settings.insert(m.settings().training().begin(), m.settings().training().end());
   for (const ckpt::Member& member : m.members()) {
     st.scheduler.workers.push_back(FromProto(member.registration()));
+    st.scheduler.workers.back().source = member.source();
+    st.scheduler.workers.back().identity = member.identity();
     st.scheduler.left.push_back(member.left());
     st.scheduler.tokens.push_back(member.token());
   }

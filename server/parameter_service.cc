@@ -250,7 +250,8 @@ absl::Status PushBackIfUnavailable(grpc::CallbackServerContext* ctx, absl::Statu
 }  // namespace
 
 absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int worker_id) const {
-  return PushBackIfUnavailable(ctx, authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey)));
+  return PushBackIfUnavailable(
+      ctx, authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey), ClientIdentity(ctx)));
 }
 
 void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,

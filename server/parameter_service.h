@@ -43,9 +43,10 @@ class ParameterServiceImpl final : public ParameterRawService,
                                    private UpdateSink,
                                    private SnapshotMemory {
  public:
-  // OK when `token` is the credential of registered worker `worker_id`
-  // (Scheduler::Authenticate).
-  using Authenticate = std::function<absl::Status(int worker_id, absl::string_view token)>;
+  // OK when `token` is the credential of registered worker `worker_id`, used with the client
+  // certificate `identity` (ClientIdentity, "" for none; Scheduler::Authenticate).
+  using Authenticate = std::function<absl::Status(int worker_id, absl::string_view token,
+                                                  absl::string_view identity)>;
   // Where a worker should continue after a reconnect (TrainingJob::Resume).
   using ResumeFn =
       std::function<absl::StatusOr<ResumePoint>(int worker_id, ParameterSnapshot* parameters)>;

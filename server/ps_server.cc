@@ -121,9 +121,9 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
                          config.job.wire_dtype),
       parameter_service_(
           job_->store(), job_->aggregator(),
-          [this](int id, absl::string_view token) {
-            return follower_ != nullptr ? follower_->Authenticate(id, token)
-                                        : job_->scheduler()->Authenticate(id, token);
+          [this](int id, absl::string_view token, absl::string_view identity) {
+            return follower_ != nullptr ? follower_->Authenticate(id, token, identity)
+                                        : job_->scheduler()->Authenticate(id, token, identity);
           },
           [job = job_.get()](int id, ParameterSnapshot* parameters) {
             return job->Resume(id, parameters);

@@ -68,6 +68,12 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i].name == reg.name && !left_[i]) id = static_cast<int>(i);
     }
+    if (id >= 0 && !workers_[id].identity.empty() && workers_[id].identity != reg.identity) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "worker '", reg.name, "' (worker ", id,
+          ") registered with another client certificate; a worker's name and token work only "
+          "with the certificate it registered with"));
+    }
     if (id >= 0) last_call_[id] = clock_->Now();
     if (id >= 0 && workers_[id].incarnation != reg.incarnation) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -93,7 +99,7 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
       left_.push_back(false);
       last_call_.push_back(clock_->Now());
       tokens_.push_back(NewTokenLocked());
-      if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back());
+      if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back(), reg.identity);
       ++events_;
       if (!start_with_models_) DBS_RETURN_IF_ERROR(StartIfReadyLocked(&calls));
     }
@@ -771,7 +777,8 @@ std::string Scheduler::NewTokenLocked() {
   return IssueWorkerToken(token_key_, static_cast<int>(tokens_.size()));
 }
 
-absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token) const {
+absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token,
+                                     absl::string_view identity) const {
   absl::MutexLock lock(&mu_);
   if (worker_id < 0 || worker_id >= static_cast<int>(workers_.size())) {
     return absl::NotFoundError(
@@ -783,6 +790,12 @@ absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token) con
   if (!ConstantTimeEquals(token, tokens_[worker_id])) {
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
+  }
+  if (!workers_[worker_id].identity.empty() && identity != workers_[worker_id].identity) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker ", worker_id,
+                     "'s token was issued to another client certificate: a token works "
+                     "only with the certificate its worker registered with"));
   }
   last_call_[worker_id] = clock_->Now();
   return absl::OkStatus();

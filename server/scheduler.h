@@ -126,9 +126,11 @@ class SchedulerListener {
   virtual void OnWorkerLeft(int worker_id) {}
   // May workers register now? An error (UNAVAILABLE: retry later) refuses the registration.
   virtual absl::Status CanRegister() { return absl::OkStatus(); }
-  // A new worker joined with `token` (called under the scheduler's lock, before the epoch it
-  // completes is planned; must not call back).
-  virtual void OnWorkerRegistered(int worker_id, const std::string& token) {}
+  // A new worker joined with `token`, its calls bound to client certificate `identity` (""
+  // for none). Called under the scheduler's lock, before the epoch it completes is planned; must
+  // not call back.
+  virtual void OnWorkerRegistered(int worker_id, const std::string& token,
+                                  const std::string& identity) {}
 };
 
 class Scheduler {
@@ -159,13 +161,17 @@ class Scheduler {
   int WorkersReady() const;
 
   // OK when `token` is worker `worker_id`'s: NOT_FOUND for an unknown id, UNAUTHENTICATED for no
-  // token, PERMISSION_DENIED for another worker's or a wrong one. A call that passes keeps the
-  // worker's registration from expiring (SchedulerConfig::registration_idle).
-  absl::Status Authenticate(int worker_id, absl::string_view token) const;
+  // token, PERMISSION_DENIED for another worker's or a wrong one, or when the worker registered
+  // with a client certificate and `identity` (the call's, ClientIdentity) is not its: a
+  // token works only over connections with the certificate it was issued to. A call that passes
+  // keeps the worker's registration from expiring (SchedulerConfig::registration_idle).
+  absl::Status Authenticate(int worker_id, absl::string_view token,
+                            absl::string_view identity = "") const;
 
   // Joins the job. The same name gets the same id back. A new worker joining a running job is
   // planned from the next epoch (RegistrationResult::start_epoch). FAILED_PRECONDITION when the
   // job has finished or the worker's data set size differs from the first worker's;
+  // PERMISSION_DENIED when the name's worker registered with another client certificate;
   // RESOURCE_EXHAUSTED when the job, or the registration's source, has as many workers as it
   // may (after idle registrations have been dropped).
   absl::StatusOr<RegistrationResult> Register(const WorkerRegistration& registration);

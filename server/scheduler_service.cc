@@ -63,6 +63,7 @@ void SchedulerServiceImpl::DoRegisterWorker(grpc::CallbackServerContext* ctx,
   }
   WorkerRegistration registration = FromProto(req);
   registration.source = PeerHost(ctx->peer());
+  registration.identity = ClientIdentity(ctx);
   absl::StatusOr<RegistrationResult> r = scheduler_->Register(registration);
   if (r.ok()) {
     ToProto(*r, reply);
@@ -89,16 +90,16 @@ void SchedulerServiceImpl::LogRefusedSecret(const std::string& peer, bool missin
 
 void SchedulerServiceImpl::DoLeave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest& req,
                                    WaitingReactor* reactor) {
-  absl::Status allowed =
-      scheduler_->Authenticate(req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey));
+  absl::Status allowed = scheduler_->Authenticate(
+      req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey), ClientIdentity(ctx));
   if (!allowed.ok()) return Answer(reactor, allowed);
   Answer(reactor, scheduler_->Leave(req.worker_id()));
 }
 
 void SchedulerServiceImpl::DoReportEpoch(grpc::CallbackServerContext* ctx,
                                          const v1::EpochReport& req, WaitingReactor* reactor) {
-  absl::Status allowed =
-      scheduler_->Authenticate(req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey));
+  absl::Status allowed = scheduler_->Authenticate(
+      req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey), ClientIdentity(ctx));
   if (!allowed.ok()) return Answer(reactor, allowed);
   Answer(reactor, scheduler_->Report(FromProto(req)));
 }
@@ -106,8 +107,8 @@ void SchedulerServiceImpl::DoReportEpoch(grpc::CallbackServerContext* ctx,
 void SchedulerServiceImpl::DoGetEpochPlan(grpc::CallbackServerContext* ctx,
                                           const v1::GetEpochPlanRequest& req, v1::EpochPlan* reply,
                                           WaitingReactor* reactor) {
-  absl::Status allowed =
-      scheduler_->Authenticate(req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey));
+  absl::Status allowed = scheduler_->Authenticate(
+      req.worker_id(), ClientMetadata(ctx, kWorkerTokenKey), ClientIdentity(ctx));
   if (!allowed.ok()) return Answer(reactor, allowed);
   // `reply` and the reactor stay valid until the answer; the scheduler always calls back (with
   // an error on abort or shutdown) unless the client went away and the wait was withdrawn.

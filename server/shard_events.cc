@@ -190,6 +190,7 @@ void ShardFollower::ApplyEvent(const ShardEventData& e) {
     case ShardEventData::Kind::kWorker: {
       absl::MutexLock lock(&mu_);
       tokens_[e.worker_id] = e.token;
+      identities_[e.worker_id] = e.identity;
       return;
     }
     case ShardEventData::Kind::kEpoch: {
@@ -370,7 +371,8 @@ absl::Status ShardFollower::Gate(int epoch, int step) {
       " may begin (it is at epoch ", epoch_, ", ", done_, " steps done); retry"));
 }
 
-absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token) {
+absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token,
+                                         absl::string_view identity) {
   if (token.empty()) {
     return absl::UnauthenticatedError("the call carries no worker token (x-dbs-token)");
   }
@@ -398,6 +400,12 @@ absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token)
   if (!ConstantTimeEquals(token, it->second)) {
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
+  }
+  if (const std::string& bound = identities_[worker_id]; !bound.empty() && identity != bound) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker ", worker_id,
+                     "'s token was issued to another client certificate: a token works "
+                     "only with the certificate its worker registered with"));
   }
   return absl::OkStatus();
 }

@@ -36,10 +36,11 @@ namespace dbs {
 struct ShardEventData {
   enum class Kind { kWorker, kEpoch, kStep, kEnd, kCheckpoint, kResume };
   Kind kind = Kind::kWorker;
-  int worker_id = 0;  // kWorker
-  std::string token;  // kWorker
-  int epoch = 0;      // kEpoch, kStep, kCheckpoint, kResume
-  int step = 0;       // kStep, kResume
+  int worker_id = 0;     // kWorker
+  std::string token;     // kWorker
+  std::string identity;  // kWorker: the client certificate its token is bound to ("": none)
+  int epoch = 0;         // kEpoch, kStep, kCheckpoint, kResume
+  int step = 0;          // kStep, kResume
   // kEpoch, kResume: the epoch's quotas, one per step. kStep with `changed`: the quotas of the
   // steps after `step`, through the new last step.
   StepQuotas quotas;
@@ -171,7 +172,8 @@ class ShardFollower {
   // beyond the known workers. With a token key (the leader's, SetTokenKey), a token the leader
   // did not sign for that id is refused (PERMISSION_DENIED), as is a call with no token
   // (UNAUTHENTICATED). Never waits.
-  absl::Status Authenticate(int worker_id, absl::string_view token);
+  absl::Status Authenticate(int worker_id, absl::string_view token,
+                            absl::string_view identity = "");
   // The key the leader signs worker tokens with (Scheduler::SetTokenKey). Call before serving.
   void SetTokenKey(std::string key);
 
@@ -204,6 +206,7 @@ class ShardFollower {
   const absl::Duration wait_;
   mutable absl::Mutex mu_;
   std::map<int, std::string> tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> identities_ ABSL_GUARDED_BY(mu_);  // by id, "" : not bound
   std::string token_key_ ABSL_GUARDED_BY(mu_);  // '' : tokens cannot be checked before known
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;         // the leader's latest epoch
   int done_ ABSL_GUARDED_BY(mu_) = 0;           // steps of it the leader completed

@@ -17,6 +17,7 @@ void ToProto(const ShardEventData& e, v1::ShardEvent* out) {
   out->set_kind(static_cast<v1::ShardEvent::Kind>(e.kind));
   out->set_worker_id(e.worker_id);
   out->set_token(e.token);
+  out->set_identity(e.identity);
   out->set_epoch(e.epoch);
   out->set_step(e.step);
   for (const auto& q : e.quotas) {
@@ -42,6 +43,7 @@ ShardEventData FromProto(const v1::ShardEvent& in) {
   e.kind = static_cast<ShardEventData::Kind>(in.kind());
   e.worker_id = in.worker_id();
   e.token = in.token();
+  e.identity = in.identity();
   e.epoch = in.epoch();
   e.step = in.step();
   for (const auto& q : in.quotas()) {

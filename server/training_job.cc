@@ -234,12 +234,14 @@ absl::Status TrainingJob::CanRegister() {
   return shard_log_ == nullptr ? absl::OkStatus() : shard_log_->Admit();
 }
 
-void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token) {
+void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token,
+                                     const std::string& identity) {
   if (shard_log_ == nullptr) return;
   ShardEventData e;
   e.kind = ShardEventData::Kind::kWorker;
   e.worker_id = worker_id;
   e.token = token;
+  e.identity = identity;
   shard_log_->Append(std::move(e));
 }
 
@@ -530,6 +532,7 @@ void TrainingJob::SeedShardLog(const JobState& st, const StepQuotas& quotas) {
     w.kind = ShardEventData::Kind::kWorker;
     w.worker_id = static_cast<int>(id);
     w.token = now.tokens[id];
+    if (id < now.workers.size()) w.identity = now.workers[id].identity;
     events.push_back(std::move(w));
   }
   shard_log_->Seed(std::move(events));

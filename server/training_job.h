@@ -113,7 +113,8 @@ class TrainingJob : public SchedulerListener {
   absl::Status CanReport(int worker_id, int epoch) override;
   void OnWorkerLeft(int worker_id) override;
   absl::Status CanRegister() override;
-  void OnWorkerRegistered(int worker_id, const std::string& token) override;
+  void OnWorkerRegistered(int worker_id, const std::string& token,
+                          const std::string& identity) override;
 
  private:
   TrainingJob(const JobConfig& config, const Clock* clock, std::string optimizer_description);

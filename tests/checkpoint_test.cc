@@ -31,6 +31,8 @@ std::unique_ptr<TrainingJob> JobAtStep2(FakeClock* clock) {
   EXPECT_THAT(job->scheduler()->Register({"a", 16, 4, "cpu"}), IsOk());
   WorkerRegistration b{"b", 16, 4, "cpu"};
   b.cpu_limit_cores = 0.5;
+  b.source = "10.0.0.2";
+  b.identity = "cert-b";  // its token is bound to this certificate, across a restart too
   EXPECT_THAT(job->scheduler()->Register(b), IsOk());
   EXPECT_THAT(job->store()->Register({{"w", {2}}}, std::vector<float>{1.0f, -1.0f}), IsOk());
   std::vector<float> g = {0.5f, 0.25f};
@@ -75,6 +77,8 @@ TEST(CheckpointTest, RoundTripRestoresEverything) {
   ASSERT_EQ(back->scheduler.workers.size(), 2u);
   EXPECT_EQ(back->scheduler.workers[1].name, "b");
   EXPECT_EQ(back->scheduler.workers[1].cpu_limit_cores, 0.5);
+  EXPECT_EQ(back->scheduler.workers[1].source, "10.0.0.2");
+  EXPECT_EQ(back->scheduler.workers[1].identity, "cert-b");
   EXPECT_EQ(back->scheduler.records[0].plans.at(1).train_ranges,
             st.scheduler.records[0].plans.at(1).train_ranges);
   EXPECT_EQ(back->scheduler.records[0].plans.at(1).share,

@@ -5,16 +5,23 @@
 // clear code; one that is accepted, hangs past its deadline, or ends in UNKNOWN or code 12
 // is a finding. After each round it prints one JSON line (calls by method and code, findings)
 // and flushes it; it runs --rounds rounds (0: until killed). Used by tests/hostile_test.py.
+//
+// With --replay_name it is instead a worker with the job's secret under mutual TLS that lends
+// its token to another connection: it registers --replay_name with one certificate, then calls
+// with that token over a connection with another certificate of the same CA, and registers the
+// name again from there. It prints one JSON line of the codes (tests/security_test.py).
 #include <unistd.h>
 
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -32,6 +39,13 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
 ABSL_FLAG(int, rounds, 1, "Rounds of attacks; 0: until killed.");
 ABSL_FLAG(int, big_mb, 80, "Size of the oversized pushes, in MiB.");
+ABSL_FLAG(std::string, replay_name, "", "Replay mode (see above): the worker name to register.");
+ABSL_FLAG(std::string, job_token, "", "Replay mode: the job's secret.");
+ABSL_FLAG(std::string, tls_ca, "", "Replay mode: PEM file of the CA that signed dbs_ps.");
+ABSL_FLAG(std::string, tls_cert, "", "Replay mode: PEM certificate the name registers with.");
+ABSL_FLAG(std::string, tls_key, "", "Replay mode: its key.");
+ABSL_FLAG(std::string, tls_cert2, "", "Replay mode: the other connection's certificate.");
+ABSL_FLAG(std::string, tls_key2, "", "Replay mode: its key.");
 ABSL_FLAG(bool, follower, false,
           "The server is a follower shard (dbs_ps --shard=i/k, i > 0), which serves only "
           "ParameterService: UNIMPLEMENTED is its clear answer to SchedulerService calls.");
@@ -447,10 +461,67 @@ class Attacker {
   nlohmann::json findings_ = nlohmann::json::array();
 };
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::shared_ptr<grpc::Channel> TlsChannel(const std::string& cert, const std::string& key) {
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = ReadFile(absl::GetFlag(FLAGS_tls_ca));
+  tls.pem_cert_chain = ReadFile(cert);
+  tls.pem_private_key = ReadFile(key);
+  return grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::SslCredentials(tls));
+}
+
+int Replay() {
+  auto own = TlsChannel(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
+  auto other = TlsChannel(absl::GetFlag(FLAGS_tls_cert2), absl::GetFlag(FLAGS_tls_key2));
+  dbs::v1::RegisterWorkerRequest req;
+  req.set_name(absl::GetFlag(FLAGS_replay_name));
+  req.set_train_samples(600);
+  req.set_test_samples(200);
+  req.set_device("cpu");
+  req.set_incarnation("replay");
+  auto register_over = [&](const std::shared_ptr<grpc::Channel>& channel,
+                           dbs::v1::RegisterWorkerReply* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    ctx.AddMetadata("x-dbs-job-token", absl::GetFlag(FLAGS_job_token));
+    return dbs::v1::SchedulerService::NewStub(channel)->RegisterWorker(&ctx, req, reply);
+  };
+  dbs::v1::RegisterWorkerReply reply;
+  const grpc::Status registered = register_over(own, &reply);
+  auto pull_over = [&](const std::shared_ptr<grpc::Channel>& channel) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    ctx.AddMetadata("x-dbs-token", reply.token());
+    dbs::v1::PullParametersRequest pull;
+    pull.set_worker_id(reply.worker_id());
+    dbs::v1::Parameters params;
+    return dbs::v1::ParameterService::NewStub(channel)->PullParameters(&ctx, pull, &params);
+  };
+  const grpc::Status own_pull = pull_over(own);
+  const grpc::Status replayed = pull_over(other);
+  dbs::v1::RegisterWorkerReply again;
+  const grpc::Status reregistered = register_over(other, &again);
+  nlohmann::json j = {{"registered", registered.error_code()},
+                      {"own", own_pull.error_code()},
+                      {"replayed", replayed.error_code()},
+                      {"replayed_message", replayed.error_message()},
+                      {"reregistered", reregistered.error_code()},
+                      {"reregistered_message", reregistered.error_message()}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_replay_name).empty()) return Replay();
   Attacker attacker(absl::GetFlag(FLAGS_server));
   const int rounds = absl::GetFlag(FLAGS_rounds);
   for (int r = 1; rounds == 0 || r <= rounds; ++r) {

@@ -67,8 +67,10 @@ class ServiceTest : public ::testing::Test {
     Scheduler* s = job_->scheduler();
     parameter_service_ = std::make_unique<ParameterServiceImpl>(
         job_->store(), job_->aggregator(),
-        [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr,
-        CallHooks{&sharing_, nullptr}, wire_dtype_);
+        [s](int id, absl::string_view token, absl::string_view identity) {
+          return s->Authenticate(id, token, identity);
+        },
+        nullptr, CallHooks{&sharing_, nullptr}, wire_dtype_);
     parameter_service_->SetFreedMemoryHook([this] { ++freed_memory_hooks_; });
     parameter_service_->ServeSharedMemory(serve_shared_memory_);
     grpc::ServerBuilder builder;
@@ -310,8 +312,9 @@ TEST(ServiceWireTest, Bf16AnswersAreEncodedOnceIntoABufferOfTheirOwn) {
   FakeClock clock;
   std::unique_ptr<TrainingJob> job = OneWorkerJob(&clock, 1);
   ParameterServiceImpl service(
-      job->store(), job->aggregator(), [](int, absl::string_view) { return absl::OkStatus(); },
-      nullptr, {}, WireDtype::kBf16);
+      job->store(), job->aggregator(),
+      [](int, absl::string_view, absl::string_view) { return absl::OkStatus(); }, nullptr, {},
+      WireDtype::kBf16);
   // Large enough that gRPC does not inline the slices (it copies those of a few bytes).
   std::vector<float> init(100);
   for (int i = 0; i < 100; ++i) init[i] = 0.25f * static_cast<float>(i - 50);
@@ -719,9 +722,10 @@ TEST(ServiceLayoutOnlyTest, BeforeAnyModelALayoutAloneIsAskedForTheValues) {
   auto reg = job->scheduler()->Register({"w0", 8, 2, "cpu"});
   ASSERT_THAT(reg, IsOk());
   Scheduler* s = job->scheduler();
-  ParameterServiceImpl service(
-      job->store(), job->aggregator(),
-      [s](int id, absl::string_view token) { return s->Authenticate(id, token); });
+  ParameterServiceImpl service(job->store(), job->aggregator(),
+                               [s](int id, absl::string_view token, absl::string_view identity) {
+                                 return s->Authenticate(id, token, identity);
+                               });
   Served served = Serve(&service);
   auto& server = served.server;
   auto& stub = served.stub;
@@ -760,8 +764,10 @@ TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThe
   Scheduler* s = job->scheduler();
   ParameterServiceImpl service(
       job->store(), job->aggregator(),
-      [s](int id, absl::string_view token) { return s->Authenticate(id, token); }, nullptr, {},
-      WireDtype::kFp32, &clock);
+      [s](int id, absl::string_view token, absl::string_view identity) {
+        return s->Authenticate(id, token, identity);
+      },
+      nullptr, {}, WireDtype::kFp32, &clock);
   Served served = Serve(&service);
   auto& server = served.server;
   auto& stub = served.stub;

@@ -13,6 +13,8 @@
 namespace dbs {
 namespace {
 
+using ::testing::HasSubstr;
+
 class RecordingListener : public SchedulerListener {
  public:
   void OnEpochPlanned(int epoch, int num_steps, const std::map<int, WorkerPlan>&) override {
@@ -171,6 +173,32 @@ TEST_F(SchedulerTest, WithATokenKeyEachWorkersTokenIsSignedForItsId) {
   // Signed for its id is not enough: the call must carry the token issued to that worker.
   EXPECT_THAT(s->Authenticate(0, IssueWorkerToken(key, 0)),
               StatusCodeIs(absl::StatusCode::kPermissionDenied));
+}
+
+// Under mutual TLS the token is bound to the certificate the worker registered with: replayed
+// over a connection with another certificate it is refused, and so is the name.
+TEST_F(SchedulerTest, ATokenWorksOnlyWithTheCertificateItsWorkerRegisteredWith) {
+  auto s = Make("dbs", 3);
+  WorkerRegistration a = Reg("a");
+  a.identity = "cert-a";
+  absl::StatusOr<RegistrationResult> r = s->Register(a);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_THAT(s->Authenticate(0, r->token, "cert-a"), IsOk());
+  EXPECT_THAT(s->Authenticate(0, r->token, "cert-b"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("issued to another client certificate")));
+  EXPECT_THAT(s->Authenticate(0, r->token), StatusCodeIs(absl::StatusCode::kPermissionDenied));
+  WorkerRegistration thief = a;
+  thief.identity = "cert-b";
+  EXPECT_THAT(s->Register(thief), StatusIs(absl::StatusCode::kPermissionDenied,
+                                           HasSubstr("another client certificate")));
+  absl::StatusOr<RegistrationResult> again = s->Register(a);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->token, r->token) << "its own retry gets the same token";
+  // Without mutual TLS nothing is bound.
+  absl::StatusOr<RegistrationResult> b = s->Register(Reg("b"));
+  ASSERT_THAT(b, IsOk());
+  EXPECT_THAT(s->Authenticate(1, b->token, "cert-b"), IsOk());
 }
 
 TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {

@@ -33,6 +33,12 @@ TEST(SecretsTest, AnIssuedTokenPassesOnlyForItsIdAndKey) {
   EXPECT_FALSE(IsIssuedWorkerToken(key, 3, RandomToken() + RandomToken()));
 }
 
+TEST(SecretsTest, Sha256HexIsTheStandardDigest) {
+  // FIPS 180-2's example.
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex("").size(), 64u);
+}
+
 TEST(SecretsTest, ConstantTimeEqualsComparesWholeStrings) {
   EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));

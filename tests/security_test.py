@@ -10,7 +10,9 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_test import DATA_DIR, PS, ProcessTestCase  # noqa: E402
+from cluster_test import DATA_DIR, PS, RUNFILES, ProcessTestCase  # noqa: E402
+
+HOSTILE = os.path.join(RUNFILES, "tests", "hostile_client")
 
 SMALL = ["--train_limit=600", "--test_limit=200", "--log_every_s=60", "--connect_timeout_s=3"]
 
@@ -42,6 +44,7 @@ class SecurityTest(ProcessTestCase):
         make_ca(d, "rogue_ca")
         make_cert(d, "server", "ca", san="IP:127.0.0.1,DNS:localhost")
         make_cert(d, "worker", "ca")
+        make_cert(d, "worker2", "ca")
         make_cert(d, "rogue", "rogue_ca")
         self.secret = os.path.join(d, "job.secret")
         with open(self.secret, "w") as f:
@@ -104,6 +107,31 @@ class SecurityTest(ProcessTestCase):
         # keeps to a line a second).
         self.assertRegex(ps_err.decode(), r"refused a worker from ipv[46]:[\[\]0-9a-f.:]+: "
                                           r"(it sent no job secret|its job secret is not this job's)")
+
+    def test_under_mutual_tls_a_token_works_only_with_its_certificate(self):
+        # A worker with the secret hands its token to another connection (another certificate
+        # of the job's CA): the token and the name are refused there, and still work at home.
+        ps, port = self.start_ps([
+            "--workers=2", "--epochs=1", "--global_batch=32", "--summary_path=",
+            f"--tls_cert={self.p('server.pem')}", f"--tls_key={self.p('server.key')}",
+            f"--tls_client_ca={self.p('ca.pem')}", f"--job_token_file={self.secret}"])
+        with open(self.secret) as f:
+            secret = f.read().strip()
+        rc, out, err = self.run_cmd([
+            HOSTILE, f"--server=127.0.0.1:{port}", "--replay_name=lender",
+            f"--job_token={secret}", f"--tls_ca={self.p('ca.pem')}",
+            f"--tls_cert={self.p('worker.pem')}", f"--tls_key={self.p('worker.key')}",
+            f"--tls_cert2={self.p('worker2.pem')}", f"--tls_key2={self.p('worker2.key')}"], 120)
+        self.assertEqual(rc, 0, err[-2000:])
+        codes = json.loads(out.strip().splitlines()[-1])
+        ok, permission_denied, failed_precondition = 0, 7, 9
+        self.assertEqual(codes["registered"], ok, codes)
+        # At home the token passes (the model is not registered yet: that is all it is told).
+        self.assertIn(codes["own"], (ok, failed_precondition), codes)
+        self.assertEqual(codes["replayed"], permission_denied, codes)
+        self.assertIn("another client certificate", codes["replayed_message"])
+        self.assertEqual(codes["reregistered"], permission_denied, codes)
+        self.assertIsNone(ps.poll(), "dbs_ps is still serving")
 
     def test_the_shards_of_a_job_follow_only_with_the_secret_under_mutual_tls(self):
         summary = self.p("sharded.json")

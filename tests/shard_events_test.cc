@@ -366,6 +366,24 @@ TEST_F(ShardFollowerTest, WithTheLeadersKeyOnlyATokenItSignedIsAskedToComeAgain)
   EXPECT_THAT(patient.Authenticate(0, token), IsOk());
 }
 
+// Under mutual TLS a worker's token is bound to the certificate it registered with, on every
+// shard: the leader's event says which.
+TEST_F(ShardFollowerTest, ABoundTokenWorksOnlyWithItsCertificate) {
+  ShardEventData w;
+  w.kind = ShardEventData::Kind::kWorker;
+  w.worker_id = 4;
+  w.token = "token4";
+  w.identity = "cert-a";
+  follower_->Apply(w);
+  EXPECT_THAT(follower_->Authenticate(4, "token4", "cert-a"), IsOk());
+  EXPECT_THAT(follower_->Authenticate(4, "token4", "cert-b"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("issued to another client certificate")));
+  EXPECT_THAT(follower_->Authenticate(4, "token4", ""),
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_THAT(follower_->Authenticate(1, "token1", "cert-b"), IsOk()) << "worker 1 is not bound";
+}
+
 TEST_F(ShardFollowerTest, TokensAreTheLeadersAndTheEndReleasesEveryone) {
   EXPECT_THAT(follower_->Authenticate(1, "token1"), IsOk());
   EXPECT_THAT(follower_->Authenticate(1, "token0"),
