@@ -254,6 +254,20 @@ absl::Status ParameterServiceImpl::Allowed(grpc::CallbackServerContext* ctx, int
       ctx, authenticate_(worker_id, ClientMetadata(ctx, kWorkerTokenKey), ClientIdentity(ctx)));
 }
 
+namespace {
+
+// The answer to a worker that may not send the model's initial values now (RegistrationClaim).
+absl::Status ClaimedBy(int holder) {
+  return absl::AbortedError(
+      holder >= 0 ? absl::StrCat("worker ", holder,
+                                 " is sending the model's initial values; ask again once the "
+                                 "model is registered")
+                  : "this worker's turn to send the model's initial values ran out; ask again "
+                    "(another worker may send them first)");
+}
+
+}  // namespace
+
 void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterModelRequest& request,
                                            ParametersAnswer* reply, WaitingReactor* reactor) {
@@ -264,12 +278,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   if (req->layout_only() && !store_->registered()) {
     // One worker sends its values, the others wait for them (RegistrationClaim).
     int holder = -1;
-    if (!claim_.Take(req->worker_id(), &holder)) {
-      return Answer(reactor, absl::AbortedError(absl::StrCat(
-                                 "worker ", holder,
-                                 " is sending the model's initial values; ask again once the "
-                                 "model is registered")));
-    }
+    if (!claim_.Take(req->worker_id(), &holder)) return Answer(reactor, ClaimedBy(holder));
     // The holder registers before it lets the claim go, so a claim taken just after it did
     // finds the model here: the stored values go back below and nobody sends a second copy.
     if (!store_->registered()) {
@@ -409,8 +418,12 @@ absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* 
   const v1::PushGradientRequest* req = &request.header;
   DBS_RETURN_IF_ERROR(Allowed(ctx, req->worker_id()));
   if (req->num_samples() < 0) return absl::InvalidArgumentError("num_samples is negative");
-  if (!std::isfinite(req->loss_sum())) {
-    return absl::InvalidArgumentError("loss_sum is not finite");
+  // A loss steers nothing, but a step's and an epoch's sums of them must stay finite.
+  if (!std::isfinite(req->loss_sum()) ||
+      std::abs(req->loss_sum()) > kMaxLossPerSample * std::max<int64_t>(1, req->num_samples())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_sum ", req->loss_sum(), " over ", req->num_samples(),
+                     " samples is not finite or beyond ", kMaxLossPerSample, " a sample"));
   }
   if (request.gradient->bytes > 0 && static_cast<WireDtype>(req->wire_dtype()) != wire_dtype_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1135,11 +1148,7 @@ class RegisterStreamReactor final
         // Only one worker's values at a time (RegistrationClaim): the server holds one copy
         // of the model being registered, not one per worker.
         int holder = -1;
-        if (!service_->claim_.Take(worker_id_, &holder)) {
-          return absl::AbortedError(absl::StrCat(
-              "worker ", holder,
-              " is sending the model's initial values; ask again once the model is registered"));
-        }
+        if (!service_->claim_.Take(worker_id_, &holder)) return ClaimedBy(holder);
         claimed_ = !service_->store_->registered();  // registered meanwhile: not needed
         if (!claimed_) service_->claim_.Release(worker_id_);
       }

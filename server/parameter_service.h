@@ -39,6 +39,10 @@ class PushStreamReactor;
 class PushSessionReactor;
 class PushReactor;
 
+// The largest loss a push may report per sample: no sum over a step's or an epoch's samples can
+// overflow.
+inline constexpr double kMaxLossPerSample = 1e30;
+
 class ParameterServiceImpl final : public ParameterRawService,
                                    private UpdateSink,
                                    private SnapshotMemory {

@@ -27,8 +27,10 @@ class RegistrationClaim {
       : clock_(clock), lease_(lease) {}
 
   // `worker` is about to send the initial values (or asks whether it should): true when it
-  // holds the claim now (it had it, nobody had, or the holder's lease ran out), which renews
-  // the lease. False while another worker holds a live claim, named in `*holder`.
+  // holds the claim now (it had it, nobody had, or the holder's lease ran out). Taking starts
+  // a lease; asking again while holding it does not renew it (only values do: Renew), so
+  // asking cannot hold the others off. False while another worker holds a live claim, named in
+  // `*holder`, and for a lease after `worker`'s own lease ran out (`*holder` -1 when free).
   bool Take(int worker, int* holder);
   // A sign of life from the holder (a chunk of its values arrived): its lease runs anew.
   // Nothing for anyone else.
@@ -43,6 +45,8 @@ class RegistrationClaim {
   absl::Mutex mu_;
   int holder_ ABSL_GUARDED_BY(mu_) = -1;  // -1: nobody
   absl::Time expires_ ABSL_GUARDED_BY(mu_);
+  int barred_ ABSL_GUARDED_BY(mu_) = -1;  // the last holder whose lease ran out, until:
+  absl::Time barred_until_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dbs

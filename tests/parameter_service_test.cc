@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -346,6 +347,13 @@ TEST_F(ServiceTest, BadGradientsAreRefusedAndTheStepIsUnaffected) {
   EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("element 1 is nan"));
   v1::PushGradientRequest huge = Push(0, 0, {1, 1, 3e30f});
   EXPECT_EQ(Send(huge, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (double loss : {1e308, -1e308, 3e30, std::numeric_limits<double>::infinity()}) {
+    v1::PushGradientRequest absurd_loss = Push(0, 0, {1, 1, 1});
+    absurd_loss.set_loss_sum(loss);
+    refused = Send(absurd_loss, &reply);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << loss;
+    EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("loss_sum")) << loss;
+  }
   v1::PushGradientRequest other_dtype = Push(0, 0, {1, 1, 1});
   other_dtype.set_wire_dtype(v1::WIRE_BF16);
   refused = Send(other_dtype, &reply);

@@ -50,5 +50,27 @@ TEST(RegistrationClaimTest, AHolderThatShowsNoSignOfLifeLosesItsTurn) {
   EXPECT_EQ(holder, 2);
 }
 
+// A holder that only asks again (sending nothing) cannot keep the others waiting: its lease
+// runs from when it took the claim, and once it ran out it sits a lease out.
+TEST(RegistrationClaimTest, AskingAgainDoesNotHoldTheClaim) {
+  FakeClock clock;
+  RegistrationClaim claim(&clock, absl::Seconds(10));
+  int holder = -1;
+  ASSERT_TRUE(claim.Take(0, &holder));
+  for (int i = 0; i < 9; ++i) {
+    clock.Advance(absl::Seconds(1));
+    EXPECT_TRUE(claim.Take(0, &holder)) << "it still holds it";
+    EXPECT_FALSE(claim.Take(1, &holder));
+  }
+  clock.Advance(absl::Seconds(1));
+  EXPECT_FALSE(claim.Take(0, &holder)) << "its lease ran out; it may not take it back at once";
+  EXPECT_EQ(holder, -1);
+  EXPECT_TRUE(claim.Take(1, &holder)) << "10 s after the first take, not later";
+  claim.Release(1);
+  EXPECT_FALSE(claim.Take(0, &holder)) << "still sitting its lease out";
+  clock.Advance(absl::Seconds(10));
+  EXPECT_TRUE(claim.Take(0, &holder)) << "alone, it may try again after a lease";
+}
+
 }  // namespace
 }  // namespace dbs
