@@ -247,6 +247,9 @@ std::vector<int> Scheduler::ActiveLocked() const {
 }
 
 absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
+  // A registration gone idle is not planned, so it cannot hold a step for the worker timeout.
+  // (Before the start, the registrations counted as the expected workers are planned as they are.)
+  if (!records_.empty()) ExpireIdleLocked();
   const int epoch = static_cast<int>(records_.size());
   const std::vector<int> active = ActiveLocked();
   const int n = static_cast<int>(active.size());

@@ -10,6 +10,11 @@
 // its token to another connection: it registers --replay_name with one certificate, then calls
 // with that token over a connection with another certificate of the same CA, and registers the
 // name again from there. It prints one JSON line of the codes (tests/security_test.py).
+//
+// With --insider it is a worker with the job's secret that joins a running job and then
+// misbehaves: reports an epoch it was not in, asks the others to leave, pushes a loss of
+// 1e308, floods registrations from its host, and never trains. It prints one JSON line of the
+// codes it got (tests/hostile_test.py).
 #include <unistd.h>
 
 #include <cmath>
@@ -46,6 +51,7 @@ ABSL_FLAG(std::string, tls_cert, "", "Replay mode: PEM certificate the name regi
 ABSL_FLAG(std::string, tls_key, "", "Replay mode: its key.");
 ABSL_FLAG(std::string, tls_cert2, "", "Replay mode: the other connection's certificate.");
 ABSL_FLAG(std::string, tls_key2, "", "Replay mode: its key.");
+ABSL_FLAG(bool, insider, false, "Insider mode (see above), with --job_token.");
 ABSL_FLAG(bool, follower, false,
           "The server is a follower shard (dbs_ps --shard=i/k, i > 0), which serves only "
           "ParameterService: UNIMPLEMENTED is its clear answer to SchedulerService calls.");
@@ -517,11 +523,99 @@ int Replay() {
   return 0;
 }
 
+int Insider() {
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  auto sched = dbs::v1::SchedulerService::NewStub(channel);
+  auto params = dbs::v1::ParameterService::NewStub(channel);
+  auto context = [](grpc::ClientContext* ctx, const std::string& token) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    ctx->AddMetadata("x-dbs-job-token", absl::GetFlag(FLAGS_job_token));
+    if (!token.empty()) ctx->AddMetadata("x-dbs-token", token);
+  };
+  auto registration = [](const std::string& name) {
+    dbs::v1::RegisterWorkerRequest req;
+    req.set_name(name);
+    req.set_train_samples(3000);
+    req.set_test_samples(1000);
+    req.set_device("cpu");
+    req.set_incarnation(name);
+    return req;
+  };
+  // Join once the job runs (a member of the first epoch would be one of the expected workers):
+  // a registration before the start is withdrawn and made again later.
+  dbs::v1::RegisterWorkerReply me;
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    context(&ctx, "");
+    const grpc::Status s =
+        sched->RegisterWorker(&ctx, registration(absl::StrCat("insider-", attempt)), &me);
+    if (s.ok() && me.start_epoch() > 0) break;
+    if (s.ok()) {
+      grpc::ClientContext leave_ctx;
+      context(&leave_ctx, me.token());
+      dbs::v1::LeaveRequest leave;
+      leave.set_worker_id(me.worker_id());
+      dbs::v1::LeaveReply left;
+      sched->Leave(&leave_ctx, leave, &left);
+    }
+    if (attempt > 600) return 1;
+    usleep(200 * 1000);
+  }
+  nlohmann::json codes;
+  {
+    grpc::ClientContext ctx;
+    context(&ctx, me.token());
+    dbs::v1::EpochReport report;
+    report.set_worker_id(me.worker_id());
+    report.set_epoch(0);
+    report.set_samples(1500);
+    report.set_compute_seconds(1e-6);
+    report.set_test_samples(500);
+    report.set_test_correct(500);
+    dbs::v1::EpochReportReply reply;
+    codes["report_unplanned"] = sched->ReportEpoch(&ctx, report, &reply).error_code();
+  }
+  std::map<std::string, int> leaves;  // by code
+  for (int id = 0; id < me.worker_id(); ++id) {
+    grpc::ClientContext ctx;
+    context(&ctx, me.token());
+    dbs::v1::LeaveRequest leave;
+    leave.set_worker_id(id);
+    dbs::v1::LeaveReply reply;
+    ++leaves[std::to_string(sched->Leave(&ctx, leave, &reply).error_code())];
+  }
+  codes["leave_for_others"] = leaves;
+  {
+    grpc::ClientContext ctx;
+    context(&ctx, me.token());
+    dbs::v1::PushGradientRequest push;
+    push.set_worker_id(me.worker_id());
+    push.set_num_samples(1);
+    push.set_loss_sum(1e308);
+    dbs::v1::PushGradientReply reply;
+    codes["push_huge_loss"] = params->PushGradient(&ctx, push, &reply).error_code();
+  }
+  std::map<std::string, int> flood;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext ctx;
+    context(&ctx, "");
+    dbs::v1::RegisterWorkerReply reply;
+    ++flood[std::to_string(
+        sched->RegisterWorker(&ctx, registration(absl::StrCat("flood-", i)), &reply).error_code())];
+  }
+  codes["flood"] = flood;
+  codes["worker_id"] = me.worker_id();
+  std::printf("%s\n", codes.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_replay_name).empty()) return Replay();
+  if (absl::GetFlag(FLAGS_insider)) return Insider();
   Attacker attacker(absl::GetFlag(FLAGS_server));
   const int rounds = absl::GetFlag(FLAGS_rounds);
   for (int r = 1; rounds == 0 || r <= rounds; ++r) {

@@ -134,6 +134,50 @@ class HostileTest(ProcessTestCase):
     def test_a_hostile_peer_changes_nothing(self):
         self.check_attack(shards=1)
 
+    def test_a_worker_with_the_secret_harms_only_itself(self):
+        # It joins the running job, reports an epoch it was not in, asks the others to leave,
+        # pushes a loss of 1e308 and floods registrations from its host (the honest workers'
+        # too), then never trains: its idle registrations are dropped before they are planned.
+        summary = os.path.join(self.tmp, "insider.json")
+        ps, port = self.start_ps(JOB + [f"--summary_path={summary}", "--max_workers_per_host=8",
+                                        "--registration_idle_s=0.5", "--worker_timeout_s=20"],
+                                 "insider")
+        workers = [self.spawn(self.worker_argv(port, *WORKER, f"--name=w{i}")) for i in range(2)]
+        # It joins once the first epoch is planned (the first of two, several seconds long).
+        log = []
+        while not any("epoch 1/2 planned" in line for line in log):
+            line = ps.stderr.readline().decode()
+            self.assertTrue(line, "dbs_ps ended before the job started")
+            log.append(line)
+        rc, out, err = self.run_cmd([HOSTILE, f"--server=127.0.0.1:{port}", "--insider",
+                                     "--job_token=the-job-secret"], 300)
+        self.assertEqual(rc, 0, err[-2000:])
+        codes = json.loads(out.strip().splitlines()[-1])
+        print(f"insider: {json.dumps(codes)}", flush=True)
+        failed_precondition, permission_denied, invalid_argument, exhausted = 9, 7, 3, 8
+        self.assertEqual(codes["report_unplanned"], failed_precondition, codes)
+        self.assertEqual(set(codes["leave_for_others"]), {str(permission_denied)}, codes)
+        self.assertEqual(codes["push_huge_loss"], invalid_argument, codes)
+        # 8 places for the host: the two workers, the insider, and 5 of its 100 names.
+        self.assertEqual(codes["flood"].get("0", 0), 5, codes)
+        self.assertEqual(codes["flood"].get(str(exhausted), 0), 95, codes)
+        for w in workers:
+            _, err = w.communicate(timeout=600)
+            self.assertEqual(w.returncode, 0, err.decode()[-3000:])
+        _, ps_err = ps.communicate(timeout=120)
+        ps_err = "".join(log) + ps_err.decode()
+        self.assertEqual(ps.returncode, 0, ps_err[-3000:])
+        self.assertIn("its registration is dropped", ps_err)
+        with open(summary) as f:
+            record = json.load(f)
+        self.assertEqual((record["status"], record["epochs_completed"]), ("ok", 2))
+        names = {w["id"]: w["name"] for w in record["worker_info"]}
+        for e in record["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], (e["epoch"], e["audit"]))
+            self.assertEqual(e["dead_workers"], [], "nobody was planned who did not train")
+            self.assertEqual(sorted(names[w["id"]] for w in e["workers"]), ["w0", "w1"],
+                             "only the honest workers trained, and neither was removed")
+
     def test_a_hostile_peer_at_a_follower_changes_nothing(self):
         # The follower checks each made-up token against the leader's signature at once
         # (common/secrets.h) instead of waiting for the leader to announce the worker.

@@ -201,6 +201,30 @@ TEST_F(SchedulerTest, ATokenWorksOnlyWithTheCertificateItsWorkerRegisteredWith) 
   EXPECT_THAT(s->Authenticate(1, b->token, "cert-b"), IsOk());
 }
 
+// A late joiner that never asks for its plan (it died, or it was never going to train) is not
+// planned: planned, it would hold the epoch's first step for the worker timeout.
+TEST_F(SchedulerTest, AnIdleLateJoinerIsNotPlanned) {
+  SchedulerConfig c;
+  c.expected_workers = 1;
+  c.epochs = 3;
+  c.global_batch = 64;
+  c.registration_idle = absl::Seconds(60);
+  Scheduler s(c, Policy("fixed"), &clock_, &listener_);
+  ASSERT_THAT(s.Register(Reg("a")), IsOk());
+  ASSERT_THAT(s.Register(Reg("idle")), IsOk());
+  ASSERT_THAT(s.Register(Reg("waiting")), IsOk());
+  PlanBox waiting;
+  s.AwaitPlan(2, 1, waiting.callback());
+  clock_.Advance(absl::Seconds(61));
+  ASSERT_THAT(s.Report(Report(s.History()[0].plans.at(0), 0, 1000)), IsOk());
+  const EpochRecord next = s.History()[1];
+  EXPECT_EQ(next.plans.count(0), 1u);
+  EXPECT_EQ(next.plans.count(1), 0u) << "idle for a minute: dropped";
+  EXPECT_EQ(next.plans.count(2), 1u) << "its plan request waited";
+  EXPECT_FALSE(s.IsRegistered(1));
+  ASSERT_TRUE(waiting.plan.has_value() && waiting.plan->ok());
+}
+
 TEST_F(SchedulerTest, AWorkerJoiningMidJobGetsAShareFromTheNextEpoch) {
   auto s = Make("dbs", 2, 3);
   ASSERT_THAT(s->Register(Reg("a")), IsOk());
