@@ -11,7 +11,8 @@
 #      exactness_test, their jobs in cluster_test; faulty_worker_test: its screen and quarantine
 #      are under ASan in step_aggregator_test and hardening_test); and with
 #      simulation_test's property tests on their first 60 random clusters instead of 300 (the
-#      same code paths at a fifth of the time); only the tests and what they need are built;
+#      same code paths at a fifth of the time); cluster_test skips its cases that judge the
+#      share policy's decisions (policy_outcome); only the tests and what they need are built;
 #   2. the domain and adapter tests (every C++ test that does not need libtorch) under
 #      ThreadSanitizer (--config=tsan), with tests/tsan's canary first: it proves the build
 #      reports a real race and sees Debian's uninstrumented Abseil locks (docs/security.md).
