@@ -47,6 +47,14 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+absl::Status CheckIdentity(int worker_id, absl::string_view bound, absl::string_view identity) {
+  if (bound.empty() || identity == bound) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("worker ", worker_id,
+                   "'s token was issued to another client certificate: a worker's name "
+                   "and token work only with the certificate it registered with"));
+}
+
 std::string Sha256Hex(absl::string_view bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace dbs {
@@ -21,6 +22,10 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 // that passes IsIssuedWorkerToken; the server still compares a call's token with the one it
 // issued to that worker.
 std::string TokenKeyFromSecret(absl::string_view job_secret);
+
+// OK unless worker `worker_id`'s token is bound to client certificate `bound` (its identity:
+// Sha256Hex of it; "" for none) and the call comes with another, `identity`: PERMISSION_DENIED.
+absl::Status CheckIdentity(int worker_id, absl::string_view bound, absl::string_view identity);
 
 // SHA-256 of `bytes`, as 64 hex digits (a client certificate's identity: ClientIdentity,
 // common/grpc_status.h).

@@ -68,52 +68,21 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i].name == reg.name && !left_[i]) id = static_cast<int>(i);
     }
-    if (id >= 0 && !workers_[id].identity.empty() && workers_[id].identity != reg.identity) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "worker '", reg.name, "' (worker ", id,
-          ") registered with another client certificate; a worker's name and token work only "
-          "with the certificate it registered with"));
-    }
-    if (id >= 0) last_call_[id] = clock_->Now();
-    if (id >= 0 && workers_[id].incarnation != reg.incarnation) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "a worker named '", reg.name, "' is already in the job (worker ", id,
-          "); give each worker process its own name. A restarted worker can rejoin under its "
-          "name once the old one has been removed (after the worker timeout)"));
-    }
-    if (id < 0) {
-      if (finished_) {
-        return absl::FailedPreconditionError("the job has finished; there is nothing to join");
+    if (id >= 0) {  // the name's worker again: a retry of the same process, or an impostor
+      DBS_RETURN_IF_ERROR(CheckIdentity(id, workers_[id].identity, reg.identity));
+      last_call_[id] = clock_->Now();
+      if (workers_[id].incarnation != reg.incarnation) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "a worker named '", reg.name, "' is already in the job (worker ", id,
+            "); give each worker process its own name. A restarted worker can rejoin under its "
+            "name once the old one has been removed (after the worker timeout)"));
       }
-      if (!workers_.empty() && (reg.train_samples != workers_[0].train_samples ||
-                                reg.test_samples != workers_[0].test_samples)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "worker '", reg.name, "' has ", reg.train_samples, " training and ", reg.test_samples,
-            " test samples; the job's first worker has ", workers_[0].train_samples, " and ",
-            workers_[0].test_samples, ": every worker must load the same data set"));
-      }
-      ExpireIdleLocked();
-      DBS_RETURN_IF_ERROR(RoomForLocked(reg.source));
-      id = static_cast<int>(workers_.size());
-      workers_.push_back(reg);
-      left_.push_back(false);
-      last_call_.push_back(clock_->Now());
-      tokens_.push_back(NewTokenLocked());
-      if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back(), reg.identity);
-      ++events_;
-      if (!start_with_models_) DBS_RETURN_IF_ERROR(StartIfReadyLocked(&calls));
+    } else {
+      DBS_ASSIGN_OR_RETURN(id, AddWorkerLocked(reg, &calls));
     }
     result.worker_id = id;
     // A worker joining a running job starts with the next epoch to be planned.
-    int start = 0;
-    for (size_t e = 0; e < records_.size(); ++e) {
-      if (records_[e].plans.count(id) > 0) {
-        start = static_cast<int>(e);
-        break;
-      }
-      start = static_cast<int>(e) + 1;
-    }
-    result.start_epoch = start;
+    result.start_epoch = FirstPlannedEpochLocked(id);
     result.expected_workers = config_.expected_workers;
     result.epochs = config_.epochs;
     result.global_batch = config_.global_batch;
@@ -124,6 +93,37 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
   return result;
 }
 
+absl::StatusOr<int> Scheduler::AddWorkerLocked(const WorkerRegistration& reg, Calls* calls) {
+  if (finished_) {
+    return absl::FailedPreconditionError("the job has finished; there is nothing to join");
+  }
+  if (!workers_.empty() && (reg.train_samples != workers_[0].train_samples ||
+                            reg.test_samples != workers_[0].test_samples)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", reg.name, "' has ", reg.train_samples, " training and ", reg.test_samples,
+        " test samples; the job's first worker has ", workers_[0].train_samples, " and ",
+        workers_[0].test_samples, ": every worker must load the same data set"));
+  }
+  ExpireIdleLocked();
+  DBS_RETURN_IF_ERROR(RoomForLocked(reg.source));
+  const int id = static_cast<int>(workers_.size());
+  workers_.push_back(reg);
+  left_.push_back(false);
+  last_call_.push_back(clock_->Now());
+  tokens_.push_back(NewTokenLocked());
+  if (listener_ != nullptr) listener_->OnWorkerRegistered(id, tokens_.back(), reg.identity);
+  ++events_;
+  if (!start_with_models_) DBS_RETURN_IF_ERROR(StartIfReadyLocked(calls));
+  return id;
+}
+
+int Scheduler::FirstPlannedEpochLocked(int id) const {
+  for (size_t e = 0; e < records_.size(); ++e) {
+    if (records_[e].plans.count(id) > 0) return static_cast<int>(e);
+  }
+  return static_cast<int>(records_.size());
+}
+
 void Scheduler::ExpireIdleLocked() {
   if (config_.registration_idle <= absl::ZeroDuration()) return;
   const absl::Time now = clock_->Now();
@@ -132,9 +132,8 @@ void Scheduler::ExpireIdleLocked() {
     if (left_[i] || now - last_call_[i] < config_.registration_idle || WaitersOfLocked(id) > 0) {
       continue;
     }
-    bool planned = false;
-    for (const EpochRecord& r : records_) planned = planned || r.plans.count(id) > 0;
-    if (planned) continue;  // a member: the liveness monitor judges it
+    // A member (planned in an epoch): the liveness monitor judges it.
+    if (FirstPlannedEpochLocked(id) < static_cast<int>(records_.size())) continue;
     left_[i] = true;
     ++events_;
     LOG(WARNING) << "worker " << id << " ('" << workers_[i].name << "', from "
@@ -794,12 +793,7 @@ absl::Status Scheduler::Authenticate(int worker_id, absl::string_view token,
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
   }
-  if (!workers_[worker_id].identity.empty() && identity != workers_[worker_id].identity) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("worker ", worker_id,
-                     "'s token was issued to another client certificate: a token works "
-                     "only with the certificate its worker registered with"));
-  }
+  DBS_RETURN_IF_ERROR(CheckIdentity(worker_id, workers_[worker_id].identity, identity));
   last_call_[worker_id] = clock_->Now();
   return absl::OkStatus();
 }

@@ -265,6 +265,11 @@ class Scheduler {
   int WorkersReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a worker of a name not in the job; returns its id.
+  absl::StatusOr<int> AddWorkerLocked(const WorkerRegistration& reg, Calls* calls)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first epoch planned with worker `id`: records_.size() when none is yet.
+  int FirstPlannedEpochLocked(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops registrations idle for config_.registration_idle (see SchedulerConfig).
   void ExpireIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when a new worker from `source` would exceed a limit.

@@ -401,13 +401,7 @@ absl::Status ShardFollower::Authenticate(int worker_id, absl::string_view token,
     return absl::PermissionDeniedError(
         absl::StrCat("the token does not belong to worker ", worker_id));
   }
-  if (const std::string& bound = identities_[worker_id]; !bound.empty() && identity != bound) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("worker ", worker_id,
-                     "'s token was issued to another client certificate: a token works "
-                     "only with the certificate its worker registered with"));
-  }
-  return absl::OkStatus();
+  return CheckIdentity(worker_id, identities_[worker_id], identity);
 }
 
 void ShardFollower::SetTokenKey(std::string key) {
