@@ -188,6 +188,8 @@ struct RegistrationResult {
   std::string token;
   // How a step's gradient and parameters travel (WireDtype: 0 fp32, 1 bf16, 2 fp16).
   int wire_dtype = 0;
+  // The job had finished: no worker was added (worker_id -1, no token), nothing is left to do.
+  bool job_finished = false;
 };
 
 }  // namespace dbs

@@ -125,6 +125,7 @@ void ToProto(const RegistrationResult& r, v1::RegisterWorkerReply* out) {
   out->set_global_batch(r.global_batch);
   out->set_policy(r.policy);
   out->set_token(r.token);
+  out->set_job_finished(r.job_finished);
 }
 
 RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
@@ -137,6 +138,7 @@ RegistrationResult FromProto(const v1::RegisterWorkerReply& m) {
   r.policy = m.policy();
   r.token = m.token();
   r.wire_dtype = static_cast<int>(m.wire_dtype());
+  r.job_finished = m.job_finished();
   return r;
 }
 

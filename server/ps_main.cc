@@ -168,8 +168,9 @@ ABSL_FLAG(bool, restore_override, false,
           "With --restore: accept a checkpoint written with other training settings (learning "
           "rate, optimizer, policy knobs), which are otherwise refused.");
 ABSL_FLAG(double, linger_s, 10.0,
-          "After training, how long to wait for workers to leave, and how long the status page "
-          "(--metrics_port) shows the final state, before shutting down.");
+          "After training, how long to wait for workers to leave (and for workers removed "
+          "while cut off to call once more and hear the job is done), and how long the status "
+          "page (--metrics_port) shows the final state, before shutting down.");
 ABSL_FLAG(double, stop_grace_s, 10.0,
           "On SIGTERM/SIGINT with --checkpoint_dir: how long the step in flight may take to "
           "complete before the final checkpoint, when its update has begun (large models).");

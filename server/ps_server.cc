@@ -574,9 +574,14 @@ void PsServer::RecordFinished(const nlohmann::json& summary) {
 }
 
 void PsServer::Shutdown(const absl::Status& result) {
-  // Let workers fetch their final plan and leave, then release anything still waiting.
+  // Let workers fetch their final plan and leave, and workers removed while cut off call once
+  // more and hear that the job is done (rather than find no server, fail and be restarted by
+  // their orchestrator); then release anything still waiting.
   const absl::Time linger_until = absl::Now() + config_.linger;
-  while (result.ok() && job_->scheduler()->active_workers() > 0 && absl::Now() < linger_until) {
+  const Scheduler* scheduler = job_->scheduler();
+  while (result.ok() &&
+         (scheduler->active_workers() > 0 || scheduler->removed_workers_not_back() > 0) &&
+         absl::Now() < linger_until) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));

@@ -77,6 +77,17 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
             "); give each worker process its own name. A restarted worker can rejoin under its "
             "name once the old one has been removed (after the worker timeout)"));
       }
+    } else if (finished_) {
+      // Nothing to join, and nothing wrong with asking: a worker restarted after the job ended
+      // (by compose or Kubernetes) learns it is done and exits successfully. No id, no token.
+      back_after_end_.insert(reg.name);
+      result.job_finished = true;
+      result.worker_id = -1;
+      result.start_epoch = config_.epochs;
+      result.epochs = config_.epochs;
+      result.global_batch = config_.global_batch;
+      result.policy = policy_->name();
+      return result;
     } else {
       DBS_ASSIGN_OR_RETURN(id, AddWorkerLocked(reg, &calls));
     }
@@ -94,9 +105,6 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
 }
 
 absl::StatusOr<int> Scheduler::AddWorkerLocked(const WorkerRegistration& reg, Calls* calls) {
-  if (finished_) {
-    return absl::FailedPreconditionError("the job has finished; there is nothing to join");
-  }
   if (!workers_.empty() && (reg.train_samples != workers_[0].train_samples ||
                             reg.test_samples != workers_[0].test_samples)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -494,7 +502,7 @@ absl::Status Scheduler::DropUnreported(int epoch, const std::set<int>& ids) {
     for (int id : ids) {
       if (rec.plans.count(id) == 0 || rec.reports.count(id) > 0) continue;
       rec.dead.insert(id);
-      if (id >= 0 && id < static_cast<int>(left_.size())) left_[id] = true;
+      MarkRemovedLocked(id);
     }
     if (rec.reports.empty() && rec.dead.size() >= rec.plans.size()) {
       // Every worker of the epoch is gone and none reported.
@@ -543,7 +551,7 @@ absl::StatusOr<PlanChange> Scheduler::RemoveWorkers(const std::set<int>& dead, i
       for (size_t s = static_cast<size_t>(step); s < it->second.size(); ++s) it->second[s].clear();
     }
     rec.dead.insert(id);
-    if (id >= 0 && id < static_cast<int>(left_.size())) left_[id] = true;
+    MarkRemovedLocked(id);
   }
   return out;
 }
@@ -821,6 +829,23 @@ int64_t Scheduler::events() const {
 bool Scheduler::started() const {
   absl::MutexLock lock(&mu_);
   return !records_.empty();
+}
+
+void Scheduler::MarkRemovedLocked(int id) {
+  if (id < 0 || id >= static_cast<int>(left_.size())) return;
+  if (!left_[id]) removed_.insert(id);  // a worker that called Leave is not coming back
+  left_[id] = true;
+}
+
+int Scheduler::removed_workers_not_back() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, bool> away;  // by name: its newest registration was removed
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    away[workers_[i].name] = removed_.count(static_cast<int>(i)) > 0;
+  }
+  int n = 0;
+  for (const auto& [name, removed] : away) n += removed && back_after_end_.count(name) == 0;
+  return n;
 }
 
 int Scheduler::active_workers() const {

@@ -237,6 +237,10 @@ class Scheduler {
   // True once the first epoch has been planned.
   bool started() const;
   int active_workers() const;  // registered and not left
+  // Workers removed for silence (not by their own Leave) that have not been heard from since:
+  // they may still be running, cut off, and call again. One that registers again (or asks to
+  // after the end) is back. By name.
+  int removed_workers_not_back() const;
   const SchedulerConfig& config() const { return config_; }
   std::string policy_name() const { return policy_->name(); }
   PolicyKind policy_kind() const { return policy_->kind(); }
@@ -264,6 +268,8 @@ class Scheduler {
   absl::Status StartIfReadyLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WorkersReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `id` is out of the job; removed for silence unless it had left by its own call.
+  void MarkRemovedLocked(int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a worker of a name not in the job; returns its id.
   absl::StatusOr<int> AddWorkerLocked(const WorkerRegistration& reg, Calls* calls)
@@ -296,6 +302,8 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
   std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
+  std::set<int> removed_ ABSL_GUARDED_BY(mu_);                 // ids removed for silence
+  std::set<std::string> back_after_end_ ABSL_GUARDED_BY(mu_);  // names that asked after the end
   // By id: when the worker registered or last made a call the scheduler saw.
   mutable std::vector<absl::Time> last_call_ ABSL_GUARDED_BY(mu_);
   bool start_with_models_ ABSL_GUARDED_BY(mu_) = false;

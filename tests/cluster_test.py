@@ -601,6 +601,28 @@ class WorkerDeathTest(ProcessTestCase):
               f"without: {clean['final_test_accuracy']:.4f}")
         self.assertLess(abs(s["final_test_accuracy"] - clean["final_test_accuracy"]), 0.05)
 
+    def test_a_worker_cut_off_until_the_job_ended_is_told_so_and_exits_0(self):
+        # Stopped (SIGSTOP: cut off, not dead) at its first step until the job has ended without
+        # it. Its next call finds it removed; registering again says the job is done, and it
+        # exits 0: an orchestrator that restarts failed workers has nothing to restart.
+        ps, procs, summary = self.start_job("cut", 2, ["--epochs=2", "--worker_timeout_s=5"])
+        victim = procs[1]
+        line = self.wait_for_training(victim)
+        self.assertTrue(is_progress(line), "the victim stopped before its first step")
+        victim.send_signal(signal.SIGSTOP)
+        deadline = time.time() + 180
+        while not os.path.exists(summary) and time.time() < deadline and ps.poll() is None:
+            time.sleep(0.1)
+        victim.send_signal(signal.SIGCONT)
+        self.assertTrue(os.path.exists(summary), "the job did not end without the victim")
+        out, err = victim.communicate(timeout=60)
+        self.assertEqual(victim.returncode, 0, (out + err).decode()[-3000:])
+        self.assertIn("it has finished meanwhile, so there is nothing left to join", out.decode())
+        _, err = ps.communicate(timeout=60)
+        self.assertEqual(ps.returncode, 0, err.decode()[-3000:])
+        procs[0].communicate(timeout=60)
+        self.assertEqual(procs[0].returncode, 0)
+
     def test_without_a_worker_timeout_a_stall_is_reported_instead_of_hanging(self):
         ps, procs, summary = self.start_job(
             "stall", 2, ["--epochs=20", "--worker_timeout_s=0", "--stall_timeout_s=3"])

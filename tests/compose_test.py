@@ -138,7 +138,7 @@ class ComposeClusterTest(unittest.TestCase):
             if name == "dbs-ps":
                 e.update(DBS_HOST="127.0.0.1", DBS_PORT=str(self.port),
                          DBS_METRICS_PORT=str(self.metrics), DBS_METRICS_HOST="127.0.0.1",
-                         DBS_EPOCHS=str(epochs), DBS_LINGER_S="2", DBS_WORKER_TIMEOUT_S="5",
+                         DBS_EPOCHS=str(epochs), DBS_LINGER_S="5", DBS_WORKER_TIMEOUT_S="5",
                          DBS_CHECKPOINT_EVERY_STEPS="10", **(extra_ps or {}))
                 svc["healthcheck"]["test"] = [
                     "CMD", "dbs_health_probe", f"--server=127.0.0.1:{self.port}"]
@@ -192,7 +192,7 @@ class ComposeClusterTest(unittest.TestCase):
             if got:
                 return got
             time.sleep(0.5)
-        said = "".join(f"\n{s} said:\n{self.logs(s)[-1500:]}" for s in self.services
+        said = "".join(f"\n{s} said:\n{self.logs(s)[-6000:]}" for s in self.services
                        if self.container(s))
         self.fail(f"{what} within {timeout} s{said}")
 
@@ -232,6 +232,12 @@ class ComposeClusterTest(unittest.TestCase):
         for service, st in states.items():
             self.assertEqual(st["exit"], 0, f"{service}:\n{self.logs(service)[-2000:]}")
         self.assertEqual(states["dbs-ps"]["restarts"], 0, "dbs-ps is not restarted after success")
+        for service in self.services:  # a failure is retried, a bounded number of times
+            policy = run(["docker", "inspect", "-f",
+                          "{{.HostConfig.RestartPolicy.Name}} "
+                          "{{.HostConfig.RestartPolicy.MaximumRetryCount}}",
+                          states[service]["id"]]).stdout.split()
+            self.assertEqual(policy, ["on-failure", "5"], service)
         summary = self.summary()
         self.check_trained(summary, epochs=2)
         self.assertEqual(sorted(w["name"] for w in summary["worker_info"]),

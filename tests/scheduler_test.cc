@@ -301,6 +301,18 @@ TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
   EXPECT_TRUE((*done.plan)->finished);
   ASSERT_TRUE(listener_.finished.has_value());
   EXPECT_TRUE(listener_.finished->ok());
+
+  // A worker restarted after the end (its orchestrator saw it fail) learns the job is done and
+  // joins nothing: no id, no token, nobody added.
+  const int active = s->active_workers();
+  absl::StatusOr<RegistrationResult> late = s->Register(Reg("restarted-after-the-end"));
+  ASSERT_THAT(late, IsOk());
+  EXPECT_TRUE(late->job_finished);
+  EXPECT_EQ(late->worker_id, -1);
+  EXPECT_TRUE(late->token.empty());
+  EXPECT_EQ(late->start_epoch, 2);
+  EXPECT_EQ(s->active_workers(), active);
+  EXPECT_FALSE(s->IsRegistered(3));
 }
 
 TEST_F(SchedulerTest, FixedPolicyIgnoresSpeed) {
@@ -407,6 +419,22 @@ TEST_F(SchedulerTest, LeavingMidJobTellsTheListenerAndIsNotPlannedAgain) {
   EXPECT_EQ((*waiting.plan)->share, 1.0);
   EXPECT_EQ(s->History()[1].plans.count(1), 0u);
   EXPECT_THAT(s->Leave(5), StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(s->removed_workers_not_back(), 0) << "a worker that left is not coming back";
+}
+
+// The server lingers after the end for workers removed while cut off (PsServer::Shutdown):
+// each counts until its name registers again, before or after the end.
+TEST_F(SchedulerTest, WorkersRemovedForSilenceCountUntilTheyCallAgain) {
+  auto s = Make("dbs", 3, 1);
+  for (const char* n : {"a", "b", "c"}) ASSERT_THAT(s->Register(Reg(n)), IsOk());
+  ASSERT_THAT(s->Report(Report(s->History()[0].plans.at(0), 0, 100)), IsOk());
+  ASSERT_THAT(s->DropUnreported(0, {1, 2}), IsOk());
+  ASSERT_TRUE(listener_.finished.has_value()) << "the job ended with its only report";
+  EXPECT_EQ(s->removed_workers_not_back(), 2);
+  absl::StatusOr<RegistrationResult> b = s->Register(Reg("b"));
+  ASSERT_THAT(b, IsOk());
+  EXPECT_TRUE(b->job_finished);
+  EXPECT_EQ(s->removed_workers_not_back(), 1) << "c has not called";
 }
 
 }  // namespace

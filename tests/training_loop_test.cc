@@ -341,6 +341,22 @@ TEST_F(TrainingLoopTest, ServerRestartBeforeTheReportRetrainsTheLostSteps) {
   EXPECT_NEAR(client.reports()[0].compute_seconds, kTrain * kSecondsPerSample, 1e-9);
 }
 
+// The server restarted after the worker's report reached it, from a checkpoint without it: the
+// worker reports the epoch again, and its record counts the epoch once.
+TEST_F(TrainingLoopTest, AReportTheRestartedServerLostIsSentAgainAndRecordedOnce) {
+  FakePsClient client(job_, &clock_);
+  client.LoseReportOf(0);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.restarts(), 1);
+  EXPECT_THAT(StepsOf(client, 0), ElementsAre(0, 1, 2, 3, 4, 5)) << "no step redone";
+  ASSERT_EQ(client.reports().size(), 2u);
+  EXPECT_EQ(client.reports()[0].samples, kTrain);
+  ASSERT_EQ(epochs_.size(), 2u);
+  EXPECT_EQ(epochs_[0].timing.epoch, 0);
+  EXPECT_EQ(epochs_[1].timing.epoch, 1);
+  EXPECT_THAT(Log(), HasSubstr("resuming at epoch 1 step 7"));
+}
+
 TEST_F(TrainingLoopTest, AResumeThatFailsEndsTheLoopSayingWhy) {
   FakePsClient client(job_, &clock_);
   client.RestartAt(1, 4, 2);
@@ -468,6 +484,60 @@ TEST_F(TrainingLoopTest, AWorkerEvictedInTheLastEpochFinishesWithNothingLeftToJo
   ASSERT_EQ(client.reports().size(), 1u) << "epoch 1 only";
   EXPECT_THAT(Log(), HasSubstr("nothing left to join"));
   EXPECT_THAT(Log(), Not(HasSubstr("from epoch 3")));
+}
+
+// Removed before its report reached the server (a restarted server that did not hear from it
+// within the worker timeout): it rejoins instead of ending with the removal's error.
+TEST_F(TrainingLoopTest, AWorkerRemovedBeforeItsReportRejoins) {
+  job_.epochs = 3;
+  FakePsClient client(job_, &clock_);
+  client.EvictAt(0, 6);  // the report of epoch 0 (6 steps)
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.rejoins(), 1);
+  EXPECT_THAT(StepsOf(client, 1), ElementsAre(0, 1, 2, 3, 4, 5));
+  ASSERT_EQ(client.reports().size(), 2u) << "epochs 1 and 2, under its new id";
+  EXPECT_EQ(client.reports()[0].epoch, 1);
+  EXPECT_EQ(client.reports()[0].worker_id, 1);
+  EXPECT_THAT(Log(), HasSubstr("joined again as worker 1 from epoch 2"));
+}
+
+// Removed while it waited for the next plan: it rejoins; in the last epoch there is nothing
+// left, and it still exports the job's final parameters (pulled, not its own stale ones).
+TEST_F(TrainingLoopTest, AWorkerRemovedWhileWaitingForThePlanRejoinsAndExportsTheFinalModel) {
+  loop_config_.export_path = "/tmp/model.pt";
+  FakePsClient client(job_, &clock_);
+  client.EvictAt(0, 7);  // the plan request for epoch 1, after the report of epoch 0
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_EQ(client.rejoins(), 1);
+  EXPECT_THAT(Log(), HasSubstr("nothing left to join"));
+  ASSERT_EQ(learner_.exports_.size(), 1u);
+  EXPECT_EQ(learner_.exports_.back().second, client.parameters());
+}
+
+// The job finished while the worker was cut off: registering again says so, and the worker
+// ends successfully without exporting parameters that are not the job's.
+TEST_F(TrainingLoopTest, AWorkerRemovedAfterWhichTheJobFinishedEndsSuccessfully) {
+  job_.epochs = 3;
+  loop_config_.export_path = "/tmp/model.pt";
+  FakePsClient client(job_, &clock_);
+  client.EvictAt(1, 6);
+  client.FinishWhileEvicted();
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_THAT(Log(), HasSubstr("it has finished meanwhile"));
+  EXPECT_THAT(Log(), HasSubstr("not exported to /tmp/model.pt"));
+  EXPECT_TRUE(learner_.exports_.empty());
+  EXPECT_FALSE(client.left()) << "its old id is gone; there is nothing to leave";
+}
+
+// Started (or restarted by an orchestrator) after the job ended: nothing to do, exit 0.
+TEST_F(TrainingLoopTest, AWorkerStartedAfterTheJobFinishedEndsSuccessfully) {
+  job_.finished = true;
+  loop_config_.export_path = "/tmp/model.pt";
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  EXPECT_TRUE(client.pushes().empty());
+  EXPECT_TRUE(learner_.exports_.empty());
+  EXPECT_THAT(Log(), HasSubstr("the job has already finished (2 epochs): nothing to train"));
 }
 
 TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {

@@ -64,6 +64,17 @@ void FakePsClient::StartEpoch(int epoch) {
 absl::StatusOr<RegistrationResult> FakePsClient::RegisterWorker(const WorkerRegistration& reg) {
   if (reg.train_samples < 1) return absl::InvalidArgumentError("no training samples");
   int start_epoch = config_.start_epoch;
+  if (config_.finished || (registered_ && evicted_ && finish_while_evicted_)) {
+    RegistrationResult done;
+    done.job_finished = true;
+    done.worker_id = -1;
+    done.start_epoch = config_.epochs;
+    done.epochs = config_.epochs;
+    done.global_batch = config_.global_batch;
+    done.policy = "fake";
+    ++rejoins_;
+    return done;
+  }
   if (registered_ && evicted_) {
     // Registering again after eviction: a new id, from the next epoch (the others finished the
     // current one without this worker).
@@ -114,7 +125,22 @@ absl::StatusOr<int64_t> FakePsClient::PullParameters(int worker_id, absl::Span<f
 }
 
 absl::StatusOr<WorkerPlan> FakePsClient::GetEpochPlan(int worker_id, int epoch) {
+  if (std::make_pair(epoch - 1, static_cast<int>(schedule_.size()) + 1) == evict_at_) {
+    evicted_ = true;
+  }
   if (absl::Status s = CheckWorker(worker_id); !s.ok()) return s;
+  if (epoch - 1 == lose_report_of_ && epoch == epoch_ && !reports_.empty()) {
+    lose_report_of_ = -1;
+    reconnected_ = true;
+    ++restarts_;
+    reports_.pop_back();
+    epoch_ = epoch - 1;
+    const WorkerPlan before = PlanOf(epoch_);
+    schedule_ = ExpandSteps(before);
+    test_range_ = before.test_range;
+    step_ = static_cast<int>(schedule_.size());
+    return absl::FailedPreconditionError(absl::StrCat("report epoch ", epoch_, " first"));
+  }
   if (epoch >= config_.epochs) return PlanOf(epoch);
   if (epoch != epoch_) {
     return absl::FailedPreconditionError(
@@ -214,6 +240,9 @@ absl::StatusOr<StepOutcome> FakePsClient::PushGradient(int worker_id, int epoch,
 }
 
 absl::Status FakePsClient::ReportEpoch(const EpochTiming& timing) {
+  if (std::make_pair(timing.epoch, static_cast<int>(schedule_.size())) == evict_at_) {
+    evicted_ = true;
+  }
   if (absl::Status s = CheckWorker(timing.worker_id); !s.ok()) return s;
   MaybeRestart(timing.epoch, static_cast<int>(schedule_.size()));
   if (timing.epoch != epoch_ || step_ != static_cast<int>(schedule_.size())) {

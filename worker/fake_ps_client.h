@@ -26,6 +26,7 @@ struct FakeJobConfig {
   int start_epoch = 0;  // the epoch the worker joins at (later: joining a running job)
   float learning_rate = 0.5f;
   absl::Duration push_time;  // simulated time of each push on the clock (if any)
+  bool finished = false;     // the job has finished before the worker registers
 };
 
 class FakePsClient : public PsClient {
@@ -47,9 +48,17 @@ class FakePsClient : public PsClient {
   void RestartAt(int epoch, int step, int resume_step);
   // The reply to the push of (epoch, step) carries `revision`, which the server also follows.
   void ReviseAfter(int epoch, int step, PlanRevision revision);
-  // From the push of (epoch, step) on, the worker is dead to the server (NOT_FOUND), until it
-  // registers again: then it gets a new id and rejoins at the next epoch.
+  // From the push of (epoch, step) on -- or from the epoch's report when `step` is the epoch's
+  // step count, or from the plan request after it when `step` is one more -- the worker is dead
+  // to the server (NOT_FOUND), until it registers again: then it gets a new id and rejoins at
+  // the next epoch.
   void EvictAt(int epoch, int step);
+  // The job finishes while the worker is evicted: registering again finds it done.
+  void FinishWhileEvicted() { finish_while_evicted_ = true; }
+  // The plan request after the report of `epoch` finds a server restarted from a checkpoint
+  // written after that epoch's steps but before the report (FAILED_PRECONDITION until the
+  // worker resumes and reports again).
+  void LoseReportOf(int epoch) { lose_report_of_ = epoch; }
   // Right after the worker registers its model, the job's parameters become `values` (other
   // workers trained meanwhile, as when joining a running job).
   void MoveParametersAfterRegistration(std::vector<float> values) {
@@ -127,6 +136,8 @@ class FakePsClient : public PsClient {
   std::map<std::pair<int, int>, PlanRevision> revisions_at_;
   std::pair<int, int> evict_at_ = {-1, -1};
   bool evicted_ = false;
+  bool finish_while_evicted_ = false;
+  int lose_report_of_ = -1;
 
   std::vector<Push> pushes_;
   std::vector<EpochTiming> reports_;

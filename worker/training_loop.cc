@@ -106,6 +106,14 @@ absl::Status TrainingLoop::Join() {
   grad_.assign(model_size, 0.0f);
   learner_->GetParameters(absl::MakeSpan(params_));
   DBS_ASSIGN_OR_RETURN(RegistrationResult joined, client_->RegisterWorker(Registration()));
+  if (joined.job_finished) {
+    // Restarted after the end (a crash, an orchestrator's retry): done, successfully.
+    Say(absl::StrFormat("the job has already finished (%d epochs): nothing to train",
+                        joined.epochs));
+    finished_ = true;
+    missed_the_end_ = true;
+    return absl::OkStatus();
+  }
   id_ = joined.worker_id;
   Say(absl::StrFormat(
       "joined as worker %d on %s: %d train / %d test samples, model %s "
@@ -158,12 +166,20 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::FetchPlan() {
   absl::StatusOr<WorkerPlan> next = client_->GetEpochPlan(id_, epoch_);
   if (!next.ok()) {
     if (absl::IsFailedPrecondition(next.status()) && Resync(next.status())) return Next::kResynced;
+    // Removed while it waited (a restarted server that did not hear from it in time).
+    if (absl::IsNotFound(next.status()) && Rejoin(next.status())) return Next::kResynced;
     return next.status();
   }
   DBS_RETURN_IF_ERROR(ValidatePlan(*next, learner_->train_size(), learner_->test_size()));
   plan_ = *std::move(next);
   if (plan_.finished) {
     finished_ = true;
+    if (pull_before_training_) {
+      // Rejoined with nothing left to train: the job's final parameters are still to be had.
+      DBS_RETURN_IF_ERROR(client_->PullParameters(id_, absl::MakeSpan(params_)).status());
+      learner_->SetParameters(params_);
+      pull_before_training_ = false;
+    }
     return Next::kGoOn;
   }
   schedule_ = ExpandSteps(plan_);
@@ -346,6 +362,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
         client_->TakeReconnected() && Resync(reported)) {
       return Next::kResynced;
     }
+    // Removed before its report arrived: the epoch completed without it.
+    if (absl::IsNotFound(reported) && Rejoin(reported)) return Next::kResynced;
     return reported;
   }
   const double n = std::max<double>(eval.samples, 1);
@@ -363,6 +381,9 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
       "wait %.2f s, eval %.2f s%s, %s",
       epoch_ + 1, plan_.total_epochs, timing.samples, plan_.batch_size, plan_.share,
       timing.compute_seconds, timing.wait_seconds, timing.eval_seconds, outside, result));
+  // An epoch reported again (to a server restarted before it recorded the first report) is
+  // one epoch: the newer report replaces the older.
+  if (!epochs_.empty() && epochs_.back().timing.epoch == timing.epoch) epochs_.pop_back();
   epochs_.push_back({plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_});
   if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
       (epoch_ + 1) % config_.export_every_epochs == 0) {
@@ -378,6 +399,16 @@ bool TrainingLoop::Rejoin(const absl::Status& why) {
   absl::StatusOr<RegistrationResult> joined = client_->RegisterWorker(Registration());
   if (!joined.ok()) return false;
   ++rejoins_;
+  if (joined->job_finished) {
+    Say(
+        absl::StrFormat("removed from the job (%s); it has finished meanwhile, so there is "
+                        "nothing left to join",
+                        why.message()));
+    id_ = -1;
+    finished_ = true;
+    missed_the_end_ = true;
+    return true;
+  }
   id_ = joined->worker_id;
   epoch_ = joined->start_epoch;
   need_plan_ = true;
@@ -437,10 +468,18 @@ absl::Status TrainingLoop::ExportModel(const std::string& when) {
 }
 
 absl::Status TrainingLoop::Finish() {
-  const absl::Status left = client_->Leave(id_);
-  if (!left.ok()) Say(absl::StrCat("warning: ", left.ToString()));
-  // The parameters are the job's final ones (the last step's answer).
-  if (!config_.export_path.empty()) DBS_RETURN_IF_ERROR(ExportModel("end of the job"));
+  if (id_ >= 0) {
+    const absl::Status left = client_->Leave(id_);
+    if (!left.ok()) Say(absl::StrCat("warning: ", left.ToString()));
+  }
+  if (!config_.export_path.empty() && missed_the_end_) {
+    Say(absl::StrCat("not exported to ", config_.export_path,
+                     ": the job finished without this run, which does not hold its final "
+                     "parameters"));
+  } else if (!config_.export_path.empty()) {
+    // The parameters are the job's final ones (the last step's answer).
+    DBS_RETURN_IF_ERROR(ExportModel("end of the job"));
+  }
   Say(absl::StrFormat("finished: %d epochs in %.1f s", epochs_.size(), Since(job_start_)));
   if (config_.record_path.empty()) return absl::OkStatus();
   nlohmann::json epochs = nlohmann::json::array();

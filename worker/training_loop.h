@@ -119,8 +119,9 @@ class TrainingLoop {
   absl::StatusOr<Next> EvaluateAndReport(EpochTiming timing);
   // Continues where the server says the job stands; false when the server cannot tell.
   bool Resync(const absl::Status& why);
-  // Registers again after the server removed this worker, to rejoin at the next epoch; false
-  // when it cannot (then the loop ends with the removal's error).
+  // Registers again after the server removed this worker, to rejoin at the next epoch (or to
+  // learn that the job has finished); false when it cannot (then the loop ends with the
+  // removal's error).
   bool Rejoin(const absl::Status& why);
   static constexpr int kMaxRejoins = 10;
   // The dataset indices of one step's permutation positions, checked against the data set.
@@ -145,6 +146,9 @@ class TrainingLoop {
   bool finished_ = false;
   int first_step_ = 0;
   bool pull_before_training_ = false;  // joined a running job: fetch its parameters first
+  // The job had finished before this run could take part again: its parameters are not the
+  // job's final ones, so nothing is exported.
+  bool missed_the_end_ = false;
   int rejoins_ = 0;
   WorkerPlan plan_;
   StepRanges schedule_;
