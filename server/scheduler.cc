@@ -80,7 +80,9 @@ absl::StatusOr<RegistrationResult> Scheduler::Register(const WorkerRegistration&
     } else if (finished_) {
       // Nothing to join, and nothing wrong with asking: a worker restarted after the job ended
       // (by compose or Kubernetes) learns it is done and exits successfully. No id, no token.
-      back_after_end_.insert(reg.name);
+      for (int removed : removed_) {  // remembered for removed workers only (bounded)
+        if (workers_[removed].name == reg.name) back_after_end_.insert(reg.name);
+      }
       result.job_finished = true;
       result.worker_id = -1;
       result.start_epoch = config_.epochs;

@@ -302,8 +302,9 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
   std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
-  std::set<int> removed_ ABSL_GUARDED_BY(mu_);                 // ids removed for silence
-  std::set<std::string> back_after_end_ ABSL_GUARDED_BY(mu_);  // names that asked after the end
+  std::set<int> removed_ ABSL_GUARDED_BY(mu_);  // ids removed for silence
+  // Names of removed workers that asked to register after the end.
+  std::set<std::string> back_after_end_ ABSL_GUARDED_BY(mu_);
   // By id: when the worker registered or last made a call the scheduler saw.
   mutable std::vector<absl::Time> last_call_ ABSL_GUARDED_BY(mu_);
   bool start_with_models_ ABSL_GUARDED_BY(mu_) = false;

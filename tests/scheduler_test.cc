@@ -435,6 +435,8 @@ TEST_F(SchedulerTest, WorkersRemovedForSilenceCountUntilTheyCallAgain) {
   ASSERT_THAT(b, IsOk());
   EXPECT_TRUE(b->job_finished);
   EXPECT_EQ(s->removed_workers_not_back(), 1) << "c has not called";
+  ASSERT_THAT(s->Register(Reg("a stranger")), IsOk());
+  EXPECT_EQ(s->removed_workers_not_back(), 1);
 }
 
 }  // namespace
