@@ -4,6 +4,7 @@
 //   idx:DIR              any MNIST-family IDX files (gzipped or not, any number of classes)
 //   cifar10:DIR          the CIFAR-10 binary version (data_batch_*.bin, test_batch.bin)
 //   npy:X,Y[,TX,TY]      NumPy .npy files, memory-mapped (a data set larger than RAM works)
+// Each reader has a file of its own (idx_format.cc, cifar10_format.cc, npy_format.cc).
 //
 // No libtorch here: an Array is a dense row-major block of rows, in memory or memory-mapped from a
 // file, which the learner wraps into tensors without copying.
