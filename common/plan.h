@@ -36,12 +36,6 @@ struct WorkerPlan {
 
   // The worker's batch size at `step`.
   int BatchAt(int step) const { return step == num_steps - 1 ? final_batch_size : batch_size; }
-  // Total training samples of the worker in the epoch.
-  int64_t TrainSamples() const {
-    int64_t n = 0;
-    for (const SampleRange& r : train_ranges) n += r.size();
-    return n;
-  }
 };
 
 // The positions a worker trains on at each step of an epoch: steps[s] lists the ranges of step s

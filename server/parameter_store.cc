@@ -73,12 +73,6 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Snapshot() const {
   return SnapshotLocked();
 }
 
-absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(absl::Span<const float> grad) {
-  std::vector<float> copy(grad.begin(), grad.end());
-  const GradientScale all{copy.size(), 1.0f};
-  return ApplyGradient(absl::MakeSpan(copy), absl::MakeConstSpan(&all, 1));
-}
-
 absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     absl::Span<float> sum, absl::Span<const GradientScale> scales) {
   const size_t n = static_cast<size_t>(num_elements());

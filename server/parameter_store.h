@@ -100,8 +100,6 @@ class ParameterStore {
   // unchanged, when the update would make one of them non-finite.
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
                                                   absl::Span<const GradientScale> scales);
-  // The same with an unscaled gradient, left as it is (tests).
-  absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<const float> grad);
 
   // ApplyGradient in pieces, so that the first values of a step are updated (and sent) while the
   // last gradients still arrive: BeginUpdate, then UpdateRange for consecutive ranges up to the

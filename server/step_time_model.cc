@@ -205,24 +205,6 @@ double StepTimeModel::Predict(double batch) const {
   return lo->second + f * (hi->second - lo->second);
 }
 
-double StepTimeModel::SlopeBelow(double batch) const {
-  if (knots_.empty()) return 0.0;
-  if (batch <= knots_.front().first + 1e-9) return slope_below_;
-  if (batch > knots_.back().first + 1e-9) return slope_above_;
-  auto hi = std::lower_bound(knots_.begin(), knots_.end(), std::make_pair(batch - 1e-9, 0.0));
-  auto lo = hi - 1;
-  return (hi->second - lo->second) / (hi->first - lo->first);
-}
-
-double StepTimeModel::SlopeAbove(double batch) const {
-  if (knots_.empty()) return 0.0;
-  if (batch < knots_.front().first - 1e-9) return slope_below_;
-  if (batch >= knots_.back().first - 1e-9) return slope_above_;
-  auto hi = std::upper_bound(knots_.begin(), knots_.end(), std::make_pair(batch + 1e-9, 0.0));
-  auto lo = hi - 1;
-  return (hi->second - lo->second) / (hi->first - lo->first);
-}
-
 double StepTimeModel::BatchFor(double seconds) const {
   if (knots_.empty() || seconds <= 0) return 0.0;
   const auto& first = knots_.front();

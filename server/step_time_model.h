@@ -80,9 +80,6 @@ class StepTimeModel {
   double Predict(double batch) const;
   // The batch whose predicted step time is `seconds` (the inverse of Predict; >= 0).
   double BatchFor(double seconds) const;
-  // The slope of the curve just below and just above `batch` (seconds per sample).
-  double SlopeBelow(double batch) const;
-  double SlopeAbove(double batch) const;
   // The measured range of batches (after pooling); both 0 when empty.
   double min_batch() const { return knots_.empty() ? 0.0 : knots_.front().first; }
   double max_batch() const { return knots_.empty() ? 0.0 : knots_.back().first; }

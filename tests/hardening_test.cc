@@ -72,7 +72,7 @@ class HardeningTest : public ::testing::Test {
     EpochTiming t;
     t.worker_id = worker;
     t.epoch = epoch;
-    t.samples = (*plan)->TrainSamples();
+    t.samples = CountSamples((*plan)->train_ranges);
     t.compute_seconds = 1.0;
     t.test_samples = (*plan)->test_range.size();
     return t;

@@ -61,7 +61,7 @@ class SchedulerTest : public ::testing::Test {
     EpochTiming t;
     t.worker_id = id;
     t.epoch = plan.epoch;
-    t.samples = plan.TrainSamples();
+    t.samples = CountSamples(plan.train_ranges);
     t.compute_seconds = t.samples / speed;
     t.test_samples = plan.test_range.size();
     t.test_correct = t.test_samples / 2;
@@ -290,7 +290,7 @@ TEST_F(SchedulerTest, ProportionalRebalancesBySpeedAndFinishes) {
   EXPECT_EQ(e1[0].train_ranges[0], (SampleRange{0, 28}));
   EXPECT_EQ(e1[2].train_ranges[0], (SampleRange{55, 64}));
   EXPECT_EQ(e1[2].train_ranges.back(), (SampleRange{6391, 6400}));
-  EXPECT_EQ(e1[2].TrainSamples(), 900);
+  EXPECT_EQ(CountSamples(e1[2].train_ranges), 900);
   EXPECT_NE(e1[0].permutation_seed, e0[0].permutation_seed);
   EXPECT_EQ(s->History()[0].end - s->History()[0].start, absl::Seconds(10));
 
