@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/emulation.h"
 #include "worker/fake_ps_client.h"
 
 namespace dbs {

@@ -24,31 +24,6 @@ bool InRange(const SampleRange& r, int64_t size) {
 
 }  // namespace
 
-absl::StatusOr<SlowdownOf> ParseSlowdownOf(absl::string_view name) {
-  if (name == "cpu") return SlowdownOf::kCpu;
-  if (name == "wall") return SlowdownOf::kWall;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--slowdown_of must be 'cpu' or 'wall', not '", name, "'"));
-}
-
-// On a machine shared by several emulated workers, the time a computation waited for a core is
-// contention among them, which separate slow machines would not have. kCpu hides it inside the
-// slowdown: a core f times slower would have taken f x the CPU time whether or not a neighbour
-// held this one meanwhile.
-void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, double factor,
-                     SlowdownOf of) {
-  if (factor <= 1.0) return;
-  const absl::Duration elapsed = clock->Now() - began;
-  switch (of) {
-    case SlowdownOf::kCpu:
-      if (cpu * factor > elapsed) clock->SleepFor(cpu * factor - elapsed);
-      return;
-    case SlowdownOf::kWall:
-      clock->SleepFor(elapsed * (factor - 1.0));
-      return;
-  }
-}
-
 TrainingLoop::TrainingLoop(LoopConfig config, Learner* learner, PsClient* client,
                            const Clock* clock)
     : config_(std::move(config)), learner_(learner), client_(client), clock_(clock) {}
@@ -498,33 +473,6 @@ absl::Status TrainingLoop::Finish() {
   }
   const nlohmann::json record = {{"worker_id", id_}, {"name", config_.name}, {"epochs", epochs}};
   return WriteFileAtomic(config_.record_path, record.dump(2) + "\n");
-}
-
-absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
-                                    int64_t samples, int batch, SlowdownOf of) {
-  if (samples < 1 || batch < 1) return absl::InvalidArgumentError("samples and batch must be >= 1");
-  const int64_t n = learner->train_size();
-  if (n < 1) return absl::FailedPreconditionError("the training set is empty");
-  std::vector<float> grad(static_cast<size_t>(TotalElements(learner->layout())));
-  std::vector<int64_t> index;
-  auto batch_at = [&](int64_t begin) {
-    index.clear();
-    for (int64_t i = begin; i < std::min<int64_t>(n, begin + batch); ++i) index.push_back(i);
-  };
-  batch_at(0);
-  DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());  // warm-up
-  double seconds = 0.0;
-  int64_t done = 0;
-  while (done < samples) {
-    batch_at(done % n);
-    const absl::Time t0 = clock->Now();
-    const absl::Duration cpu0 = clock->ProcessCpuTime();
-    DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());
-    EmulateSlowdown(clock, t0, clock->ProcessCpuTime() - cpu0, slowdown, of);
-    seconds += absl::ToDoubleSeconds(clock->Now() - t0);
-    done += static_cast<int64_t>(index.size());
-  }
-  return done / std::max(seconds, 1e-12);
 }
 
 }  // namespace dbs

@@ -19,6 +19,7 @@
 #include "common/signal_watcher.h"
 #include "common/status_macros.h"
 #include "worker/dataset.h"
+#include "worker/emulation.h"
 #include "worker/grpc_ps_client.h"
 #include "worker/sharded_ps_client.h"
 #include "worker/torch_learner.h"
