@@ -4,6 +4,14 @@ Bazel's native proto rules need @com_google_protobuf (a download); the system pr
 job offline.
 """
 
+# Who may depend on the services' stubs: the server and worker packages (where layering_test keeps
+# them to the adapters, the clients and the composition root) and the tests; not common/, bench/.
+STUB_VISIBILITY = [
+    "//server:__pkg__",
+    "//tests:__subpackages__",
+    "//worker:__pkg__",
+]
+
 def dbs_proto_library(name, src, imports = [], proto_deps = [], services = False):
     """Two cc libraries for `src`: `<name>_cc_proto` (its messages, protobuf only) and, when the
     file declares services, `<name>_cc_grpc` (their stubs, on gRPC). Domain code depends on the
@@ -33,4 +41,5 @@ def dbs_proto_library(name, src, imports = [], proto_deps = [], services = False
             srcs = [stubs[1]],
             hdrs = [stubs[0]],
             deps = [":" + name + "_cc_proto", "@system//:grpc"],
+            visibility = STUB_VISIBILITY,
         )
