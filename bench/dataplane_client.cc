@@ -121,8 +121,122 @@ dbs::ModelLayout MakeLayout(int64_t params, int tensors) {
 
 struct ClientResult {
   absl::Status status;
-  std::vector<double> step_seconds;  // of every timed step
+  std::vector<double> step_seconds;
 };
+
+// The timing points every client passes: before the timed steps, half-way, after them.
+struct Barriers {
+  explicit Barriers(int parties) : start(parties), mid(parties), end(parties) {}
+  absl::Barrier start, mid, end;
+};
+
+struct Run {
+  int clients = 0;
+  int64_t params = 0;
+  int warmup = 0;
+  int steps = 0;
+  dbs::ModelLayout layout;
+};
+
+// Fake worker `c`: registers, registers the model, takes the plan, pushes `warmup` steps, then
+// the timed ones between the barriers (passing them even when a call failed).
+void RunClient(int c, const Run& run, Barriers* barriers, ClientResult* r) {
+  dbs::GrpcClientConfig config;
+  config.address = absl::GetFlag(FLAGS_server);
+  config.connect_timeout = absl::Seconds(30);
+  config.call_timeout = absl::Seconds(300);
+  config.max_message_mb = 2047;
+  config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
+  config.push_sessions = absl::GetFlag(FLAGS_push_session);
+  config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
+  dbs::PsClient& client = *owned;
+  std::vector<float> values(static_cast<size_t>(run.params), 0.0f);
+  std::vector<float> gradient(static_cast<size_t>(run.params));
+  for (size_t i = 0; i < gradient.size(); ++i) gradient[i] = 1e-3f * ((i + c) % 17);
+  int id = -1;
+  dbs::WorkerPlan plan;
+  auto setup = [&]() -> absl::Status {
+    const int64_t samples = static_cast<int64_t>(run.clients) * (run.warmup + run.steps);
+    auto reg = client.RegisterWorker({absl::StrCat("bench-", c), samples, run.clients, "cpu", 0});
+    if (!reg.ok()) return reg.status();
+    id = reg->worker_id;
+    absl::Status s = client.RegisterModel(id, run.layout, values, absl::MakeSpan(values));
+    if (!s.ok()) return s;
+    auto p = client.GetEpochPlan(id, 0);
+    if (!p.ok()) return p.status();
+    plan = *p;
+    if (plan.num_steps < run.warmup + run.steps) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the plan has ", plan.num_steps, " steps; need ", run.warmup + run.steps));
+    }
+    return absl::OkStatus();
+  };
+  r->status = setup();
+  auto push = [&](int step) -> absl::Status {
+    return client
+        .PushGradient(id, 0, step, plan.BatchAt(step), 1.0, 0.0, gradient, absl::MakeSpan(values))
+        .status();
+  };
+  for (int s = 0; s < run.warmup && r->status.ok(); ++s) r->status = push(s);
+  barriers->start.Block();
+  bool past_mid = false;
+  for (int s = run.warmup; s < run.warmup + run.steps && r->status.ok(); ++s) {
+    if (s == run.warmup + run.steps / 2) {
+      barriers->mid.Block();
+      past_mid = true;
+    }
+    const absl::Time t0 = absl::Now();
+    r->status = push(s);
+    r->step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  if (!past_mid) barriers->mid.Block();  // failed before it: let the others through
+  barriers->end.Block();
+}
+
+// --server_pid, every shard's process; false (with a message) for one that is not a pid.
+bool ParsePids(std::vector<int>* pids) {
+  for (const std::string& p : absl::GetFlag(FLAGS_server_pid)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(p, &pid) || pid <= 0) {
+      std::fprintf(stderr, "--server_pid: '%s' is not a pid\n", p.c_str());
+      return false;
+    }
+    pids->push_back(pid);
+  }
+  return true;
+}
+
+// Every shard's figures, summed.
+ProcStat ServerStat(const std::vector<int>& pids) {
+  ProcStat total;
+  for (int pid : pids) {
+    const ProcStat s = ReadProcStat(pid);
+    total.cpu_seconds += s.cpu_seconds;
+    total.minor_faults += s.minor_faults;
+  }
+  return total;
+}
+
+// The servers' CPU, page faults and memory over the timed steps (`before`, `mid`, `after`).
+void AddServerFigures(const std::vector<int>& pids, int steps, const ProcStat& before,
+                      const ProcStat& mid, const ProcStat& after, nlohmann::json* out) {
+  (*out)["server_cpu_ms_per_step"] = 1e3 * (after.cpu_seconds - before.cpu_seconds) / steps;
+  (*out)["server_faults_per_step"] =
+      static_cast<double>(after.minor_faults - before.minor_faults) / steps;
+  (*out)["server_faults_per_step_second_half"] =
+      static_cast<double>(after.minor_faults - mid.minor_faults) / (steps - steps / 2);
+  long long rss = 0, shared = 0;
+  for (int pid : pids) {
+    rss += StatusBytes(pid, "VmHWM");
+    shared += StatusBytes(pid, "RssShmem");
+  }
+  (*out)["server_peak_rss_bytes"] = rss;
+  // Of it, memory shared with the clients (their gradient regions and the answers' slots, all
+  // touched in the first steps and mapped to the end): 0 over the socket.
+  (*out)["server_shared_rss_bytes"] = shared;
+  (*out)["shards"] = pids.size();
+}
 
 }  // namespace
 
@@ -132,107 +246,35 @@ int main(int argc, char** argv) {
       "floats through dbs_ps. Usually run by bench/dataplane.py.");
   absl::ParseCommandLine(argc, argv);
   dbs::SkipDeadlockDetection();
-  const int clients = absl::GetFlag(FLAGS_clients);
-  const int64_t params = absl::GetFlag(FLAGS_params);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const int steps = absl::GetFlag(FLAGS_steps);
+  Run run;
+  run.clients = absl::GetFlag(FLAGS_clients);
+  run.params = absl::GetFlag(FLAGS_params);
+  run.warmup = absl::GetFlag(FLAGS_warmup);
+  run.steps = absl::GetFlag(FLAGS_steps);
   std::vector<int> server_pids;
-  for (const std::string& p : absl::GetFlag(FLAGS_server_pid)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(p, &pid) || pid <= 0) {
-      std::fprintf(stderr, "--server_pid: '%s' is not a pid\n", p.c_str());
-      return 2;
-    }
-    server_pids.push_back(pid);
-  }
-  // Every shard's figures, summed.
-  auto server_stat = [&] {
-    ProcStat total;
-    for (int pid : server_pids) {
-      const ProcStat s = ReadProcStat(pid);
-      total.cpu_seconds += s.cpu_seconds;
-      total.minor_faults += s.minor_faults;
-    }
-    return total;
-  };
-  if (clients < 1 || params < 1 || steps < 1 || warmup < 0 || absl::GetFlag(FLAGS_tensors) < 1) {
+  if (!ParsePids(&server_pids)) return 2;
+  if (run.clients < 1 || run.params < 1 || run.steps < 1 || run.warmup < 0 ||
+      absl::GetFlag(FLAGS_tensors) < 1) {
     std::fprintf(stderr, "--clients, --params, --steps and --tensors must be >= 1\n");
     return 2;
   }
-  const dbs::ModelLayout layout = MakeLayout(params, absl::GetFlag(FLAGS_tensors));
-  std::vector<ClientResult> results(clients);
-  absl::Barrier start_timing(clients + 1);
-  absl::Barrier mid_timing(clients + 1);
-  absl::Barrier end_timing(clients + 1);
+  run.layout = MakeLayout(run.params, absl::GetFlag(FLAGS_tensors));
+  std::vector<ClientResult> results(run.clients);
+  Barriers barriers(run.clients + 1);
   std::vector<std::thread> threads;
-  for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&, c] {
-      ClientResult& r = results[c];
-      dbs::GrpcClientConfig config;
-      config.address = absl::GetFlag(FLAGS_server);
-      config.connect_timeout = absl::Seconds(30);
-      config.call_timeout = absl::Seconds(300);
-      config.max_message_mb = 2047;
-      config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
-      config.push_sessions = absl::GetFlag(FLAGS_push_session);
-      config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-      std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
-      dbs::PsClient& client = *owned;
-      std::vector<float> values(static_cast<size_t>(params), 0.0f);
-      std::vector<float> gradient(static_cast<size_t>(params));
-      for (size_t i = 0; i < gradient.size(); ++i) gradient[i] = 1e-3f * ((i + c) % 17);
-      int id = -1;
-      int num_steps = 0;
-      dbs::WorkerPlan plan;
-      auto setup = [&]() -> absl::Status {
-        const int64_t samples = static_cast<int64_t>(clients) * (warmup + steps);
-        auto reg = client.RegisterWorker({absl::StrCat("bench-", c), samples, clients, "cpu", 0});
-        if (!reg.ok()) return reg.status();
-        id = reg->worker_id;
-        absl::Status s = client.RegisterModel(id, layout, values, absl::MakeSpan(values));
-        if (!s.ok()) return s;
-        auto p = client.GetEpochPlan(id, 0);
-        if (!p.ok()) return p.status();
-        plan = *p;
-        num_steps = plan.num_steps;
-        if (num_steps < warmup + steps) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("the plan has ", num_steps, " steps; need ", warmup + steps));
-        }
-        return absl::OkStatus();
-      };
-      r.status = setup();
-      auto push = [&](int step) -> absl::Status {
-        auto out = client.PushGradient(id, 0, step, plan.BatchAt(step), 1.0, 0.0, gradient,
-                                       absl::MakeSpan(values));
-        return out.status();
-      };
-      for (int s = 0; s < warmup && r.status.ok(); ++s) r.status = push(s);
-      start_timing.Block();
-      bool past_mid = false;
-      for (int s = warmup; s < warmup + steps && r.status.ok(); ++s) {
-        if (s == warmup + steps / 2) {
-          mid_timing.Block();
-          past_mid = true;
-        }
-        const absl::Time t0 = absl::Now();
-        r.status = push(s);
-        r.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-      }
-      if (!past_mid) mid_timing.Block();  // failed before it: let the others through
-      end_timing.Block();
-    });
+  for (int c = 0; c < run.clients; ++c) {
+    threads.emplace_back([&, c] { RunClient(c, run, &barriers, &results[c]); });
   }
-  start_timing.Block();
-  const ProcStat server_before = server_stat();
+  barriers.start.Block();
+  const ProcStat server_before = ServerStat(server_pids);
   const double self_before = SelfCpuSeconds();
   const absl::Time t0 = absl::Now();
-  mid_timing.Block();
-  const ProcStat server_mid = server_stat();
-  end_timing.Block();
+  barriers.mid.Block();
+  const ProcStat server_mid = ServerStat(server_pids);
+  barriers.end.Block();
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double self_after = SelfCpuSeconds();
-  const ProcStat server_after = server_stat();
+  const ProcStat server_after = ServerStat(server_pids);
   for (std::thread& t : threads) t.join();
   for (const ClientResult& r : results) {
     if (!r.status.ok()) {
@@ -241,39 +283,24 @@ int main(int argc, char** argv) {
     }
   }
   // A step ends for everyone when its slowest client gets its answer.
+  const int steps = run.steps;
   std::vector<double> per_step(steps, 0.0);
   for (const ClientResult& r : results) {
     for (int s = 0; s < steps; ++s) per_step[s] = std::max(per_step[s], r.step_seconds[s]);
   }
   std::sort(per_step.begin(), per_step.end());
   nlohmann::json out = {
-      {"params", params},
-      {"clients", clients},
+      {"params", run.params},
+      {"clients", run.clients},
       {"steps", steps},
       {"step_ms_median", 1e3 * per_step[steps / 2]},
       {"step_ms_min", 1e3 * per_step.front()},
       {"step_ms_max", 1e3 * per_step.back()},
       {"wall_ms_per_step", 1e3 * wall / steps},
-      {"client_cpu_ms_per_step", 1e3 * (self_after - self_before) / steps / clients},
+      {"client_cpu_ms_per_step", 1e3 * (self_after - self_before) / steps / run.clients},
   };
   if (!server_pids.empty()) {
-    out["server_cpu_ms_per_step"] =
-        1e3 * (server_after.cpu_seconds - server_before.cpu_seconds) / steps;
-    out["server_faults_per_step"] =
-        static_cast<double>(server_after.minor_faults - server_before.minor_faults) / steps;
-    out["server_faults_per_step_second_half"] =
-        static_cast<double>(server_after.minor_faults - server_mid.minor_faults) /
-        (steps - steps / 2);
-    long long rss = 0, shared = 0;
-    for (int pid : server_pids) {
-      rss += StatusBytes(pid, "VmHWM");
-      shared += StatusBytes(pid, "RssShmem");
-    }
-    out["server_peak_rss_bytes"] = rss;
-    // Of it, memory shared with the clients (their gradient regions and the answers' slots,
-    // all touched in the first steps and mapped to the end): 0 over the socket.
-    out["server_shared_rss_bytes"] = shared;
-    out["shards"] = server_pids.size();
+    AddServerFigures(server_pids, steps, server_before, server_mid, server_after, &out);
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;

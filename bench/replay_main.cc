@@ -61,25 +61,82 @@ void PrintModels(const dbs::BalancingPolicy& policy, const dbs::RecordedDecision
   }
 }
 
-int Main(const std::string& path) {
+// The summary at `path` as JSON; false (with a message) when it cannot be read or parsed, or has
+// no recorded decisions.
+bool LoadSummary(const std::string& path, nlohmann::json* summary) {
   std::ifstream in(path);
   if (!in) {
     std::cerr << "dbs_replay: cannot read " << path << std::endl;
-    return 2;
+    return false;
   }
   std::stringstream text;
   text << in.rdbuf();
-  const nlohmann::json summary = nlohmann::json::parse(text.str(), nullptr, false);
-  if (summary.is_discarded()) {
+  *summary = nlohmann::json::parse(text.str(), nullptr, false);
+  if (summary->is_discarded()) {
     std::cerr << "dbs_replay: " << path << " is not JSON" << std::endl;
-    return 2;
+    return false;
   }
-  if (!summary.contains("controller")) {
+  if (!summary->contains("controller")) {
     std::cerr << "dbs_replay: " << path
               << " has no \"controller\": it was written before decisions were recorded"
               << std::endl;
-    return 2;
+    return false;
   }
+  return true;
+}
+
+// Applies --policy and --noise_margin to the recorded controller settings; sets `changed` when
+// either differs from them. False (with a message) for an unknown policy.
+bool ApplyOverrides(dbs::PolicyConfig* config, bool* changed) {
+  if (const std::string p = absl::GetFlag(FLAGS_policy); !p.empty()) {
+    absl::StatusOr<dbs::PolicyKind> kind = dbs::ParsePolicy(p);
+    if (!kind.ok()) {
+      std::cerr << "dbs_replay: --policy: " << kind.status() << std::endl;
+      return false;
+    }
+    *changed |= *kind != config->kind;
+    config->kind = *kind;
+  }
+  if (const double m = absl::GetFlag(FLAGS_noise_margin); m >= 0) {
+    *changed |= m != config->noise_margin;
+    config->noise_margin = m;
+  }
+  return true;
+}
+
+// Replays one decision, prints its line (and the curves with --verbose) and returns its record.
+nlohmann::json ReplayOne(const dbs::SharePolicy& policy, const dbs::BalancingPolicy& balancing,
+                         int global_batch, bool verbose, const dbs::RecordedDecision& d) {
+  const std::vector<double> replayed = dbs::Replay(policy, d);
+  const std::vector<int64_t> a = dbs::LargestRemainder(global_batch, d.shares);
+  const std::vector<int64_t> b = dbs::LargestRemainder(global_batch, replayed);
+  std::vector<int64_t> current;
+  for (const dbs::WorkerObservation& o : d.observations) current.push_back(o.current_batch);
+  bool same = a == b;
+  for (size_t i = 0; same && i < replayed.size(); ++i) {
+    same = std::abs(replayed[i] - d.shares[i]) <= 1e-12;
+  }
+  const std::string when =
+      d.from_step == 0 ? std::string("plan") : absl::StrCat("after step ", d.from_step);
+  std::printf("epoch %d %-16s from [%s]  recorded [%s]%s  replayed [%s]  %s\n", d.epoch + 1,
+              when.c_str(), Batches(current).c_str(), Batches(a).c_str(),
+              d.applied ? "" : " (kept)", Batches(b).c_str(), same ? "same" : "DIFFERENT");
+  if (verbose && !(d.epoch == 0 && d.from_step == 0)) PrintModels(balancing, d);
+  return {{"epoch", d.epoch},
+          {"from_step", d.from_step},
+          {"applied", d.applied},
+          {"workers", d.ids},
+          {"current", current},
+          {"recorded_shares", d.shares},
+          {"replayed_shares", replayed},
+          {"recorded", a},
+          {"replayed", b},
+          {"same", same}};
+}
+
+int Main(const std::string& path) {
+  nlohmann::json summary;
+  if (!LoadSummary(path, &summary)) return 2;
   absl::StatusOr<dbs::PolicyConfig> config = dbs::PolicyConfigFromJson(summary.at("controller"));
   absl::StatusOr<std::vector<dbs::RecordedDecision>> decisions = dbs::DecisionsOf(summary);
   if (!config.ok() || !decisions.ok()) {
@@ -88,19 +145,7 @@ int Main(const std::string& path) {
     return 2;
   }
   bool changed = false;
-  if (const std::string p = absl::GetFlag(FLAGS_policy); !p.empty()) {
-    absl::StatusOr<dbs::PolicyKind> kind = dbs::ParsePolicy(p);
-    if (!kind.ok()) {
-      std::cerr << "dbs_replay: --policy: " << kind.status() << std::endl;
-      return 2;
-    }
-    changed |= *kind != config->kind;
-    config->kind = *kind;
-  }
-  if (const double m = absl::GetFlag(FLAGS_noise_margin); m >= 0) {
-    changed |= m != config->noise_margin;
-    config->noise_margin = m;
-  }
+  if (!ApplyOverrides(&*config, &changed)) return 2;
   absl::StatusOr<std::unique_ptr<dbs::SharePolicy>> policy = dbs::MakeSharePolicy(*config);
   if (!policy.ok()) {
     std::cerr << "dbs_replay: " << policy.status() << std::endl;
@@ -118,32 +163,8 @@ int Main(const std::string& path) {
   for (const dbs::RecordedDecision& d : *decisions) {
     if (only >= 0 && d.epoch != only) continue;
     ++shown;
-    const std::vector<double> replayed = dbs::Replay(**policy, d);
-    const std::vector<int64_t> a = dbs::LargestRemainder(config->global_batch, d.shares);
-    const std::vector<int64_t> b = dbs::LargestRemainder(config->global_batch, replayed);
-    std::vector<int64_t> current;
-    for (const dbs::WorkerObservation& o : d.observations) current.push_back(o.current_batch);
-    bool same = a == b;
-    for (size_t i = 0; same && i < replayed.size(); ++i) {
-      same = std::abs(replayed[i] - d.shares[i]) <= 1e-12;
-    }
-    differ += same ? 0 : 1;
-    const std::string when =
-        d.from_step == 0 ? std::string("plan") : absl::StrCat("after step ", d.from_step);
-    std::printf("epoch %d %-16s from [%s]  recorded [%s]%s  replayed [%s]  %s\n", d.epoch + 1,
-                when.c_str(), Batches(current).c_str(), Batches(a).c_str(),
-                d.applied ? "" : " (kept)", Batches(b).c_str(), same ? "same" : "DIFFERENT");
-    if (verbose && !(d.epoch == 0 && d.from_step == 0)) PrintModels(balancing, d);
-    out.push_back({{"epoch", d.epoch},
-                   {"from_step", d.from_step},
-                   {"applied", d.applied},
-                   {"workers", d.ids},
-                   {"current", current},
-                   {"recorded_shares", d.shares},
-                   {"replayed_shares", replayed},
-                   {"recorded", a},
-                   {"replayed", b},
-                   {"same", same}});
+    out.push_back(ReplayOne(**policy, balancing, config->global_batch, verbose, d));
+    differ += out.back()["same"].get<bool>() ? 0 : 1;
   }
   std::printf("%d of %d decisions replayed %s\n", shown - differ, shown,
               changed ? "the same with the changed setting" : "the same");
