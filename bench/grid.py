@@ -541,21 +541,41 @@ def build(out):
     summary = summarize(cells)
     with open(os.path.join(out, "grid.json"), "w") as f:
         json.dump({"summary": summary, "cells": cells}, f, indent=2)
-    columns = ["name", "global_batch", "speeds", "emulation", "ideal_epoch_seconds",
-               "best_split_epoch_seconds", "fixed_epoch_seconds", "proportional_epoch_seconds",
-               "dbs_epoch_seconds", "dbs_over_best",
-               "dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
-               "proportional_over_ideal", "dbs_settled_spread", "proportional_settled_spread",
-               "dbs_settled_compute_spread", "proportional_settled_compute_spread",
-               "dbs_wall_epoch_seconds", "fixed_wall_epoch_seconds", "dbs_wall_over_sgd",
-               "ideal_with_comm_epoch_seconds", "dbs_over_ideal_with_comm"]
+    write_csv(out, cells)
+    lines = intro_lines(results) + cell_rows(cells)
+    if summary.get("cells_run"):
+        lines += summary_sections(summary, cells, results, out)
+    if results.get("note"):  # provenance added to the record by hand
+        lines += ["", results["note"]]
+    with open(os.path.join(out, "grid.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return summary
+
+
+GRID_CSV_COLUMNS = ["name", "global_batch", "speeds", "emulation", "ideal_epoch_seconds",
+                    "best_split_epoch_seconds", "fixed_epoch_seconds",
+                    "proportional_epoch_seconds", "dbs_epoch_seconds", "dbs_over_best",
+                    "dbs_over_sgd", "dbs_over_ideal", "proportional_over_sgd",
+                    "proportional_over_ideal", "dbs_settled_spread",
+                    "proportional_settled_spread", "dbs_settled_compute_spread",
+                    "proportional_settled_compute_spread", "dbs_wall_epoch_seconds",
+                    "fixed_wall_epoch_seconds", "dbs_wall_over_sgd",
+                    "ideal_with_comm_epoch_seconds", "dbs_over_ideal_with_comm"]
+
+
+def write_csv(out, cells):
+    """grid.csv: one row of figures per cell that ran."""
     with open(os.path.join(out, "grid.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(columns)
+        w.writerow(GRID_CSV_COLUMNS)
         for c in cells:
             if "runs" in c:
                 w.writerow([c.get(k, "") if not isinstance(c.get(k), float) else f"{c[k]:.4g}"
-                            for k in columns])
+                            for k in GRID_CSV_COLUMNS])
+
+
+def intro_lines(results):
+    """grid.md's title, what the grid ran, and its table's header."""
     lines = ["# Scenario grid: DBS, the paper's rule and the fixed split", "",
              f"4 workers, CNN on Fashion-MNIST, {results['config']['grid_steps']} steps per epoch "
              f"(D = steps x B), {results['config']['grid_epochs']} epochs, lr "
@@ -582,6 +602,12 @@ def build(out):
              "| workers' CPU outside compute, ms/step | DBS/ideal with that CPU |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
              "| --- | --- | --- | --- | --- | --- |"]
+    return lines
+
+
+def cell_rows(cells):
+    """grid.md's table: one row per cell."""
+    lines = []
     for c in cells:
         if "skipped" in c:
             lines.append(f"| {c['name']} | skipped: {c['skipped']} |||||||||||||||||")
@@ -601,89 +627,91 @@ def build(out):
             + (" ".join(f"{x:.2f}" for x in c["dbs_comm_cpu_ms_per_step"])
                + f" | {c['dbs_over_ideal_with_comm']:.3f} |"
                if "dbs_over_ideal_with_comm" in c else "n/a | n/a |"))
-    if summary.get("cells_run"):
-        lines += ["", "## Worst and median cell", ""] + summary_table(summary)
-        lines += ["", f"Cells where DBS was slower than the fixed split: "
-                  f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}; the paper's rule: "
-                  f"{', '.join(summary['proportional_slower_than_fixed']) or 'none'}.", "",
-                  "## Targets", ""] + targets_table(summary)
-        lines += ["", "Noise floor: the balance the fixed split (which never moves) shows from "
-                  f"epoch {SETTLE_EPOCH} on, each worker's step time divided by its own mean: "
-                  "what measurement noise alone does to a perfectly static split. Cells that "
-                  "miss the balance target where the noise floor is above it too: "
-                  f"{', '.join(summary['balance_missed_within_noise']) or 'none'}.", "",
-                  "The linear ideal against splits run for real (`--grid_oracles`): cells that "
-                  "miss DBS/ideal where every split run beside DBS missed it too: "
-                  f"{', '.join(summary.get('ideal_missed_by_every_split_run', [])) or 'none'}; "
-                  "where a split run met it: "
-                  f"{', '.join(summary.get('ideal_met_by_a_split_run', [])) or 'none'}; with no "
-                  "split run: "
-                  f"{', '.join(summary.get('ideal_missed_without_splits_run', [])) or 'none'}.",
-                  "",
-                  "Where DBS's epoch goes beyond the ideal: DBS/ideal = (slowest compute/ideal) / "
-                  "(1 - epoch beyond the slowest compute). The first is the slowest worker's "
-                  "compute in the cluster against the ideal's standalone compute (contention "
-                  "for the cores, and a split that is not perfectly balanced); the second is "
-                  "the share of the epoch that is not that compute: communication, the "
-                  "server's step and the barrier's wait, which no split of the batch removes.",
-                  "",
-                  "DBS/ideal with that CPU: the linear ideal if each worker also spends, every "
-                  "step, the CPU its DBS run measured outside its computation (its own record: "
-                  "push, answer, loading the parameters), at its quota in a quota cell (1 ms "
-                  "of CPU at 1/11 core is 11 ms), as it is in a slowdown cell. It says how much "
-                  "of the gap to the ideal is the data plane's cost per step on the slowest "
-                  "workers rather than the split; it is a diagnosis, not the target."]
-        oracle_cells = [c for c in cells if "dbs_over_split_best" in c]
-        if oracle_cells:
-            lines += ["", "## DBS against fixed splits run in the same cell", "",
-                      "split_best: the best split of the workers' standalone step-time curves, "
-                      "held fixed (`dbs_ps --policy=fixed --fixed_split`); split_dbs: the "
-                      "samples each worker trained on in DBS's last epoch, held fixed. Each ran "
-                      "right after DBS in the cell, with the same emulation. DBS/split near 1: "
-                      "no split DBS could have chosen does better on this machine.", "",
-                      "| cell | split_best batches | split_best/ideal | DBS/split_best "
-                      "| split_dbs/ideal | DBS/split_dbs |",
-                      "| --- | --- | --- | --- | --- | --- |"]
-            for c in oracle_cells:
-                lines.append(
-                    f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
-                    f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
-                    f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
-        round_cells = [c for c in cells if "dbs_over_sgd_by_round" in c]
-        if round_cells:
-            lines += ["", "## Rounds", "",
-                      f"Each cell ran its policies {results['config']['grid_rounds']} times, in "
-                      "rounds that alternate their order (fixed, paper, DBS; then DBS, paper, "
-                      "fixed). The tables above take each policy's median run by epoch time; "
-                      "here each round's DBS and paper are divided by that round's fixed split "
-                      "(paired: the machine's drift between rounds cancels), and `paired` is the "
-                      "median of those ratios.", "",
-                      "| cell | DBS/S-SGD by round | paired | paper/S-SGD by round | paired |",
-                      "| --- | --- | --- | --- | --- |"]
-            for c in round_cells:
-                lines.append(
-                    f"| {c['name']} | "
-                    f"{' '.join(f'{x:.3f}' for x in c['dbs_over_sgd_by_round'])} | "
-                    f"**{c['dbs_over_sgd_paired']:.3f}** | "
-                    f"{' '.join(f'{x:.3f}' for x in c['proportional_over_sgd_by_round'])} | "
-                    f"{c['proportional_over_sgd_paired']:.3f} |")
-        lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
-                  ""]
-        for c in cells:
-            if "runs" not in c:
-                continue
-            lines.append(f"- {c['name']}: DBS {fmt_traj(c['dbs_batches'])}, balance "
-                         f"{' '.join(f'{x:.2f}' for x in c['dbs_spread'])} (compute "
-                         f"{' '.join(f'{x:.2f}' for x in c['dbs_compute_spread'])}); paper "
-                         f"{fmt_traj(c['proportional_batches'])}, balance "
-                         f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
-        if plot(out, cells):
-            lines += ["", "![balance per epoch, every cell](grid_batches.png)"]
-    if results.get("note"):  # provenance added to the record by hand
-        lines += ["", results["note"]]
-    with open(os.path.join(out, "grid.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return summary
+    return lines
+
+
+def summary_sections(summary, cells, results, out):
+    """grid.md after the table: worst and median cells, targets, the oracle splits, the rounds
+    and the batch trajectories (and the plot, written to `out`)."""
+    lines = []
+    lines += ["", "## Worst and median cell", ""] + summary_table(summary)
+    lines += ["", f"Cells where DBS was slower than the fixed split: "
+              f"{', '.join(summary['dbs_slower_than_fixed']) or 'none'}; the paper's rule: "
+              f"{', '.join(summary['proportional_slower_than_fixed']) or 'none'}.", "",
+              "## Targets", ""] + targets_table(summary)
+    lines += ["", "Noise floor: the balance the fixed split (which never moves) shows from "
+              f"epoch {SETTLE_EPOCH} on, each worker's step time divided by its own mean: "
+              "what measurement noise alone does to a perfectly static split. Cells that "
+              "miss the balance target where the noise floor is above it too: "
+              f"{', '.join(summary['balance_missed_within_noise']) or 'none'}.", "",
+              "The linear ideal against splits run for real (`--grid_oracles`): cells that "
+              "miss DBS/ideal where every split run beside DBS missed it too: "
+              f"{', '.join(summary.get('ideal_missed_by_every_split_run', [])) or 'none'}; "
+              "where a split run met it: "
+              f"{', '.join(summary.get('ideal_met_by_a_split_run', [])) or 'none'}; with no "
+              "split run: "
+              f"{', '.join(summary.get('ideal_missed_without_splits_run', [])) or 'none'}.",
+              "",
+              "Where DBS's epoch goes beyond the ideal: DBS/ideal = (slowest compute/ideal) / "
+              "(1 - epoch beyond the slowest compute). The first is the slowest worker's "
+              "compute in the cluster against the ideal's standalone compute (contention "
+              "for the cores, and a split that is not perfectly balanced); the second is "
+              "the share of the epoch that is not that compute: communication, the "
+              "server's step and the barrier's wait, which no split of the batch removes.",
+              "",
+              "DBS/ideal with that CPU: the linear ideal if each worker also spends, every "
+              "step, the CPU its DBS run measured outside its computation (its own record: "
+              "push, answer, loading the parameters), at its quota in a quota cell (1 ms "
+              "of CPU at 1/11 core is 11 ms), as it is in a slowdown cell. It says how much "
+              "of the gap to the ideal is the data plane's cost per step on the slowest "
+              "workers rather than the split; it is a diagnosis, not the target."]
+    oracle_cells = [c for c in cells if "dbs_over_split_best" in c]
+    if oracle_cells:
+        lines += ["", "## DBS against fixed splits run in the same cell", "",
+                  "split_best: the best split of the workers' standalone step-time curves, "
+                  "held fixed (`dbs_ps --policy=fixed --fixed_split`); split_dbs: the "
+                  "samples each worker trained on in DBS's last epoch, held fixed. Each ran "
+                  "right after DBS in the cell, with the same emulation. DBS/split near 1: "
+                  "no split DBS could have chosen does better on this machine.", "",
+                  "| cell | split_best batches | split_best/ideal | DBS/split_best "
+                  "| split_dbs/ideal | DBS/split_dbs |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for c in oracle_cells:
+            lines.append(
+                f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
+                f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
+                f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
+    round_cells = [c for c in cells if "dbs_over_sgd_by_round" in c]
+    if round_cells:
+        lines += ["", "## Rounds", "",
+                  f"Each cell ran its policies {results['config']['grid_rounds']} times, in "
+                  "rounds that alternate their order (fixed, paper, DBS; then DBS, paper, "
+                  "fixed). The tables above take each policy's median run by epoch time; "
+                  "here each round's DBS and paper are divided by that round's fixed split "
+                  "(paired: the machine's drift between rounds cancels), and `paired` is the "
+                  "median of those ratios.", "",
+                  "| cell | DBS/S-SGD by round | paired | paper/S-SGD by round | paired |",
+                  "| --- | --- | --- | --- | --- |"]
+        for c in round_cells:
+            lines.append(
+                f"| {c['name']} | "
+                f"{' '.join(f'{x:.3f}' for x in c['dbs_over_sgd_by_round'])} | "
+                f"**{c['dbs_over_sgd_paired']:.3f}** | "
+                f"{' '.join(f'{x:.3f}' for x in c['proportional_over_sgd_by_round'])} | "
+                f"{c['proportional_over_sgd_paired']:.3f} |")
+    lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
+              ""]
+    for c in cells:
+        if "runs" not in c:
+            continue
+        lines.append(f"- {c['name']}: DBS {fmt_traj(c['dbs_batches'])}, balance "
+                     f"{' '.join(f'{x:.2f}' for x in c['dbs_spread'])} (compute "
+                     f"{' '.join(f'{x:.2f}' for x in c['dbs_compute_spread'])}); paper "
+                     f"{fmt_traj(c['proportional_batches'])}, balance "
+                     f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
+    if plot(out, cells):
+        lines += ["", "![balance per epoch, every cell](grid_batches.png)"]
+    return lines
 
 
 def summary_table(summary):
