@@ -158,7 +158,7 @@ void RunClient(int c, const Run& run, Barriers* barriers, ClientResult* r) {
   dbs::WorkerPlan plan;
   auto setup = [&]() -> absl::Status {
     const int64_t samples = static_cast<int64_t>(run.clients) * (run.warmup + run.steps);
-    auto reg = client.RegisterWorker({absl::StrCat("bench-", c), samples, run.clients, "cpu", 0});
+    auto reg = client.RegisterWorker({absl::StrCat("bench-", c), samples, run.clients, "cpu"});
     if (!reg.ok()) return reg.status();
     id = reg->worker_id;
     absl::Status s = client.RegisterModel(id, run.layout, values, absl::MakeSpan(values));

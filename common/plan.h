@@ -158,7 +158,6 @@ struct WorkerRegistration {
   int64_t train_samples = 0;
   int64_t test_samples = 0;
   std::string device;
-  int max_batch = 0;  // the largest batch the worker can hold (memory); 0: no limit
   // Chosen at random by the worker process: a retried registration of the same process carries
   // the same one, another process with the same name a different one.
   std::string incarnation;

@@ -107,14 +107,13 @@ void ToProto(const WorkerRegistration& r, v1::RegisterWorkerRequest* out) {
   out->set_train_samples(r.train_samples);
   out->set_test_samples(r.test_samples);
   out->set_device(r.device);
-  out->set_max_batch(r.max_batch);
   out->set_incarnation(r.incarnation);
   out->set_cpu_limit_cores(r.cpu_limit_cores);
 }
 
 WorkerRegistration FromProto(const v1::RegisterWorkerRequest& m) {
-  return {m.name(),      m.train_samples(), m.test_samples(),   m.device(),
-          m.max_batch(), m.incarnation(),   m.cpu_limit_cores()};
+  return {m.name(),   m.train_samples(), m.test_samples(),
+          m.device(), m.incarnation(),   m.cpu_limit_cores()};
 }
 
 void ToProto(const RegistrationResult& r, v1::RegisterWorkerReply* out) {

@@ -262,7 +262,6 @@ class Planner {
     for (size_t i = 0; i < n_; ++i) {
       lo_[i] = std::max(0, o_.min_batch);
       hi_[i] = o_.max_batch > 0 ? std::min<double>(B_, o_.max_batch) : B_;
-      if (w_[i].max_batch > 0) hi_[i] = std::min<double>(hi_[i], w_[i].max_batch);
       hi_[i] = std::max(hi_[i], lo_[i]);
       tlo_[i] = lo_[i];
       thi_[i] = hi_[i];

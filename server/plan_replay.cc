@@ -135,7 +135,6 @@ namespace {
 // What the summary says of each registered worker (by id) that an observation carries.
 struct WorkerInfo {
   std::string name;
-  int max_batch = 0;
 };
 using WorkerTable = std::map<int, WorkerInfo>;
 // Each epoch's measurements by worker id, by epoch number.
@@ -149,9 +148,6 @@ absl::StatusOr<WorkerTable> WorkersOf(const json& info) {
       return Missing("worker_info entry", "name", "a string");
     }
     workers[id].name = w.at("name").get<std::string>();
-    if (w.contains("max_batch")) {
-      DBS_ASSIGN_OR_RETURN(workers[id].max_batch, SmallInteger(w, "max_batch", "worker_info"));
-    }
   }
   return workers;
 }
@@ -176,7 +172,6 @@ absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const Work
     if (w == workers.end()) return absl::InvalidArgumentError(absl::StrCat(at, ": no worker ", id));
     WorkerObservation o;
     o.name = w->second.name;
-    o.max_batch = w->second.max_batch;
     DBS_ASSIGN_OR_RETURN(o.current_batch, SmallInteger(in, "current_batch", at));
     DBS_ASSIGN_OR_RETURN(o.previous_share, Number(in, "previous_share", at));
     for (int k = std::max(0, epoch - Scheduler::kHistoryEpochs); k < epoch; ++k) {

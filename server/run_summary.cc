@@ -91,8 +91,7 @@ json WorkerInfo(const std::vector<WorkerRegistration>& workers) {
                    {"device", w.device},
                    {"cpu_limit_cores", w.cpu_limit_cores},
                    {"train_samples", w.train_samples},
-                   {"test_samples", w.test_samples},
-                   {"max_batch", w.max_batch}});
+                   {"test_samples", w.test_samples}});
   }
   return out;
 }

@@ -46,7 +46,6 @@ absl::Status Scheduler::ValidateRegistration(const WorkerRegistration& reg) cons
         " make ", steps, " steps per epoch; at most ", kMaxStepsPerEpoch, " (raise the batch)"));
   }
   if (reg.test_samples < 0) return absl::InvalidArgumentError("negative test set size");
-  if (reg.max_batch < 0) return absl::InvalidArgumentError("negative max batch");
   if (!std::isfinite(reg.cpu_limit_cores) || reg.cpu_limit_cores < 0 ||
       reg.cpu_limit_cores > kMaxCpuLimitCores) {
     return absl::InvalidArgumentError(absl::StrCat("a CPU limit must be in [0, ", kMaxCpuLimitCores,
@@ -229,7 +228,6 @@ std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id) {
 WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
   WorkerObservation o;
   o.name = workers_[id].name;
-  o.max_batch = workers_[id].max_batch;
   for (int e = std::max(0, upto - kHistoryEpochs); e < upto; ++e) {
     if (std::optional<Measurement> m = MeasurementOf(records_[e], id)) {
       o.history.push_back(*std::move(m));

@@ -79,7 +79,6 @@ struct WorkerObservation {
   std::string name;                  // as it registered
   double previous_share = 0.0;       // 0: the worker was not in the last plan
   int current_batch = 0;             // its batch in the plan it runs now
-  int max_batch = 0;                 // the worker's own cap (memory); 0: none
   std::vector<Measurement> history;  // oldest first; empty for a worker never measured
 };
 

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
+#include "worker/micro_batch.h"
 #include "worker/model.h"
 
 namespace dbs {
@@ -24,10 +25,34 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
   return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
-// Runs one aggregated step of `batches` (which sum to 64) and returns the new parameters.
+// Worker `w`'s mean gradient of samples [offset, offset + b): computed at once, or as micro-batches
+// of at most `max_batch` (worker/micro_batch.h) when it is above 0.
+double WorkerGradient(Net& model, const torch::Tensor& x, const torch::Tensor& y, int offset, int b,
+                      int max_batch, absl::Span<float> grad) {
+  if (max_batch <= 0) {
+    return ComputeGradient(model, x.slice(0, offset, offset + b), y.slice(0, offset, offset + b),
+                           grad);
+  }
+  std::vector<int64_t> indices(static_cast<size_t>(b));
+  for (int i = 0; i < b; ++i) indices[static_cast<size_t>(i)] = offset + i;
+  std::vector<float> scratch;
+  absl::StatusOr<double> loss = ComputeInMicroBatches(
+      model.layout(), indices, max_batch,
+      [&](absl::Span<const int64_t> some, absl::Span<float> out) -> absl::StatusOr<double> {
+        const torch::Tensor at =
+            torch::tensor(std::vector<int64_t>(some.begin(), some.end()), torch::kInt64);
+        return ComputeGradient(model, x.index_select(0, at), y.index_select(0, at), out);
+      },
+      grad, &scratch);
+  EXPECT_THAT(loss, IsOk());
+  return loss.ok() ? *loss : 0.0;
+}
+
+// Runs one aggregated step of `batches` (which sum to 64) and returns the new parameters. Each
+// worker computes its batch at once, or in micro-batches of at most `max_batch` (above 0).
 std::vector<float> AggregatedStep(Net& model, const torch::Tensor& x, const torch::Tensor& y,
                                   const std::vector<int>& batches,
-                                  std::unique_ptr<Optimizer> optimizer) {
+                                  std::unique_ptr<Optimizer> optimizer, int max_batch = 0) {
   const ModelLayout layout = model.layout();
   const size_t n = static_cast<size_t>(TotalElements(layout));
   std::vector<float> init(n);
@@ -44,8 +69,7 @@ std::vector<float> AggregatedStep(Net& model, const torch::Tensor& x, const torc
   for (size_t w = 0; w < batches.size(); ++w) {
     const int b = batches[w];
     const double loss_sum =
-        ComputeGradient(model, x.slice(0, offset, offset + b), y.slice(0, offset, offset + b),
-                        absl::MakeSpan(grads[w]));
+        WorkerGradient(model, x, y, offset, b, max_batch, absl::MakeSpan(grads[w]));
     offset += b;
     GradientPush push{static_cast<int>(w), 0, 0, b, loss_sum, grads[w]};
     agg.Push(push, [&](const absl::StatusOr<StepResult>& r) {
@@ -145,6 +169,30 @@ TEST_F(ExactnessTest, UnequalSplitsDoNotChangeTheResult) {
       *model_, x_, y_, {64}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
   EXPECT_LT(RelativeError(a, c), 1e-6);
   EXPECT_LT(RelativeError(b, c), 1e-6);
+}
+
+// A worker whose batch is over its --max_batch computes it in micro-batches and pushes their mean:
+// the step is still the global batch's (with 20: the 48 as 16 + 16 + 16; with 6: the 11 as 6 + 5,
+// the 48 as 8 x 6).
+TEST_F(ExactnessTest, MicroBatchesDoNotChangeTheResult) {
+  std::vector<float> full(n_);
+  ComputeGradient(*model_, x_, y_, absl::MakeSpan(full));
+  const std::vector<float> p1 =
+      AggregatedStep(*model_, x_, y_, {5, 11, 48},
+                     std::make_unique<SgdOptimizer>(SgdConfig{1.0, 0.0, 0.0, false}), 20);
+  std::vector<float> aggregated(n_);
+  for (size_t i = 0; i < n_; ++i) aggregated[i] = init_[i] - p1[i];
+  const double err = RelativeError(aggregated, full);
+  std::printf("relative error of the aggregated gradient with micro-batches of <= 20: %.3g\n", err);
+  EXPECT_LT(err, 1e-5);
+  LoadParameters(*model_, init_);
+  const std::vector<float> micro =
+      AggregatedStep(*model_, x_, y_, {5, 11, 48},
+                     std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}), 6);
+  LoadParameters(*model_, init_);
+  const std::vector<float> whole = AggregatedStep(
+      *model_, x_, y_, {64}, std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.0, 0.0, false}));
+  EXPECT_LT(RelativeError(micro, whole), 1e-6);
 }
 
 TEST(ScriptExactnessTest, ATorchScriptModelAggregatesExactlyToo) {

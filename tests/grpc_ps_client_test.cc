@@ -166,8 +166,8 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   std::vector<float> initial(3000);
   for (size_t i = 0; i < initial.size(); ++i) initial[i] = 0.001f * static_cast<float>(i) - 1;
   GrpcPsClient first(config), second(config);
-  absl::StatusOr<RegistrationResult> r1 = first.RegisterWorker({"w0", 16, 4, "cpu", 0, ""});
-  absl::StatusOr<RegistrationResult> r2 = second.RegisterWorker({"w1", 16, 4, "cpu", 0, ""});
+  absl::StatusOr<RegistrationResult> r1 = first.RegisterWorker({"w0", 16, 4, "cpu", ""});
+  absl::StatusOr<RegistrationResult> r2 = second.RegisterWorker({"w1", 16, 4, "cpu", ""});
   ASSERT_THAT(r1, IsOk());
   ASSERT_THAT(r2, IsOk());
   std::vector<float> p1(3000, 7.0f), p2(3000, 7.0f), pulled(3000, 7.0f);
@@ -223,7 +223,7 @@ class TwoWorkerJob {
       clients_[w] = std::make_unique<GrpcPsClient>(mine);
       params_[w].assign(n_, 0.0f);
       absl::StatusOr<RegistrationResult> r =
-          clients_[w]->RegisterWorker({"w" + std::to_string(w), 400, 4, "cpu", 0, ""});
+          clients_[w]->RegisterWorker({"w" + std::to_string(w), 400, 4, "cpu", ""});
       ASSERT_THAT(r, IsOk());
       ids_[w] = r->worker_id;
     }
@@ -334,7 +334,7 @@ TEST(GrpcPsClientShardTest, AWorkerThatDiesBetweenItsPushesToTheShardsIsRemovedF
   for (int w = 0; w < 2; ++w) {
     for (int s = 0; s < 2; ++s) clients[w].push_back(std::make_unique<GrpcPsClient>(to[s]));
     absl::StatusOr<RegistrationResult> r =
-        clients[w][0]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
+        clients[w][0]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", ""});
     ASSERT_THAT(r, IsOk());
     ids[w] = r->worker_id;
     clients[w][1]->AdoptRegistration(clients[w][0]->token(), clients[w][0]->wire_dtype());
@@ -654,7 +654,7 @@ TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
   for (int w = 0; w < kWorkers; ++w) {
     clients.push_back(std::make_unique<GrpcPsClient>(config));
     absl::StatusOr<RegistrationResult> r =
-        clients[w]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", 0, ""});
+        clients[w]->RegisterWorker({"w" + std::to_string(w), 16, 4, "cpu", ""});
     ASSERT_THAT(r, IsOk());
     ids.push_back(r->worker_id);
   }

@@ -416,8 +416,8 @@ TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   FakeClock clock;
   std::unique_ptr<Scheduler> scheduler = FixedScheduler(2, 1, 4, &clock);
   Scheduler& s = *scheduler;
-  absl::StatusOr<RegistrationResult> a = s.Register({"a", 8, 2, "cpu", 0, "inc-a"});
-  absl::StatusOr<RegistrationResult> b = s.Register({"b", 8, 2, "cpu", 0, "inc-b"});
+  absl::StatusOr<RegistrationResult> a = s.Register({"a", 8, 2, "cpu", "inc-a"});
+  absl::StatusOr<RegistrationResult> b = s.Register({"b", 8, 2, "cpu", "inc-b"});
   ASSERT_THAT(a, IsOk());
   ASSERT_THAT(b, IsOk());
   EXPECT_EQ(a->token.size(), 32u);
@@ -428,12 +428,12 @@ TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   EXPECT_THAT(s.Authenticate(0, ""), StatusCodeIs(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(s.Authenticate(7, a->token), StatusCodeIs(absl::StatusCode::kNotFound));
   // A retried registration of the same process gets the same id and token back.
-  absl::StatusOr<RegistrationResult> retry = s.Register({"a", 8, 2, "cpu", 0, "inc-a"});
+  absl::StatusOr<RegistrationResult> retry = s.Register({"a", 8, 2, "cpu", "inc-a"});
   ASSERT_THAT(retry, IsOk());
   EXPECT_EQ(retry->worker_id, 0);
   EXPECT_EQ(retry->token, a->token);
   // Another process with a live worker's name is refused.
-  EXPECT_THAT(s.Register({"a", 8, 2, "cpu", 0, "inc-other"}),
+  EXPECT_THAT(s.Register({"a", 8, 2, "cpu", "inc-other"}),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already in the job")));
   // Tokens survive a restart from a checkpoint.
   std::unique_ptr<Scheduler> restored = FixedScheduler(2, 1, 4, &clock);

@@ -45,9 +45,7 @@ class RecordedJob {
     c.seed = 3;
     scheduler_ = std::make_unique<Scheduler>(c, *MakeSharePolicy(pc), &clock_, &listener_);
     for (const char* name : {"a", "b", "c"}) {
-      WorkerRegistration r{name, 2400, 300, "cpu"};
-      r.max_batch = name[0] == 'c' ? 40 : 0;
-      EXPECT_THAT(scheduler_->Register(r), IsOk());
+      EXPECT_THAT(scheduler_->Register({name, 2400, 300, "cpu"}), IsOk());
     }
   }
 
@@ -151,7 +149,6 @@ TEST(PlanReplayTest, EveryDecisionOfARunReplaysToTheSameSharesFromItsSummary) {
     plans += d.from_step == 0;
     applied += d.from_step > 0 && d.applied;
     ASSERT_EQ(d.ids, (std::vector<int>{0, 1, 2}));
-    EXPECT_EQ(d.observations[2].max_batch, 40);
     EXPECT_EQ(d.observations[0].name, "a");
     // The history: the epochs before, plus the window for a re-plan.
     EXPECT_EQ(d.observations[0].history.size(),

@@ -510,29 +510,6 @@ TEST_F(SchedulerTest, RemovingADeadWorkerKeepsEverySampleExactlyOnce) {
 namespace dbs {
 namespace {
 
-TEST_F(SchedulerTest, DbsHonoursAWorkersRegisteredMemoryCap) {
-  SchedulerConfig c;
-  c.expected_workers = 2;
-  c.epochs = 2;
-  c.global_batch = 64;
-  Scheduler s(c, Policy("dbs"), &clock_, &listener_);
-  WorkerRegistration fast = Reg("fast");
-  fast.max_batch = 20;
-  ASSERT_THAT(s.Register(fast), IsOk());
-  ASSERT_THAT(s.Register(Reg("slow")), IsOk());
-  const auto h = s.History();
-  ASSERT_THAT(s.Report(Report(h[0].plans.at(0), 0, 1000)), IsOk());  // 10x faster...
-  ASSERT_THAT(s.Report(Report(h[0].plans.at(1), 1, 100)), IsOk());
-  EXPECT_EQ(s.History()[1].plans.at(0).batch_size, 20) << "...but capped at its 20";
-  EXPECT_EQ(s.History()[1].plans.at(1).batch_size, 44);
-}
-
-}  // namespace
-}  // namespace dbs
-
-namespace dbs {
-namespace {
-
 // Records what the scheduler tells the policy, and answers with fixed shares.
 class RecordingPolicy : public SharePolicy {
  public:

@@ -253,10 +253,6 @@ TEST(BalancingPolicyTest, BoundsAndMemoryCapsAreKept) {
   // A minimum keeps a very slow worker in the job.
   EXPECT_THAT(Dbs(64, 8).Plan({Ran(0, 10000, {16, 32}), Ran(0, 100, {16, 32})}).batches,
               ElementsAre(56, 8));
-  // A worker's own cap (its memory).
-  std::vector<WorkerObservation> capped = {Ran(0, 3000, {16, 32}), Ran(0, 1000, {16, 32})};
-  capped[0].max_batch = 40;  // would get 48 of 64 by speed
-  EXPECT_THAT(Dbs(64).Plan(capped).batches, ElementsAre(40, 24));
 }
 
 TEST(BalancingPolicyTest, HoldsABalancedSplit) {

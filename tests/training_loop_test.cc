@@ -195,6 +195,29 @@ TEST_F(TrainingLoopTest, ExportsEveryNEpochsAndTheFinalParametersAtTheEnd) {
   EXPECT_THAT(Log(), HasSubstr("model exported to /tmp/model.pt (end of the job)"));
 }
 
+// A batch over --max_batch is computed in micro-batches (their mean pushed, as one push of the
+// whole batch's samples); the server is not told of the limit.
+TEST_F(TrainingLoopTest, ABatchOverMaxBatchIsComputedInMicroBatches) {
+  loop_config_.max_batch = 3;
+  FakePsClient client(job_, &clock_);
+  ASSERT_THAT(Run(&client), IsOk());
+  // Each epoch: 5 steps of 4 samples as 2 + 2, and a last step of 2 in one piece.
+  ASSERT_EQ(learner_.seen().size(), 2u * (5 * 2 + 1));
+  EXPECT_EQ(learner_.seen()[0].size(), 2u);
+  EXPECT_EQ(learner_.seen()[1].size(), 2u);
+  EXPECT_EQ(learner_.seen()[10].size(), 2u);
+  ASSERT_EQ(client.pushes().size(), 12u) << "one push a step";
+  EXPECT_EQ(client.pushes()[0].num_samples, 4);
+  EXPECT_THAT(Log(), HasSubstr("batch 4 is over --max_batch=3: computed as 2 micro-batches"));
+  // It trains as without the limit: the same parameters (this gradient is every batch's mean).
+  FakeLearner unlimited(&clock_);
+  FakePsClient reference(job_, &clock_);
+  LoopConfig plain = loop_config_;
+  plain.max_batch = 0;
+  ASSERT_THAT(TrainingLoop(plain, &unlimited, &reference, &clock_).Run(), IsOk());
+  EXPECT_EQ(client.parameters(), reference.parameters());
+}
+
 TEST_F(TrainingLoopTest, TrainsEverySampleOncePerEpochAndLeaves) {
   FakePsClient client(job_, &clock_);
   ASSERT_THAT(Run(&client), IsOk());

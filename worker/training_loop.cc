@@ -9,6 +9,7 @@
 #include "common/permutation.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/micro_batch.h"
 
 namespace dbs {
 namespace {
@@ -132,7 +133,6 @@ WorkerRegistration TrainingLoop::Registration() const {
   reg.train_samples = learner_->train_size();
   reg.test_samples = learner_->test_size();
   reg.device = learner_->device();
-  reg.max_batch = config_.max_batch;
   reg.cpu_limit_cores = config_.cpu_limit_cores;
   return reg;
 }
@@ -203,6 +203,24 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
   return EvaluateAndReport(timing);
 }
 
+absl::StatusOr<double> TrainingLoop::ComputeStepGradient() {
+  const int b = static_cast<int>(step_index_.size());
+  const int k = MicroBatches(b, config_.max_batch);
+  if (k > 1 && epoch_ != micro_batches_said_) {  // once an epoch
+    micro_batches_said_ = epoch_;
+    Say(
+        absl::StrFormat("batch %d is over --max_batch=%d: computed as %d micro-batches, their "
+                        "mean gradient pushed (so for every batch over it this epoch)",
+                        b, config_.max_batch, k));
+  }
+  return ComputeInMicroBatches(
+      learner_->layout(), step_index_, config_.max_batch,
+      [this](absl::Span<const int64_t> indices, absl::Span<float> grad) {
+        return learner_->ComputeGradient(indices, grad);
+      },
+      absl::MakeSpan(grad_), &micro_grad_);
+}
+
 absl::Status TrainingLoop::IndicesOf(const std::vector<SampleRange>& ranges) {
   step_index_.clear();
   for (const SampleRange& r : ranges) {
@@ -226,7 +244,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   double loss_sum = 0.0;
   if (b > 0) {
     const absl::Duration cpu0 = cpu_start;
-    absl::StatusOr<double> loss = learner_->ComputeGradient(step_index_, absl::MakeSpan(grad_));
+    absl::StatusOr<double> loss = ComputeStepGradient();
     if (!loss.ok()) {
       // This worker cannot go on; leaving lets the job re-split its samples at once.
       const absl::Status left = client_->Leave(id_);

@@ -37,9 +37,11 @@
 namespace dbs {
 
 struct LoopConfig {
-  std::string name;           // worker name (unique in the job)
-  std::string model;          // the model's name, for the log
-  int max_batch = 0;          // the largest batch this worker can hold (0: no limit)
+  std::string name;   // worker name (unique in the job)
+  std::string model;  // the model's name, for the log
+  // The largest batch this worker computes at once (its memory); a larger one is computed as
+  // micro-batches whose mean gradient is pushed (worker/micro_batch.h). 0: no limit.
+  int max_batch = 0;
   SlowdownSchedule slowdown;  // emulated slowness: compute takes this many times longer
   SlowdownOf slowdown_of = SlowdownOf::kCpu;
   absl::Duration log_every = absl::Seconds(5);
@@ -106,6 +108,9 @@ class TrainingLoop {
   // removal's error).
   bool Rejoin(const absl::Status& why);
   static constexpr int kMaxRejoins = 10;
+  // The mean gradient of step_index_ into grad_ (in micro-batches above config_.max_batch);
+  // the summed loss.
+  absl::StatusOr<double> ComputeStepGradient();
   // The dataset indices of one step's permutation positions, checked against the data set.
   absl::Status IndicesOf(const std::vector<SampleRange>& ranges);
   void LogProgress(int step, int batch, double loss, const EpochTiming& timing);
@@ -122,6 +127,8 @@ class TrainingLoop {
 
   int id_ = -1;
   std::vector<float> params_, grad_;
+  std::vector<float> micro_grad_;  // one micro-batch's gradient
+  int micro_batches_said_ = -1;    // the epoch whose first micro-batched step was said
   // Where the loop stands; a resync may set any of it.
   int epoch_ = 0;
   bool need_plan_ = true;

@@ -78,8 +78,9 @@ ABSL_FLAG(std::string, cpu_limit, "auto",
           "a step costs at least its CPU time divided by the limit, which is what the worker "
           "reports (docs/controller.md#cpu-limits).");
 ABSL_FLAG(int, max_batch, 0,
-          "The largest batch this worker can hold (its memory cap), honoured by the server's "
-          "'dbs' policy; 0: no limit.");
+          "The largest batch this worker computes at once (its memory). A larger planned batch is "
+          "computed as micro-batches whose mean gradient is pushed, so the server plans on speed "
+          "alone; 0: no limit.");
 ABSL_FLAG(std::string, init_params, "",
           "Optional file of raw float32 initial parameters in the model's order (for comparing "
           "against another framework from the same start).");
