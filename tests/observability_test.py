@@ -32,14 +32,21 @@ def get(url, timeout=5):
         return r.read().decode()
 
 
+def metrics_port(path):
+    """The status page's port, from dbs_ps --metrics_port_file once it is written (the page
+    starts after the gRPC port is announced, so the file may come a moment later)."""
+    deadline = time.time() + 30
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
+    with open(path) as f:
+        return f.read().strip()
+
+
 class ObservabilityTest(ProcessTestCase):
     def start_job(self):
         metrics_file = os.path.join(self.tmp, "metrics.port")
         ps, port = self.start_ps(JOB + ["--metrics_port=0", f"--metrics_port_file={metrics_file}"])
-        deadline = time.time() + 30
-        while not os.path.exists(metrics_file) and time.time() < deadline:
-            time.sleep(0.05)
-        metrics = open(metrics_file).read().strip()
+        metrics = metrics_port(metrics_file)
         workers = [self.spawn(self.worker_argv(port, *WORKER, f"--name=w{i}",
                                                f"--slowdown={3 + 3 * i}")) for i in range(2)]
         return ps, workers, metrics
@@ -131,7 +138,7 @@ class FinalStateTest(ProcessTestCase):
         ps, port = self.start_ps(["--workers=1", "--epochs=1", "--global_batch=64",
                                   "--linger_s=8", "--metrics_port=0",
                                   f"--metrics_port_file={metrics_file}"])
-        metrics = open(metrics_file).read().strip()
+        metrics = metrics_port(metrics_file)
         self.assertEqual(json.loads(get(f"http://127.0.0.1:{metrics}/status.json"))["state"],
                          "running")
         rc, _, err = self.run_cmd(self.worker_argv(port, "--train_limit=640", "--test_limit=100",
