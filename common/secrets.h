@@ -28,7 +28,7 @@ std::string TokenKeyFromSecret(absl::string_view job_secret);
 absl::Status CheckIdentity(int worker_id, absl::string_view bound, absl::string_view identity);
 
 // SHA-256 of `bytes`, as 64 hex digits (a client certificate's identity: ClientIdentity,
-// common/grpc_status.h).
+// common/rpc/grpc_status.h).
 std::string Sha256Hex(absl::string_view bytes);
 std::string IssueWorkerToken(absl::string_view key, int worker_id);
 bool IsIssuedWorkerToken(absl::string_view key, int worker_id, absl::string_view token);

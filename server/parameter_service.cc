@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
 #include "common/plan_codec.h"
-#include "common/raw_call.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/raw_call.h"
 #include "common/status_macros.h"
 #include "common/step_wire.h"
 #include "common/tensor_codec.h"

@@ -11,12 +11,12 @@
 #include <set>
 
 #include "common/clock.h"
-#include "common/grpc_step_wire.h"
 #include "common/plan.h"
-#include "common/raw_call.h"
+#include "common/rpc/grpc_step_wire.h"
+#include "common/rpc/raw_call.h"
+#include "common/rpc/waiting_reactor.h"
 #include "common/serial_queue.h"
 #include "common/shared_memory.h"
-#include "common/waiting_reactor.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
 #include "server/registration_claim.h"

@@ -1,8 +1,8 @@
 #include "server/scheduler_service.h"
 
-#include "common/grpc_status.h"
 #include "common/plan_codec.h"
-#include "common/raw_call.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/raw_call.h"
 #include "common/secrets.h"
 #include "glog/logging.h"
 

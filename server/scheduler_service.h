@@ -1,7 +1,7 @@
 // SchedulerService adapter: parses dbs.v1 scheduler requests, calls the Scheduler, maps statuses.
 // Plan requests use the callback API: no thread waits while a worker waits for its plan, and a
 // request whose client went away gives its wait back. Requests are parsed here (raw methods,
-// common/raw_call.h), so bytes that are not the method's message get INVALID_ARGUMENT.
+// common/rpc/raw_call.h), so bytes that are not the method's message get INVALID_ARGUMENT.
 #ifndef DBS_SERVER_SCHEDULER_SERVICE_H_
 #define DBS_SERVER_SCHEDULER_SERVICE_H_
 
@@ -10,8 +10,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/raw_call.h"
-#include "common/waiting_reactor.h"
+#include "common/rpc/raw_call.h"
+#include "common/rpc/waiting_reactor.h"
 #include "common/wire_values.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/scheduler.h"

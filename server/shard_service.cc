@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/secrets.h"
 #include "common/tsan.h"
 #include "glog/logging.h"

@@ -15,7 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "common/clock.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_matchers.h"
 #include "common/step_wire.h"
 #include "gmock/gmock.h"

@@ -1,15 +1,15 @@
 // Received pushes let go on a thread of ours while gRPC's memory quota is over its size.
 //
-// The server keeps a push's gradient in the slices gRPC received it in (common/grpc_step_wire.h)
-// and its reducer thread drops them once summed. Under a resource quota's pressure, dropping the
-// last reference to received memory re-registers the connection's reclaimer and wakes gRPC's
-// reclamation loop, which needs an execution context that only gRPC's own threads have: dbs_ps
-// segfaulted there (a 10M job at --memory_quota_mb=96, 5 runs of 12). This test builds that
-// state on purpose, 60 times, each on a new connection, with every core kept busy: 1 MiB pushes
-// held by the server until an 8 MiB quota refuses the next call, then let go on a plain thread.
-// With the received slices dropped outside gRPC (the code before the fix in ReceivedSlices) the
-// test process died with SIGSEGV in 10 runs of 10, gRPC's stack the server's; with the fix it
-// passed 10 of 10 (12-15 s each).
+// The server keeps a push's gradient in the slices gRPC received it in
+// (common/rpc/grpc_step_wire.h) and its reducer thread drops them once summed. Under a resource
+// quota's pressure, dropping the last reference to received memory re-registers the connection's
+// reclaimer and wakes gRPC's reclamation loop, which needs an execution context that only gRPC's
+// own threads have: dbs_ps segfaulted there (a 10M job at --memory_quota_mb=96, 5 runs of 12). This
+// test builds that state on purpose, 60 times, each on a new connection, with every core kept busy:
+// 1 MiB pushes held by the server until an 8 MiB quota refuses the next call, then let go on a
+// plain thread. With the received slices dropped outside gRPC (the code before the fix in
+// ReceivedSlices) the test process died with SIGSEGV in 10 runs of 10, gRPC's stack the server's;
+// with the fix it passed 10 of 10 (12-15 s each).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/grpc_step_wire.h"
+#include "common/rpc/grpc_step_wire.h"
 #include "common/tsan.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"

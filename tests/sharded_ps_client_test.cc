@@ -11,9 +11,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/rpc/waiting_reactor.h"
 #include "common/status_matchers.h"
 #include "common/tensor_codec.h"
-#include "common/waiting_reactor.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

@@ -1,5 +1,5 @@
 // The flat values on the wire (common/wire_values.h) and the zero-copy step messages
-// (common/step_wire.h, common/grpc_step_wire.h): conversions, values split anywhere across
+// (common/step_wire.h, common/rpc/grpc_step_wire.h): conversions, values split anywhere across
 // segments, malformed messages refused, and byte-for-byte agreement with protobuf's own encoding.
 #include "common/step_wire.h"
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/grpc_step_wire.h"
+#include "common/rpc/grpc_step_wire.h"
 #include "common/status_matchers.h"
 #include "common/wire_values.h"
 #include "gmock/gmock.h"

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
-#include "common/grpc_step_wire.h"
+#include "common/rpc/grpc_step_wire.h"
 #include "common/shared_memory.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"

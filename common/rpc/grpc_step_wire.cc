@@ -1,4 +1,4 @@
-#include "common/grpc_step_wire.h"
+#include "common/rpc/grpc_step_wire.h"
 
 #include <algorithm>
 #include <string>

@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "common/call_observer.h"
-#include "common/grpc_status.h"
-#include "common/waiting_reactor.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/waiting_reactor.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
