@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -115,18 +116,24 @@ class TrainingLoopTest : public ::testing::Test {
   // The first push's compute time with a slowdown of 3 in the sense of `of`, each step
   // computing 4 ms (4 samples) and waiting `wait` for a core that a neighbour holds.
   double SlowedStepSeconds(SlowdownOf of, absl::Duration wait) {
-    absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "");
-    EXPECT_THAT(slow, IsOk());
-    loop_config_.slowdown = *slow;
-    loop_config_.slowdown_of = of;
+    Slow(3.0, "", of);
     learner_.waiting_for_a_core = wait;
     FakePsClient client(job_, &clock_);
     EXPECT_THAT(Run(&client), IsOk());
     return client.pushes().empty() ? -1.0 : client.pushes()[0].compute_seconds;
   }
 
+  // The worker is emulated slower (as dbs_worker --slowdown, --slow_windows, --slowdown_of do).
+  void Slow(double base, const std::string& windows, SlowdownOf of = SlowdownOf::kCpu) {
+    absl::StatusOr<SlowdownSchedule> schedule = SlowdownSchedule::Create(base, windows);
+    ASSERT_THAT(schedule, IsOk());
+    slowed_.emplace(&learner_, *schedule, of, &clock_);
+    loop_config_.before_step = [this](int epoch, int64_t step) { slowed_->At(epoch, step); };
+  }
+
   absl::Status Run(FakePsClient* client) {
-    TrainingLoop loop(loop_config_, &learner_, client, &clock_);
+    Learner* learner = slowed_.has_value() ? static_cast<Learner*>(&*slowed_) : &learner_;
+    TrainingLoop loop(loop_config_, learner, client, &clock_);
     absl::Status s = loop.Run();
     epochs_ = loop.epochs();
     return s;
@@ -152,6 +159,7 @@ class TrainingLoopTest : public ::testing::Test {
 
   FakeClock clock_;
   FakeLearner learner_;
+  std::optional<SlowedLearner> slowed_;
   std::FILE* log_;
   LoopConfig loop_config_;
   FakeJobConfig job_;
@@ -250,9 +258,7 @@ TEST_F(TrainingLoopTest, TrainsEverySampleOncePerEpochAndLeaves) {
 }
 
 TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
-  absl::StatusOr<SlowdownSchedule> slow = SlowdownSchedule::Create(3.0, "e1:2:2");
-  ASSERT_THAT(slow, IsOk());
-  loop_config_.slowdown = *slow;
+  Slow(3.0, "e1:2:2");
   FakePsClient client(job_, &clock_);
   ASSERT_THAT(Run(&client), IsOk());
   ASSERT_EQ(client.reports().size(), 2u);
@@ -267,8 +273,6 @@ TEST_F(TrainingLoopTest, ReportsComputeOnlyTimeSlowedByTheSchedule) {
 // inside the 12 ms that 4 ms of work take at a third of the speed.
 TEST_F(TrainingLoopTest, SlowdownHidesTheTimeSpentWaitingForACoreInsideTheSlowerCore) {
   EXPECT_NEAR(SlowedStepSeconds(SlowdownOf::kCpu, absl::Milliseconds(6)), 0.012, 1e-9);
-  EXPECT_THAT(Log(), HasSubstr("emulating a slower worker: a step's computation takes 3 x its "
-                               "CPU time (a wait for a core counts inside it)"));
 }
 
 // A wait longer than the slower core's extra time shows: 4 ms of work and 10 ms of waiting take
@@ -620,13 +624,16 @@ TEST_F(TrainingLoopTest, AnUnwritableRecordIsAnError) {
 TEST(MeasureSpeedTest, CountsSlowedComputeOnly) {
   FakeClock clock;
   FakeLearner learner(&clock);
-  absl::StatusOr<double> speed = MeasureSpeed(&learner, &clock, 2.0, 100, 8);
+  absl::StatusOr<SlowdownSchedule> twice = SlowdownSchedule::Create(2.0, "");
+  ASSERT_THAT(twice, IsOk());
+  SlowedLearner slowed(&learner, *twice, SlowdownOf::kCpu, &clock);
+  absl::StatusOr<double> speed = MeasureSpeed(&slowed, &clock, 100, 8);
   ASSERT_THAT(speed, IsOk());
   // 2 ms per sample, whatever the batches; batches wrap at the end of the 22 samples
   // (8, 8, 6, 8, ...): a warm-up batch, then 14 timed ones for 104 samples.
   EXPECT_NEAR(*speed, 500.0, 1e-6);
   EXPECT_EQ(learner.seen().size(), 15u);
-  EXPECT_THAT(MeasureSpeed(&learner, &clock, 1.0, 0, 8),
+  EXPECT_THAT(MeasureSpeed(&learner, &clock, 0, 8),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be >= 1")));
 }
 

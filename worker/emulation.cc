@@ -34,8 +34,20 @@ void EmulateSlowdown(const Clock* clock, absl::Time began, absl::Duration cpu, d
   }
 }
 
-absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double slowdown,
-                                    int64_t samples, int batch, SlowdownOf of) {
+absl::StatusOr<double> SlowedLearner::ComputeGradient(absl::Span<const int64_t> indices,
+                                                      absl::Span<float> grad) {
+  const absl::Time began = clock_->Now();
+  const absl::Duration cpu = clock_->ProcessCpuTime();
+  absl::StatusOr<double> loss = inner_->ComputeGradient(indices, grad);
+  if (loss.ok()) {
+    EmulateSlowdown(clock_, began, clock_->ProcessCpuTime() - cpu,
+                    schedule_.FactorAt(epoch_, step_), of_);
+  }
+  return loss;
+}
+
+absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, int64_t samples,
+                                    int batch) {
   if (samples < 1 || batch < 1) return absl::InvalidArgumentError("samples and batch must be >= 1");
   const int64_t n = learner->train_size();
   if (n < 1) return absl::FailedPreconditionError("the training set is empty");
@@ -52,9 +64,7 @@ absl::StatusOr<double> MeasureSpeed(Learner* learner, const Clock* clock, double
   while (done < samples) {
     batch_at(done % n);
     const absl::Time t0 = clock->Now();
-    const absl::Duration cpu0 = clock->ProcessCpuTime();
     DBS_RETURN_IF_ERROR(learner->ComputeGradient(index, absl::MakeSpan(grad)).status());
-    EmulateSlowdown(clock, t0, clock->ProcessCpuTime() - cpu0, slowdown, of);
     seconds += absl::ToDoubleSeconds(clock->Now() - t0);
     done += static_cast<int64_t>(index.size());
   }

@@ -96,13 +96,6 @@ absl::Status TrainingLoop::Join() {
       "(%d parameters), policy %s, %d epochs, global batch %d",
       id_, learner_->device(), learner_->train_size(), learner_->test_size(), config_.model,
       model_size, joined.policy, joined.epochs, joined.global_batch));
-  if (config_.slowdown.base() > 1.0) {
-    Say(absl::StrFormat("emulating a slower worker: a step's computation takes %.3g x %s",
-                        config_.slowdown.base(),
-                        config_.slowdown_of == SlowdownOf::kCpu
-                            ? "its CPU time (a wait for a core counts inside it)"
-                            : "its elapsed time"));
-  }
   if (config_.cpu_limit_cores > 0) {
     Say(
         absl::StrFormat("running under a CPU limit of %.3g cores: a step costs at least its CPU "
@@ -243,7 +236,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   const absl::Duration cpu_start = clock_->ProcessCpuTime();
   double loss_sum = 0.0;
   if (b > 0) {
-    const absl::Duration cpu0 = cpu_start;
+    if (config_.before_step) config_.before_step(epoch_, global_step_);
     absl::StatusOr<double> loss = ComputeStepGradient();
     if (!loss.ok()) {
       // This worker cannot go on; leaving lets the job re-split its samples at once.
@@ -258,8 +251,6 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
       Say(absl::StrCat("from this step (", global_step_,
                        ") on, every pushed gradient is corrupted (--corrupt_gradient)"));
     }
-    EmulateSlowdown(clock_, t0, clock_->ProcessCpuTime() - cpu0,
-                    config_.slowdown.FactorAt(epoch_, global_step_), config_.slowdown_of);
   }
   ++global_step_;
   const double compute = Since(t0);

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,9 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/plan.h"
-#include "worker/emulation.h"
 #include "worker/gradient_fault.h"
 #include "worker/learner.h"
 #include "worker/ps_client.h"
-#include "worker/slowdown_schedule.h"
 
 namespace dbs {
 
@@ -42,8 +41,9 @@ struct LoopConfig {
   // The largest batch this worker computes at once (its memory); a larger one is computed as
   // micro-batches whose mean gradient is pushed (worker/micro_batch.h). 0: no limit.
   int max_batch = 0;
-  SlowdownSchedule slowdown;  // emulated slowness: compute takes this many times longer
-  SlowdownOf slowdown_of = SlowdownOf::kCpu;
+  // Called before each step's computation with the epoch and the global step (counted across
+  // epochs): an emulated slowdown follows the position with it (SlowedLearner::At).
+  std::function<void(int epoch, int64_t global_step)> before_step;
   absl::Duration log_every = absl::Seconds(5);
   std::string record_path;  // optional JSON record of this worker's epochs
   std::FILE* out = stdout;  // progress lines

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,11 +134,24 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 
 namespace {
 
-absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
+struct WorkerConfig {
+  dbs::LearnerConfig learner;
+  dbs::LoopConfig loop;
+  dbs::GrpcClientConfig client;
+  int64_t measure_speed_samples = 0;
+  std::vector<int> measure_batches = {32};
+  // An emulated slower worker (--slowdown, --slow_windows, --slowdown_of): the learner is
+  // wrapped in a SlowedLearner when the schedule ever slows it.
+  dbs::SlowdownSchedule slowdown;
+  dbs::SlowdownOf slowdown_of = dbs::SlowdownOf::kCpu;
+};
+
+absl::Status EmulationFromFlags(WorkerConfig* c) {
   absl::StatusOr<dbs::SlowdownSchedule> slowdown = dbs::SlowdownSchedule::Create(
       absl::GetFlag(FLAGS_slowdown), absl::GetFlag(FLAGS_slow_windows));
   if (!slowdown.ok()) return slowdown.status();
-  loop->slowdown = *slowdown;
+  c->slowdown = *slowdown;
+  dbs::LoopConfig* loop = &c->loop;
   absl::StatusOr<dbs::GradientFault> fault =
       dbs::GradientFault::Parse(absl::GetFlag(FLAGS_corrupt_gradient));
   if (!fault.ok()) return fault.status();
@@ -145,7 +159,7 @@ absl::Status SlowdownFromFlags(dbs::LoopConfig* loop) {
   loop->fault.seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<dbs::SlowdownOf> of = dbs::ParseSlowdownOf(absl::GetFlag(FLAGS_slowdown_of));
   if (!of.ok()) return of.status();
-  loop->slowdown_of = *of;
+  c->slowdown_of = *of;
   return absl::OkStatus();
 }
 
@@ -172,14 +186,6 @@ absl::StatusOr<double> CpuLimitFromFlags() {
 }
 
 // Every flag's check lives here: main only composes what these return.
-struct WorkerConfig {
-  dbs::LearnerConfig learner;
-  dbs::LoopConfig loop;
-  dbs::GrpcClientConfig client;
-  int64_t measure_speed_samples = 0;
-  std::vector<int> measure_batches = {32};
-};
-
 absl::StatusOr<dbs::LearnerConfig> LearnerConfigFromFlags() {
   dbs::LearnerConfig c;
   c.model = absl::GetFlag(FLAGS_model);
@@ -253,7 +259,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
     c.loop.name = absl::StrCat(host, ":", getpid());
   }
   c.loop.model = c.learner.model;
-  DBS_RETURN_IF_ERROR(SlowdownFromFlags(&c.loop));
+  DBS_RETURN_IF_ERROR(EmulationFromFlags(&c));
   absl::StatusOr<double> cpu_limit = CpuLimitFromFlags();
   if (!cpu_limit.ok()) return cpu_limit.status();
   c.loop.cpu_limit_cores = *cpu_limit;
@@ -336,6 +342,15 @@ int main(int argc, char** argv) {
     return dbs::kExitOk;
   }
   const dbs::RealClock clock;
+  // A slower worker emulated on this host: the learner's computations are slowed, the loop
+  // announces where training stands.
+  std::optional<dbs::SlowedLearner> slowed;
+  dbs::Learner* trained = learner->get();
+  if (config->slowdown.base() > 1.0 || !config->slowdown.windows().empty()) {
+    slowed.emplace(trained, config->slowdown, config->slowdown_of, &clock);
+    trained = &*slowed;
+    config->loop.before_step = [&slowed](int epoch, int64_t step) { slowed->At(epoch, step); };
+  }
 
   if (config->measure_speed_samples > 0) {
     // The first batch's speed at the top level; every batch's in 'curve'.
@@ -343,23 +358,30 @@ int main(int argc, char** argv) {
     double first = 0.0;
     for (int batch : config->measure_batches) {
       absl::StatusOr<double> speed =
-          dbs::MeasureSpeed(learner->get(), &clock, config->loop.slowdown.base(),
-                            config->measure_speed_samples, batch, config->loop.slowdown_of);
+          dbs::MeasureSpeed(trained, &clock, config->measure_speed_samples, batch);
       if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
       if (curve.empty()) first = *speed;
       absl::StrAppend(&curve, curve.empty() ? "" : ", ", "{\"batch\": ", batch,
                       ", \"samples_per_second\": ", *speed, "}");
     }
     std::cout << "{\"samples_per_second\": " << first
-              << ", \"slowdown\": " << config->loop.slowdown.base()
+              << ", \"slowdown\": " << config->slowdown.base()
               << ", \"batch\": " << config->measure_batches.front() << ", \"curve\": [" << curve
               << "]}" << std::endl;
     return dbs::kExitOk;
   }
 
   std::cout << "[" << config->loop.name << "] " << (*learner)->DescribeData() << std::endl;
+  if (config->slowdown.base() > 1.0) {
+    std::cout << "[" << config->loop.name << "] emulating a slower worker: a step's computation "
+              << "takes " << config->slowdown.base() << " x "
+              << (config->slowdown_of == dbs::SlowdownOf::kCpu
+                      ? "its CPU time (a wait for a core counts inside it)"
+                      : "its elapsed time")
+              << std::endl;
+  }
   std::unique_ptr<dbs::PsClient> client = dbs::MakePsClient(config->client);
-  dbs::TrainingLoop loop(config->loop, learner->get(), client.get(), &clock);
+  dbs::TrainingLoop loop(config->loop, trained, client.get(), &clock);
   absl::Status status;
   int signal = 0;
   {
