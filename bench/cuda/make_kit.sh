@@ -18,10 +18,10 @@ bazel build //server:dbs_ps //proto:dbs_cc_grpc >/dev/null
 cp bazel-bin/server/dbs_ps "$KIT/"
 chmod u+w "$KIT/dbs_ps"
 
-# The worker's sources without libtorch: every .cc of worker/ and common/ that dbs_worker
-# depends on, except the two libtorch ones, and the generated protobuf code.
+# The worker's sources without libtorch: every .cc of worker/, common/ and common/rpc/ that
+# dbs_worker depends on, except the two libtorch ones, and the generated protobuf code.
 mapfile -t SOURCES < <(bazel query 'kind("source file", deps(//worker:dbs_worker))' \
-  --output=label 2>/dev/null | grep -E '^//(worker|common):.*\.cc$' |
+  --output=label 2>/dev/null | grep -E '^//(worker|common(/rpc)?):.*\.cc$' |
   grep -v -E ':(model|torch_learner)\.cc$' | sed -e 's|^//||' -e 's|:|/|')
 if [ "${#SOURCES[@]}" -lt 10 ]; then
   echo "make_kit: bazel query found only ${#SOURCES[@]} worker sources" >&2
