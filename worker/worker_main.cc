@@ -320,6 +320,29 @@ std::map<std::string, std::string> TorchrunFallbacks() {
                          (port == env.end() || port->second.empty() ? "50051" : port->second)}};
 }
 
+// A slower worker emulated on this host (--slowdown, --slow_windows): wraps `learner` in
+// `slowed`, which follows the position the loop announces, and returns the learner to train with
+// (`learner` itself when nothing is slowed).
+dbs::Learner* EmulateSlowdown(WorkerConfig* config, dbs::Learner* learner, const dbs::Clock* clock,
+                              std::optional<dbs::SlowedLearner>* slowed) {
+  if (config->slowdown.base() <= 1.0 && config->slowdown.windows().empty()) return learner;
+  slowed->emplace(learner, config->slowdown, config->slowdown_of, clock);
+  config->loop.before_step = [slowed](int epoch, int64_t step) { (*slowed)->At(epoch, step); };
+  return &**slowed;
+}
+
+// Says how the worker is slowed, before training.
+void SayEmulated(const WorkerConfig& config) {
+  if (config.slowdown.base() > 1.0) {
+    std::cout << "[" << config.loop.name << "] emulating a slower worker: a step's computation "
+              << "takes " << config.slowdown.base() << " x "
+              << (config.slowdown_of == dbs::SlowdownOf::kCpu
+                      ? "its CPU time (a wait for a core counts inside it)"
+                      : "its elapsed time")
+              << std::endl;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -342,15 +365,8 @@ int main(int argc, char** argv) {
     return dbs::kExitOk;
   }
   const dbs::RealClock clock;
-  // A slower worker emulated on this host: the learner's computations are slowed, the loop
-  // announces where training stands.
   std::optional<dbs::SlowedLearner> slowed;
-  dbs::Learner* trained = learner->get();
-  if (config->slowdown.base() > 1.0 || !config->slowdown.windows().empty()) {
-    slowed.emplace(trained, config->slowdown, config->slowdown_of, &clock);
-    trained = &*slowed;
-    config->loop.before_step = [&slowed](int epoch, int64_t step) { slowed->At(epoch, step); };
-  }
+  dbs::Learner* trained = EmulateSlowdown(&*config, learner->get(), &clock, &slowed);
 
   if (config->measure_speed_samples > 0) {
     // The first batch's speed at the top level; every batch's in 'curve'.
@@ -372,14 +388,7 @@ int main(int argc, char** argv) {
   }
 
   std::cout << "[" << config->loop.name << "] " << (*learner)->DescribeData() << std::endl;
-  if (config->slowdown.base() > 1.0) {
-    std::cout << "[" << config->loop.name << "] emulating a slower worker: a step's computation "
-              << "takes " << config->slowdown.base() << " x "
-              << (config->slowdown_of == dbs::SlowdownOf::kCpu
-                      ? "its CPU time (a wait for a core counts inside it)"
-                      : "its elapsed time")
-              << std::endl;
-  }
+  SayEmulated(*config);
   std::unique_ptr<dbs::PsClient> client = dbs::MakePsClient(config->client);
   dbs::TrainingLoop loop(config->loop, trained, client.get(), &clock);
   absl::Status status;
