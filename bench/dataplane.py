@@ -27,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_SIZES = "46730,1000000,10000000,25000000"
-DEFAULT_VARIANTS = "fp32,fp32/unpipelined,fp32/whole,fp32/arrival,bf16,fp32/2shards,bf16/2shards"
+DEFAULT_VARIANTS = "fp32,fp32/shm,bf16,bf16/shm,fp32/arrival,fp32/2shards,bf16/2shards"
 
 GLOO_WORKER = r"""
 import os, sys, time, json, statistics
@@ -80,14 +80,7 @@ def run_dbs(args, n, variant):
     """One dbs_ps (or, for a variant like 'fp32/2shards', that many shards) and the client."""
     wire_dtype, *modes = variant.split("/")
     shards = next((int(m[:-len("shards")]) for m in modes if m.endswith("shards")), 1)
-    window = next((int(m[len("window"):]) for m in modes if m.startswith("window")), 0)
-    quota = next((int(m[len("quota"):]) for m in modes if m.startswith("quota")), 0)
-    chunk_kb = next((int(m[len("chunk"):]) for m in modes if m.startswith("chunk")),
-                    args.stream_chunk_kb)
     ps_bin, client_bin = args.ps_bin, args.client_bin
-    if "glibc" in modes:
-        ps_bin = os.path.join(args.system_malloc_dir, "dbs_ps")
-        client_bin = os.path.join(args.system_malloc_dir, "dataplane_client")
     with tempfile.TemporaryDirectory(prefix="dbs_dataplane_") as tmp:
         ps_argv = [ps_bin, "--host=127.0.0.1", "--port=0",
                    f"--workers={args.clients}", f"--global_batch={args.clients}", "--epochs=1",
@@ -95,11 +88,6 @@ def run_dbs(args, n, variant):
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
         ps_argv.append(f"--wire_dtype={wire_dtype}")
         ps_argv.append(f"--deterministic={'false' if 'arrival' in modes else 'true'}")
-        ps_argv.append(f"--pipelined={'false' if 'unpipelined' in modes else 'true'}")
-        if window:
-            ps_argv.append(f"--receive_window_mb={window}")
-        if quota:  # dbs_ps wants room for two of its largest messages
-            ps_argv += [f"--memory_quota_mb={quota}", f"--max_message_mb={quota // 2}"]
         procs = []
         try:
             leader, port = start_ps(
@@ -117,8 +105,6 @@ def run_dbs(args, n, variant):
                 [client_bin, f"--server={','.join(servers)}", f"--clients={args.clients}",
                  f"--params={n}", f"--warmup={args.warmup}", f"--steps={args.steps}",
                  f"--server_pid={','.join(str(p.pid) for p in procs)}",
-                 f"--stream_chunk_kb={0 if 'whole' in modes else chunk_kb}",
-                 f"--push_session={'false' if 'calls' in modes else 'true'}",
                  f"--shared_memory={'true' if 'shm' in modes else 'false'}"],
                 capture_output=True, text=True, timeout=1800)
             if client.returncode != 0:
@@ -187,18 +173,12 @@ def summarize(results, clients):
 def table(rows, clients, rounds):
     lines = [f"{clients} clients on loopback, median over {rounds} round(s) of each round's median "
              "step; gloo = PyTorch all_reduce among the same number of processes, same run. "
-             "Sum: in worker order (deterministic, the default) unless marked /arrival. Pushes "
-             "and answers: streams of 4 MiB chunks when larger (the default) unless marked "
-             "/whole (one message each). /glibc: dbs_ps and the client built with glibc's malloc "
-             "(--define=dbs_malloc=system) instead of tcmalloc. Streamed steps are pipelined (each range updated and "
-             "sent as soon as every push has it) unless marked /unpipelined. /2shards: the model "
-             "split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak RSS are "
-             "summed. /windowN: dbs_ps with --receive_window_mb=N. /quotaN: dbs_ps with "
-             "--memory_quota_mb=N. /chunkK: the clients' --stream_chunk_kb=K. /calls: a PushGradient call per "
-             "whole-message push instead of one push session per client. /shm: the clients "
-             "push through memory shared with dbs_ps (a worker's default on the server's host); "
-             "without it over the loopback socket, as between hosts. Modes combine "
-             "(fp32/arrival/window8). Faults/step: over all timed "
+             "Sum: in worker order (deterministic, the default) unless marked /arrival. Each "
+             "push and each answer is one message on the client's push session. /2shards: the "
+             "model split across 2 dbs_ps processes (--shard=i/2); their CPU, faults and peak "
+             "RSS are summed. /shm: the clients push through memory shared with dbs_ps (a "
+             "worker's default on the server's host); without it over the loopback socket, as "
+             "between hosts. Modes combine (bf16/shm/2shards). Faults/step: over all timed "
              "steps, and over their second half alone (the server's receive buffers grow over "
              "a large model's first steps). Peak RSS: VmHWM; in brackets, where not 0, what of "
              "it is shared memory at the end (RssShmem: the parameter slots, which in fp32 are the "
@@ -251,23 +231,11 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="model sizes in floats, comma-separated")
     p.add_argument("--variants", default=None,
-                   help="comma-separated wire dtypes (fp32, bf16, fp16), each summed in worker "
-                        "order (deterministic, the default) and streamed in chunks (the "
-                        "default), or with /arrival summed on arrival, or with /whole pushed "
-                        "as one message, or with /unpipelined updated and answered only once "
-                        "the whole step is in, or with /Kshards split across K dbs_ps "
-                        "processes, or with /windowN run with dbs_ps --receive_window_mb=N, "
-                        "or with /quotaN run with dbs_ps --memory_quota_mb=N, "
-                        "or with /chunkK pushed in chunks of K KiB, "
-                        "or with /calls pushing whole messages with a call each rather than on "
-                        "a push session, "
-                        "or with /shm pushing through memory shared with dbs_ps rather than "
-                        "the socket, "
-                        "or with /glibc run by the binaries in "
-                        "--system_malloc_dir; modes combine (fp32/arrival/window8); default: " + DEFAULT_VARIANTS
-                        + " (and fp32/glibc with --system_malloc_dir)")
-    p.add_argument("--stream_chunk_kb", type=int, default=4096,
-                   help="the workers' --stream_chunk_kb (a variant's /chunkK overrides it)")
+                   help="comma-separated wire dtypes (fp32, bf16, fp16), each over the socket "
+                        "and summed in worker order (deterministic, the default), or with "
+                        "/arrival summed on arrival, /shm pushed through memory shared with "
+                        "dbs_ps, /Kshards split across K dbs_ps processes; modes combine "
+                        "(bf16/shm/2shards); default: " + DEFAULT_VARIANTS)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--warmup", type=int, default=60,
                    help="untimed steps first: at 10M parameters the server's heap grows for "
@@ -280,23 +248,10 @@ def main():
     p.add_argument("--ps_bin", default=os.path.join(ROOT, "bazel-bin", "server", "dbs_ps"))
     p.add_argument("--client_bin",
                    default=os.path.join(ROOT, "bazel-bin", "bench", "dataplane_client"))
-    p.add_argument("--system_malloc_dir",
-                   help="a folder with dbs_ps and dataplane_client built with glibc's malloc "
-                        "(bazel build --define=dbs_malloc=system ...; copy them out), for the "
-                        "/glibc variant: tcmalloc against glibc side by side")
     p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch (gloo)")
     args = p.parse_args()
     if args.variants is None:
-        args.variants = DEFAULT_VARIANTS + (",fp32/glibc" if args.system_malloc_dir else "")
-    if "/glibc" in args.variants and not args.system_malloc_dir:
-        sys.exit("the /glibc variant needs --system_malloc_dir")
-    if args.system_malloc_dir:
-        for b in ("dbs_ps", "dataplane_client"):
-            if not os.path.exists(os.path.join(args.system_malloc_dir, b)):
-                sys.exit(f"{args.system_malloc_dir}/{b} is missing: bazel build "
-                         "--define=dbs_malloc=system //server:dbs_ps //bench:dataplane_client, "
-                         f"copy both binaries into {args.system_malloc_dir}, then rebuild "
-                         "without the --define")
+        args.variants = DEFAULT_VARIANTS
     for b in (args.ps_bin, args.client_bin):
         if not os.path.exists(b):
             sys.exit(f"{b} is missing: bazel build //server:dbs_ps //bench:dataplane_client")
@@ -306,11 +261,9 @@ def main():
         wire, *modes = v.split("/")
         kinds = [re.sub(r"[0-9]+", "", m) for m in modes]
         if wire not in ("fp32", "bf16", "fp16") or len(set(kinds)) < len(kinds) or not all(
-                re.fullmatch(r"arrival|whole|unpipelined|glibc|calls|shm|[1-9][0-9]*shards"
-                             r"|(window|chunk|quota)[1-9][0-9]*", m) for m in modes):
+                re.fullmatch(r"arrival|shm|[1-9][0-9]*shards", m) for m in modes):
             sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
-                     "/arrival, /whole, /unpipelined, /glibc, /calls, /shm, /Kshards, /windowN, "
-                     "/chunkKB or /quotaMB, each at most once (fp32/arrival/window8 is both)")
+                     "/arrival, /shm and /Kshards, each at most once (bf16/shm/2shards)")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds

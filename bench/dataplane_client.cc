@@ -44,11 +44,6 @@ ABSL_FLAG(int, tensors, 8, "Number of tensors the model is split into (sizes hal
 ABSL_FLAG(int, warmup, 60,
           "Untimed steps first (a large model's server heap grows over about 50 steps).");
 ABSL_FLAG(int, steps, 20, "Timed steps.");
-ABSL_FLAG(int, stream_chunk_kb, 4096,
-          "Gradients larger than this go as streams of chunks of this size (0: one message).");
-ABSL_FLAG(bool, push_session, true,
-          "Whole-message pushes on one stream per client (PushGradientSession); off: a "
-          "PushGradient call per step.");
 ABSL_FLAG(bool, shared_memory, false,
           "Push through memory shared with dbs_ps (a worker's default on the server's host); "
           "off: over the socket.");
@@ -146,8 +141,6 @@ void RunClient(int c, const Run& run, Barriers* barriers, ClientResult* r) {
   config.connect_timeout = absl::Seconds(30);
   config.call_timeout = absl::Seconds(300);
   config.max_message_mb = 2047;
-  config.stream_chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_stream_chunk_kb)) << 10;
-  config.push_sessions = absl::GetFlag(FLAGS_push_session);
   config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   std::unique_ptr<dbs::PsClient> owned = dbs::MakePsClient(config);
   dbs::PsClient& client = *owned;

@@ -216,40 +216,25 @@ void AppendVarint(uint64_t v, std::string* out) {
 
 }  // namespace
 
-std::string GradientPiecePrefix(size_t count, WireDtype dtype) {
+std::string GradientFieldPrefix(size_t count, WireDtype dtype) {
   std::string out;
   AppendVarint(DelimitedTag(kGradientField), &out);
   AppendVarint(count * BytesPerValue(dtype), &out);
   return out;
 }
 
-std::string ValuesPiecePrefix(int64_t version, WireDtype dtype, size_t offset, size_t count) {
-  v1::FlatParameters meta;
-  meta.set_version(version);
-  meta.set_wire_dtype(static_cast<v1::WireDtype>(dtype));
-  meta.set_offset(static_cast<int64_t>(offset));
-  std::string inner = meta.SerializeAsString();
-  const size_t bytes = count * BytesPerValue(dtype);
-  AppendVarint(DelimitedTag(kFlatValues), &inner);
-  AppendVarint(bytes, &inner);
-  std::string out;
-  AppendVarint(DelimitedTag(kValuesField), &out);
-  AppendVarint(inner.size() + bytes, &out);
-  out += inner;
-  return out;
-}
-
-absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::MessageLite* head,
-                                 absl::Span<float> params, int64_t* version, size_t* offset,
-                                 size_t* count) {
+absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
+                            absl::Span<float> params, int64_t* version, bool* in_shared_memory) {
+  if (in_shared_memory != nullptr) *in_shared_memory = false;
   SegmentsInputStream in(message);
   std::string rest;
   Segments flat;
   bool present = false;
   DBS_RETURN_IF_ERROR(SplitField(&in, kValuesField, &rest, &flat, &present));
-  if (!head->ParseFromString(rest)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed reply: not a valid ", head->GetTypeName()));
+  // Parsed into a scratch head first: nothing is written unless the whole reply is well formed.
+  v1::PushGradientReply scratch;
+  if (!scratch.ParseFromString(rest)) {
+    return absl::InvalidArgumentError("malformed reply: not a valid dbs.v1.PushGradientReply");
   }
   if (!present) return absl::InvalidArgumentError("the reply carries no parameters");
   SegmentsInputStream flat_in(flat);
@@ -262,62 +247,23 @@ absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::Mess
   }
   values.dtype = static_cast<WireDtype>(meta.wire_dtype());
   values.bytes = PayloadBytes(values.segments);
-  const size_t width = BytesPerValue(values.dtype);
-  const size_t n = values.bytes / width;
-  if (values.bytes % width != 0 || meta.offset() < 0 ||
-      static_cast<uint64_t>(meta.offset()) > params.size() ||
-      n > params.size() - static_cast<size_t>(meta.offset())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the reply's parameters (", values.bytes, " bytes at value ", meta.offset(),
-                     ") do not fit the model's ", params.size(), " values"));
+  if (meta.in_shared_memory()) {
+    if (in_shared_memory == nullptr || values.bytes != 0) {
+      return absl::InvalidArgumentError(
+          "the reply's parameters are in shared memory, which this push did not ask for");
+    }
+    *in_shared_memory = true;
+  } else {
+    if (values.bytes != params.size() * BytesPerValue(values.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("the reply's parameters (", values.bytes,
+                                                     " bytes) are not the model's ", params.size(),
+                                                     " values"));
+    }
+    DBS_RETURN_IF_ERROR(DecodePayload(values, params));
   }
-  *offset = static_cast<size_t>(meta.offset());
-  *count = n;
-  DBS_RETURN_IF_ERROR(DecodePayload(values, params.subspan(*offset, n)));
+  *head = std::move(scratch);
   *version = meta.version();
   return absl::OkStatus();
-}
-
-absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head,
-                            absl::Span<float> params, int64_t* version, bool* in_shared_memory) {
-  if (in_shared_memory != nullptr) *in_shared_memory = false;
-  // Parsed into a scratch head first: the values are written only if they are the whole model.
-  v1::PushGradientReply scratch;
-  SegmentsInputStream in(message);
-  std::string rest;
-  Segments flat;
-  bool present = false;
-  DBS_RETURN_IF_ERROR(SplitField(&in, kValuesField, &rest, &flat, &present));
-  if (present) {
-    SegmentsInputStream flat_in(flat);
-    std::string flat_rest;
-    Segments values;
-    DBS_RETURN_IF_ERROR(SplitField(&flat_in, kFlatValues, &flat_rest, &values, &present));
-    v1::FlatParameters meta;
-    if (meta.ParseFromString(flat_rest) && meta.in_shared_memory()) {
-      if (in_shared_memory == nullptr || PayloadBytes(values) != 0) {
-        return absl::InvalidArgumentError(
-            "the reply's parameters are in shared memory, which this push did not ask for");
-      }
-      if (!head->ParseFromString(rest)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("malformed reply: not a valid ", head->GetTypeName()));
-      }
-      *in_shared_memory = true;
-      *version = meta.version();
-      return absl::OkStatus();
-    }
-    if (meta.ParseFromString(flat_rest) && v1::WireDtype_IsValid(meta.wire_dtype()) &&
-        (meta.offset() != 0 ||
-         PayloadBytes(values) !=
-             params.size() * BytesPerValue(static_cast<WireDtype>(meta.wire_dtype())))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the reply's parameters (", PayloadBytes(values), " bytes at value ",
-                       meta.offset(), ") are not the model's ", params.size(), " values"));
-    }
-  }
-  size_t offset = 0, count = 0;
-  return ParsePushReplyPiece(message, head, params, version, &offset, &count);
 }
 
 absl::Status DecodeParameters(const v1::Parameters& message, const ModelLayout& layout,

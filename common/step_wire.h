@@ -20,13 +20,6 @@ namespace dbs {
 
 using Segments = std::vector<absl::Span<const uint8_t>>;
 
-// The most messages a streamed push (PushGradientStream), and its answer, may have: what one
-// worker's push costs the server in per-message work stays bounded whatever chunk size it
-// chose. Clients make their chunks larger for a model beyond this many chunks.
-inline constexpr size_t kMaxStreamChunks = 1024;
-// The chunk size of streams by default (the workers' --stream_chunk_kb; PullParametersStream).
-inline constexpr size_t kDefaultStreamChunkBytes = size_t{4} << 20;
-
 // A ZeroCopyInputStream over byte segments (the slices of a received message).
 class SegmentsInputStream : public google::protobuf::io::ZeroCopyInputStream {
  public:
@@ -79,21 +72,9 @@ absl::Status ParsePushReply(const Segments& message, v1::PushGradientReply* head
                             absl::Span<float> params, int64_t* version,
                             bool* in_shared_memory = nullptr);
 
-// One message of a streamed answer (PushGradientStream): its values are a range of the model,
-// decoded into `params` at their offset (`*offset`, `*count`). Nothing is written to `params`
-// unless the message is well formed and its range lies within it.
-// The same for PullParametersStream's messages (`head` a v1::Parameters): field 7 is `values`
-// in both.
-absl::Status ParsePushReplyPiece(const Segments& message, google::protobuf::MessageLite* head,
-                                 absl::Span<float> params, int64_t* version, size_t* offset,
-                                 size_t* count);
-
-// What precedes a piece's values in a streamed push: PushGradientRequest field `gradient`'s tag
-// and length, for `count` values (the header's own bytes go before it, the values after).
-std::string GradientPiecePrefix(size_t count, WireDtype dtype);
-// The same in a streamed answer: PushGradientReply field `values` (a FlatParameters at
-// `version` whose `count` values start at `offset`), up to the values themselves.
-std::string ValuesPiecePrefix(int64_t version, WireDtype dtype, size_t offset, size_t count);
+// What precedes a gradient's `count` values in a push: PushGradientRequest field `gradient`'s
+// tag and length (the header's own bytes go before it, the values after).
+std::string GradientFieldPrefix(size_t count, WireDtype dtype);
 
 // The values of a Parameters message into `params` (TotalElements(layout) floats): its flat
 // `values` when present, else its tensors (ResumeReply). Nothing is written on error.

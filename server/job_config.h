@@ -49,9 +49,6 @@ struct JobConfig {
   // Sum each step's gradients in worker-id order, whatever order they arrive in, so the same job
   // gives bit-identical parameters run after run (AggregatorOptions::deterministic).
   bool deterministic = true;
-  // Update each step's first values while its last gradients still arrive, and stream them back
-  // at once (AggregatorOptions::pipelined); the result is the same, bit for bit.
-  bool pipelined = true;
   // What a faulty worker's gradient meets (dbs_ps --faulty_gradients, --faulty_norm_ratio):
   // by default the worker is quarantined and the job goes on without it.
   ScreenConfig screen;

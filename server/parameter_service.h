@@ -15,7 +15,6 @@
 #include "common/rpc/grpc_step_wire.h"
 #include "common/rpc/raw_call.h"
 #include "common/rpc/waiting_reactor.h"
-#include "common/serial_queue.h"
 #include "common/shared_memory.h"
 #include "proto/dbs.grpc.pb.h"
 #include "server/parameter_store.h"
@@ -25,19 +24,13 @@
 namespace dbs {
 
 using ParameterRawService = v1::ParameterService::WithRawCallbackMethod_RegisterModel<
-    v1::ParameterService::WithRawCallbackMethod_PushGradient<
-        v1::ParameterService::WithRawCallbackMethod_PushGradientStream<
-            v1::ParameterService::WithRawCallbackMethod_PullParameters<
-                v1::ParameterService::WithRawCallbackMethod_PullParametersStream<
-                    v1::ParameterService::WithRawCallbackMethod_RegisterModelStream<
-                        v1::ParameterService::WithRawCallbackMethod_Resume<
-                            v1::ParameterService::WithRawCallbackMethod_PushGradientSession<
-                                v1::ParameterService::WithRawCallbackMethod_AttachSharedMemory<
-                                    v1::ParameterService::Service>>>>>>>>>;
+    v1::ParameterService::WithRawCallbackMethod_PullParameters<
+        v1::ParameterService::WithRawCallbackMethod_Resume<
+            v1::ParameterService::WithRawCallbackMethod_PushGradientSession<
+                v1::ParameterService::WithRawCallbackMethod_AttachSharedMemory<
+                    v1::ParameterService::Service>>>>>;
 
-class PushStreamReactor;
 class PushSessionReactor;
-class PushReactor;
 
 // The largest loss a push may report per sample: no sum over a step's or an epoch's samples can
 // overflow.
@@ -72,16 +65,8 @@ class ParameterServiceImpl final : public ParameterRawService,
         pool_(SlicePool::Create()) {
     store_->SetUpdateSink(this);
     ServeSharedMemory(true);
-    aggregator_->SetValuesHook([this](int epoch, int step, int64_t version, size_t ready) {
-      OnValuesReady(epoch, step, version, ready);
-    });
   }
   ~ParameterServiceImpl() override {
-    // The queues first: their last tasks (a stream gone since) still call the aggregator and
-    // the hooks.
-    reducer_.reset();
-    sender_.reset();
-    aggregator_->SetValuesHook(nullptr);
     store_->RemoveUpdateSink(this);
     store_->SetSnapshotMemory(nullptr);
   }
@@ -91,9 +76,6 @@ class ParameterServiceImpl final : public ParameterRawService,
   // has not resumed since a restore, TrainingJob::AdmitPush). Set before serving.
   using Gate = std::function<absl::Status(int worker_id, int epoch, int step)>;
   void SetGate(Gate gate) { gate_ = std::move(gate); }
-  // Whether PushGradientSession is served (on by default); off, it answers UNIMPLEMENTED and
-  // workers push with PushGradient calls. Set before serving.
-  void ServePushSessions(bool on) { push_sessions_ = on; }
   // Whether AttachSharedMemory is served (on by default); off, it answers FAILED_PRECONDITION
   // and every worker pushes over gRPC. On, in fp32, the store's snapshots lie in the parameter
   // slots (SnapshotMemory below), made at registration. Set before serving.
@@ -118,11 +100,6 @@ class ParameterServiceImpl final : public ParameterRawService,
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* in,
                                           grpc::ByteBuffer* out) override;
-  grpc::ServerUnaryReactor* PushGradient(grpc::CallbackServerContext* ctx,
-                                         const grpc::ByteBuffer* in,
-                                         grpc::ByteBuffer* out) override;
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushGradientStream(
-      grpc::CallbackServerContext* ctx) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushGradientSession(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* PullParameters(grpc::CallbackServerContext* ctx,
@@ -130,10 +107,6 @@ class ParameterServiceImpl final : public ParameterRawService,
                                            grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                    grpc::ByteBuffer* out) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParametersStream(
-      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) override;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterModelStream(grpc::CallbackServerContext* ctx,
-                                                                 grpc::ByteBuffer* out) override;
   grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* in,
                                                grpc::ByteBuffer* out) override;
@@ -148,18 +121,14 @@ class ParameterServiceImpl final : public ParameterRawService,
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,
                        ParametersAnswer* reply, WaitingReactor* reactor);
-  void DoPushGradient(grpc::CallbackServerContext* ctx, const PushRequest& req, PushAnswer* reply,
-                      WaitingReactor* reactor);
   // The checks of a push's header that need no gradient (who, which step, how many samples);
   // fills `push` from it.
   absl::Status CheckPushHeader(grpc::CallbackServerContext* ctx, const PushRequest& request,
                                GradientPush* push);
-  // A whole-message push (PushGradient, a push session's message): its header's checks, then
-  // the gradient held where it arrived (no copy) until the aggregator has summed it.
+  // A push (a push session's message): its header's checks, then the gradient held where it
+  // arrived (no copy) until the aggregator has summed it.
   absl::StatusOr<GradientPush> AcceptPush(grpc::CallbackServerContext* ctx,
                                           const PushRequest& request);
-  // A step's answer (for `worker`) from its result: the head; the values come from ValuesOf.
-  static void FillAnswerHead(const StepResult& r, int worker, v1::PushGradientReply* head);
   // The values of a push's answer: the version only where the worker asked for them in shared
   // memory (`shared`), is attached and the slots hold them; otherwise ValuesOf.
   ValuesField AnswerValues(const ParameterSnapshot& snap, int worker, bool shared);
@@ -173,19 +142,7 @@ class ParameterServiceImpl final : public ParameterRawService,
   // A push whose gradient lies in the worker's region: that region as its payload (no copy).
   absl::StatusOr<std::shared_ptr<const WirePayload>> SharedGradient(
       const v1::PushGradientRequest& header, const WirePayload& carried);
-  // `snap`'s values as the messages of a streamed answer: `first_head` (a serialized message's
-  // own fields) in front of the first, `other_head` in front of the others, then each a range
-  // of at least `per_chunk` values, a view of the bytes serialized once (ValuesOf); at most
-  // kMaxStreamChunks messages. Adds their bytes to `*bytes`.
-  std::vector<grpc::ByteBuffer> ChunkedValues(const ParameterSnapshot& snap,
-                                              const std::string& first_head,
-                                              const std::string& other_head, size_t per_chunk,
-                                              size_t* bytes);
-  friend class PushStreamReactor;
   friend class PushSessionReactor;
-  friend class PushReactor;
-  friend class PullStreamReactor;
-  friend class RegisterStreamReactor;
   // A field for `values` at `version`, its head written. Where the values travel as they lie
   // in memory (ValuesAreTheSnapshot) its body is `values` itself and `*encode_to` is null;
   // otherwise the body is a pooled buffer that the values must be encoded to at `*encode_to`.
@@ -209,24 +166,6 @@ class ParameterServiceImpl final : public ParameterRawService,
   std::array<std::shared_ptr<ValueBuffer>, 2> CreateSnapshotBuffers(size_t count) override;
   void SnapshotWriting(int index) override;
   void SnapshotPublished(int index, int64_t version) override;
-  // A pipelined update's first `ready` values are final (StepAggregator's values hook): the
-  // streams that watch it send them.
-  void OnValuesReady(int epoch, int step, int64_t version, size_t ready);
-  // The values of the update that (epoch, step) makes, as far as they are final: the serialized
-  // field, the model's size, the version and how many are final. False while none are known.
-  struct Progress {
-    int epoch = -1;
-    int step = -1;
-    int64_t version = 0;
-    ValuesField field;
-    size_t count = 0;
-    size_t ready = 0;
-  };
-  bool ProgressOf(int epoch, int step, Progress* out);
-  // A streamed push's answer is told of every OnValuesReady until Unwatch (each holds a
-  // reference to it meanwhile).
-  void Watch(PushStreamReactor* reactor);
-  void Unwatch(PushStreamReactor* reactor);
   void DoPullParameters(grpc::CallbackServerContext* ctx, const v1::PullParametersRequest& req,
                         ParametersAnswer* reply, WaitingReactor* reactor);
   void DoResume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest& req,
@@ -246,7 +185,6 @@ class ParameterServiceImpl final : public ParameterRawService,
   RegistrationClaim claim_;
   const std::shared_ptr<SlicePool> pool_;
   Gate gate_;
-  bool push_sessions_ = true;
   bool shared_memory_ = true;
   std::function<void()> freed_memory_hook_;
   std::function<void(int worker_id)> model_accepted_hook_;
@@ -261,8 +199,8 @@ class ParameterServiceImpl final : public ParameterRawService,
   std::unique_ptr<ParameterSlots> slots_ ABSL_GUARDED_BY(shm_mu_);
   std::string no_slots_ ABSL_GUARDED_BY(shm_mu_) = "no model registered yet";
   std::map<int, std::shared_ptr<const SharedRegion>> gradients_ ABSL_GUARDED_BY(shm_mu_);
-  // Some push's answer since the last update began went over gRPC (AnswerValues, a streamed
-  // push; not a registration's or a pull's, which every worker makes before it shares memory).
+  // Some push's answer since the last update began went over gRPC (AnswerValues; not a
+  // registration's or a pull's, which every worker makes before it shares memory).
   std::atomic<bool> grpc_answers_{false};
   absl::Mutex values_mu_;
   ParameterSnapshot values_of_ ABSL_GUARDED_BY(values_mu_);  // what `values_` holds
@@ -272,15 +210,6 @@ class ParameterServiceImpl final : public ParameterRawService,
   // store's lock).
   ValuesField updating_;
   uint8_t* updating_values_ = nullptr;
-  // The update in progress as the streams see it (epoch and step once the aggregator names them).
-  Progress progress_ ABSL_GUARDED_BY(values_mu_);
-  std::set<PushStreamReactor*> watchers_ ABSL_GUARDED_BY(values_mu_);
-  // Where streamed pieces are summed and the update runs: off gRPC's callback thread, which
-  // polls every connection (see SerialQueue); and where the answers' writes start, off the
-  // reducer (gRPC may write to the socket on the thread that starts a write). Drained by the
-  // destructor, the reducer (which feeds the sender) first.
-  std::unique_ptr<SerialQueue> sender_ = std::make_unique<SerialQueue>();
-  std::unique_ptr<SerialQueue> reducer_ = std::make_unique<SerialQueue>();
 };
 
 }  // namespace dbs

@@ -146,15 +146,6 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
   return snapshot;
 }
 
-void ParameterStore::AbandonUpdate() {
-  absl::MutexLock lock(&mu_);
-  if (!update_.has_value()) return;
-  optimizer_->End();
-  torn_ = true;  // the parameters stay as before it
-  update_.reset();
-  if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
-}
-
 absl::StatusOr<absl::Span<float>> ParameterStore::ReserveNextBuffer() {
   absl::MutexLock lock(&mu_);
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");

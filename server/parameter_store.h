@@ -40,8 +40,8 @@ struct StoreState {
   std::vector<float> values;
   int64_t version = 0;
   OptimizerState optimizer;
-  // An update was abandoned half done (AbandonUpdate): the optimizer's state mixes two steps,
-  // so this must not be checkpointed.
+  // An update ended half done: the optimizer's state mixes two steps, so this must not be
+  // checkpointed.
   bool torn = false;
 };
 
@@ -101,9 +101,9 @@ class ParameterStore {
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
                                                   absl::Span<const GradientScale> scales);
 
-  // ApplyGradient in pieces, so that the first values of a step are updated (and sent) while the
-  // last gradients still arrive: BeginUpdate, then UpdateRange for consecutive ranges up to the
-  // model's end, then EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
+  // ApplyGradient in pieces, so that each window of a step's sum is updated while it is in the
+  // cache: BeginUpdate, then UpdateRange for consecutive ranges up to the model's end, then
+  // EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
   // EndUpdate, Snapshot and the sink's finished versions stay the previous version; SaveState
   // must not be called (StepAggregator does not: a checkpoint waits for the step's end).
   // FAILED_PRECONDITION before Register or while an update is open.
@@ -120,17 +120,13 @@ class ParameterStore {
   // so that a step's running sum can lie there rather than in a model-sized buffer of its own
   // (one model's size less memory): the caller sums into it and passes it to UpdateRange as
   // `sum`. Its contents are stale (the caller zeroes what it sums into). The same buffer until
-  // the update that takes it ends or is abandoned, or LoadState; the span is void after any of
+  // the update that takes it ends, or LoadState; the span is void after any of
   // those. FAILED_PRECONDITION before Register or while an update is open (the open update has
   // taken it already).
   absl::StatusOr<absl::Span<float>> ReserveNextBuffer();
   // Every value updated: publishes the new version; DATA_LOSS (parameters as before) when the
   // update made one of them non-finite.
   absl::StatusOr<ParameterSnapshot> EndUpdate();
-  // Abandons an open update (its step will not complete): the parameters are as before it, but
-  // the optimizer's state has moved for the values updated, so the store is torn: SaveState's
-  // `torn` is set and no checkpoint may be written from it again. No-op without an open update.
-  void AbandonUpdate();
   bool updating() const;
 
   // A consistent copy of the parameters, their version and the optimizer's state.

@@ -87,19 +87,13 @@ ABSL_FLAG(std::string, metrics_host, "",
           "Address of the HTTP endpoint (default: the same as --host).");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the HTTP endpoint's port is written to this file once it serves.");
-ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message accepted or sent, in MiB.");
+ABSL_FLAG(int, max_message_mb, 512,
+          "Largest gRPC message accepted or sent, in MiB (as the workers'): at least the model "
+          "in fp32 + 1 MiB (512 holds 130M parameters).");
 ABSL_FLAG(int, memory_quota_mb, 4096,
           "Memory gRPC may hold for calls in flight, in MiB (at least 2 * --max_message_mb); "
           "past it new calls wait or fail instead of growing the server. Below one step's "
           "pushes (workers x the model on the wire) + 16 MiB the job can stall: dbs_ps warns.");
-ABSL_FLAG(int, receive_window_mb, 0,
-          "How far ahead gRPC reads each call's bytes (the HTTP/2 stream window), in MiB, up "
-          "to 1024. 0: gRPC sizes it from the bandwidth it measures (fastest). A bound caps "
-          "the server's receive buffers: at 10M parameters 8 took peak RSS from 318-326 to "
-          "220-237 MiB, and the step 13-27% longer (docs/dataplane.md).");
-ABSL_FLAG(bool, push_sessions, true,
-          "Serve PushGradientSession: each worker pushes its steps on one long-lived stream "
-          "rather than a call per step (less CPU per step on both sides). Off: a call per step.");
 ABSL_FLAG(bool, shared_memory, true,
           "Share memory with workers on this host that ask (AttachSharedMemory): their "
           "gradients and answers pass through memory both processes map instead of the "
@@ -136,10 +130,6 @@ ABSL_FLAG(bool, deterministic, true,
           "Sum each step's gradients in worker order whatever order they arrive in, so the same "
           "job gives bit-identical parameters run after run (a push that arrives early is held, "
           "not copied, until its turn); false: sum on arrival.");
-ABSL_FLAG(bool, pipelined, true,
-          "Streamed pushes (large models): update a step's first values as soon as every "
-          "worker's gradients for them are in and stream them back while the rest still arrive; "
-          "false: update and answer once the whole step is in. Same result, bit for bit.");
 ABSL_FLAG(std::string, faulty_gradients, "evict",
           "What a worker's faulty gradient meets (a GPU that corrupts results): a push with a "
           "value that is not finite or beyond 1e30, or whose L2 norm is more than "
@@ -171,9 +161,6 @@ ABSL_FLAG(double, linger_s, 10.0,
           "After training, how long to wait for workers to leave (and for workers removed "
           "while cut off to call once more and hear the job is done), and how long the status "
           "page (--metrics_port) shows the final state, before shutting down.");
-ABSL_FLAG(double, stop_grace_s, 10.0,
-          "On SIGTERM/SIGINT with --checkpoint_dir: how long the step in flight may take to "
-          "complete before the final checkpoint, when its update has begun (large models).");
 
 namespace {
 
@@ -225,7 +212,6 @@ absl::StatusOr<dbs::JobConfig> JobConfigFromFlags() {
   job.noise_margin = absl::GetFlag(FLAGS_noise_margin);
   DBS_ASSIGN_OR_RETURN(job.wire_dtype, dbs::ParseWireDtype(absl::GetFlag(FLAGS_wire_dtype)));
   job.deterministic = absl::GetFlag(FLAGS_deterministic);
-  job.pipelined = absl::GetFlag(FLAGS_pipelined);
   DBS_ASSIGN_OR_RETURN(job.screen.mode,
                        dbs::ParseFaultyGradients(absl::GetFlag(FLAGS_faulty_gradients)));
   job.screen.norm_ratio = absl::GetFlag(FLAGS_faulty_norm_ratio);
@@ -263,8 +249,6 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   c.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   c.memory_quota_mb = absl::GetFlag(FLAGS_memory_quota_mb);
-  c.receive_window_mb = absl::GetFlag(FLAGS_receive_window_mb);
-  c.push_sessions = absl::GetFlag(FLAGS_push_sessions);
   c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   c.release_freed_memory = [] { dbs::ReleaseFreedMemory(); };
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
@@ -272,7 +256,6 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);
   c.linger = absl::Seconds(absl::GetFlag(FLAGS_linger_s));
-  c.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_s));
   DBS_RETURN_IF_ERROR(ReadShardAndSecurityFlags(&c));
   return c;
 }

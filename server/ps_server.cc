@@ -31,17 +31,10 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory_quota_mb must be in [2 * max_message_mb = ", 2 * c.max_message_mb, ", 1048576]"));
   }
-  if (c.receive_window_mb < 0 || c.receive_window_mb > 1024) {
-    return absl::InvalidArgumentError(
-        "receive_window_mb must be 0 (gRPC sizes the window) or in [1, 1024]");
-  }
   if ((c.restore || c.restore_if_present) && c.job.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("restore needs a checkpoint_dir");
   }
   if (c.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("linger must be >= 0");
-  if (c.stop_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("stop_grace must be >= 0");
-  }
   if (c.metrics_port < -1 || c.metrics_port > 65535) {
     return absl::InvalidArgumentError("metrics_port must be -1 (off) or in [0, 65535]");
   }
@@ -130,7 +123,6 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
           },
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype, clock) {
   job_->SetObserver(&metrics_);
-  parameter_service_.ServePushSessions(config.push_sessions);
   // A shard of a sharded job may hold a push until its leader has done the step the worker
   // redoes, reading the worker's region only then: its shards share no memory.
   parameter_service_.ServeSharedMemory(config.shared_memory && config.num_shards <= 1);
@@ -423,7 +415,7 @@ std::optional<std::string> MemoryQuotaShortfall(const ServerConfig& config, int6
       "--memory_quota_mb=%d is less than a step's pushes need: %d workers x %.1f MiB (%d values "
       "in %s) + %d MiB = %.0f MiB. Under that pressure gRPC can stop reading every push at once "
       "and the job stalls (docs/dataplane.md#grpcs-memory-quota): raise --memory_quota_mb to "
-      "%.0f, or bound the server's memory with --receive_window_mb instead",
+      "%.0f",
       config.memory_quota_mb, workers, model_mib, model_values,
       WireDtypeName(config.job.wire_dtype), kQuotaHeadroomMb, std::ceil(needed), std::ceil(needed));
 }
@@ -436,14 +428,6 @@ void PsServer::CheckMemoryQuota() {
   if (!shortfall.has_value()) return;
   quota_shortfall_ = *shortfall;
   LOG(WARNING) << quota_shortfall_;
-}
-
-std::vector<std::pair<std::string, int>> ReceiveWindowArgs(int receive_window_mb) {
-  if (receive_window_mb == 0) return {};
-  // Without the bandwidth-delay probe gRPC keeps the window at the lookahead it is given,
-  // instead of growing it (and the buffers behind it) to what the link can carry.
-  return {{GRPC_ARG_HTTP2_BDP_PROBE, 0},
-          {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, receive_window_mb << 20}};
 }
 
 absl::Status PsServer::Listen() {
@@ -462,9 +446,6 @@ absl::Status PsServer::Listen() {
   grpc::ResourceQuota quota("dbs_ps");
   quota.Resize(static_cast<size_t>(config_.memory_quota_mb) << 20);
   builder.SetResourceQuota(quota);
-  for (const auto& [name, value] : ReceiveWindowArgs(config_.receive_window_mb)) {
-    builder.AddChannelArgument(name, value);
-  }
   builder.SetMaxReceiveMessageSize(config_.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config_.max_message_mb << 20);
   if (!follower()) builder.RegisterService(&scheduler_service_);  // the leader's alone
@@ -597,11 +578,6 @@ void PsServer::Shutdown(const absl::Status& result) {
 
 void PsServer::Stop(const absl::Status& why) {
   stopped_.store(true);
-  if (config_.num_shards == 1 && !config_.job.checkpoint_dir.empty() &&
-      !job_->aggregator()->Quiesce(config_.stop_grace)) {
-    LOG(WARNING) << "the step in flight did not complete within "
-                 << absl::FormatDuration(config_.stop_grace) << " of the stop";
-  }
   if (follower_ != nullptr) follower_->Lost(why);
   job_->Abort(why);
 }

@@ -40,13 +40,6 @@ struct ServerConfig {
   // gRPC's memory for calls in flight (a ResourceQuota): past it new calls and reads wait or
   // fail instead of growing the process without limit.
   int memory_quota_mb = 4096;
-  // How far ahead gRPC reads each call's bytes (the HTTP/2 stream window), in MiB. 0: gRPC
-  // sizes it from the bandwidth-delay product it measures (fastest); a bound caps the
-  // receive buffers, and so the server's memory, at some cost in step time (docs/dataplane.md).
-  int receive_window_mb = 0;
-  // Serve PushGradientSession (a worker's pushes on one stream); off, workers push with a
-  // PushGradient call per step, as against a dbs_ps from before sessions.
-  bool push_sessions = true;
   // Serve AttachSharedMemory: workers on this host push through shared memory.
   bool shared_memory = true;
   std::string summary_path;  // the JSON run summary ('' : none)
@@ -67,9 +60,6 @@ struct ServerConfig {
   std::string metrics_port_file;  // where its bound port is written ('' : nowhere)
   // After training: time for workers to leave, and for the status page to show the end.
   absl::Duration linger = absl::Seconds(10);
-  // On Stop (SIGTERM): how long the step in flight may take to complete before the final
-  // checkpoint, when its pipelined update has begun (StepAggregator::Quiesce).
-  absl::Duration stop_grace = absl::Seconds(10);
   absl::Duration supervise_every = absl::Milliseconds(250);
   // A sharded job (docs/dataplane.md#shards): this process keeps shard `shard` of `num_shards`
   // of the model's values. Shard 0 (the leader) hosts the scheduler; the others follow the
@@ -85,10 +75,6 @@ struct ServerConfig {
   // workers share memory. Null: nothing.
   std::function<void()> release_freed_memory;
 };
-
-// The channel arguments that bound gRPC's receive window to `receive_window_mb` MiB (none
-// for 0: gRPC's own adaptive window).
-std::vector<std::pair<std::string, int>> ReceiveWindowArgs(int receive_window_mb);
 
 // gRPC's memory quota against the registered model (docs/dataplane.md#grpcs-memory-quota):
 // a quota must hold one step's pushes, every worker's whole gradient on the wire at once, and

@@ -18,7 +18,6 @@ StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, Aggreg
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
-  Notices notices;
   {
     absl::MutexLock lock(&mu_);
     // Cannot happen while reports wait for the steps (TrainingJob::CanReport); if it did, the
@@ -29,10 +28,8 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       TakePendingLocked(&orphans);
       stats_ = StepStats();
     }
-    AbandonUpdateLocked();  // cannot be open: its step's pushes would still wait
-    zeroed_ = 0;            // the sum starts again
-    DropIncomingLocked(absl::FailedPreconditionError("the epoch ended before this push completed"),
-                       &notices);
+    zeroed_ = 0;  // the sum starts again
+    DropIncomingLocked();
     BeginEpochLocked(epoch, std::move(quotas));
     // The plans go out now: each worker's first push of the epoch is timed from here.
     if (clock_ != nullptr) {
@@ -41,7 +38,6 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       released_step_ = -1;
     }
   }
-  Notify(&notices);
   for (Done& d : orphans) {
     d(absl::FailedPreconditionError("the epoch ended while this push waited for its step"));
   }
@@ -52,7 +48,6 @@ void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
   step_ = 0;
   quotas_ = std::move(quotas);
   samples_ = 0;
-  streamed_step_ = false;
   epoch_loss_[epoch];
 }
 
@@ -110,33 +105,10 @@ absl::Status StepAggregator::CheckGradient(const GradientPush& push, double* sum
   if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
   }
-  DBS_RETURN_IF_ERROR(
-      CheckChunk(push.worker_id, 0, push.gradient.get(), model, /*check_values=*/false));
-  const absl::Status values = SumChecked(push.worker_id, 0, *push.gradient, 0, nullptr, 0.0f,
-                                         nullptr, /*check=*/true, sum_squares);
+  const absl::Status values =
+      SumChecked(push.worker_id, 0, *push.gradient, nullptr, 0.0f, /*check=*/true, sum_squares);
   if (bad_values != nullptr) *bad_values = !values.ok();
   return values;
-}
-
-absl::Status StepAggregator::CheckChunk(int worker_id, size_t offset, const WirePayload* values,
-                                        size_t model, bool check_values) {
-  if (values == nullptr || values->bytes == 0) {
-    return absl::InvalidArgumentError("a piece of a streamed push carries no values");
-  }
-  const size_t width = BytesPerValue(values->dtype);
-  if (values->bytes % width != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", values->bytes,
-                                                   " bytes are not a whole number of ",
-                                                   WireDtypeName(values->dtype), " values"));
-  }
-  const size_t count = values->bytes / width;
-  if (offset > model || count > model - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: values ", offset, "..",
-                                                   offset + count, " lie beyond the model's ",
-                                                   model));
-  }
-  if (!check_values) return absl::OkStatus();
-  return SumChecked(worker_id, offset, *values, 0, nullptr, 0.0f, nullptr);
 }
 
 namespace {
@@ -236,8 +208,7 @@ uint16_t Bf16LimitBits(float limit) {
 }  // namespace
 
 absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                        size_t skip, float* sum, float weight, size_t* summed,
-                                        bool check, double* sum_squares) {
+                                        float* sum, float weight, bool check, double* sum_squares) {
   // Block by block: each block is checked while it is in the L1 cache, the culprit named only
   // when there is one, and then added. A bad value stops the sum at the start of its block.
   // `raw` holds the block's values as they arrived, little-endian in the payload's dtype:
@@ -262,7 +233,6 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
     const bool ok = !check || (dtype == WireDtype::kBf16 ? AllWithinBf16(raw, count, kBf16Limit)
                                                          : AllWithin(fp32, count, kMaxAbsGradient));
     if (!ok) {
-      if (summed != nullptr) *summed = first;
       for (size_t i = 0;; ++i) {
         const float x =
             dtype == WireDtype::kBf16 ? Bf16ToFloat(LoadBf16(raw, i)) : LoadFp32(fp32, i);
@@ -287,19 +257,15 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
     return absl::OkStatus();
   };
   const size_t width = BytesPerValue(dtype);
-  // Values [from, from + count) of the piece; those before `skip` were summed already.
+  // Values [from, from + count) of the payload.
   auto range = [&](size_t from, const uint8_t* data, size_t count) -> absl::Status {
     for (size_t b = 0; b < count; b += kSumBlock) {
-      size_t lo = b, hi = std::min(count, b + kSumBlock);
-      if (from + hi <= skip) continue;
-      if (from + lo < skip) lo = skip - from;
-      DBS_RETURN_IF_ERROR(block(from + lo, hi - lo, data + width * lo));
+      const size_t hi = std::min(count, b + kSumBlock);
+      DBS_RETURN_IF_ERROR(block(from + b, hi - b, data + width * b));
     }
     return absl::OkStatus();
   };
-  const absl::Status status = ForEachRun(values, range);
-  if (status.ok() && summed != nullptr) *summed = values.bytes / width;
-  return status;
+  return ForEachRun(values, range);
 }
 
 absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
@@ -332,88 +298,19 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
-void StepAggregator::Notify(Notices* notices) {
-  for (auto& [taken, status] : *notices) {
-    if (taken) taken(status);
-  }
-  notices->clear();
-}
-
-absl::Status StepAggregator::PushChunk(const GradientPush& header, size_t offset,
-                                       std::shared_ptr<const WirePayload> values, Taken taken) {
-  // Its shape is checked before the lock; its values as they are summed (SumChecked), so that
-  // each received byte is read from memory once.
-  const size_t model = static_cast<size_t>(store_->num_elements());
-  DBS_RETURN_IF_ERROR(
-      CheckChunk(header.worker_id, offset, values.get(), model, /*check_values=*/false));
-  const size_t end = offset + values->bytes / BytesPerValue(values->dtype);
-  Notices notices;
-  absl::Status status;
-  std::optional<ValuesReady> ready;
-  {
-    absl::MutexLock lock(&mu_);
-    if (IsRetryLocked(header)) {
-      // The push was counted already: its values are not used again.
-      notices.emplace_back(std::move(taken), absl::OkStatus());
-    } else {
-      status = Validate(header);
-      if (status.ok() && header.num_samples <= 0) {
-        status = absl::InvalidArgumentError("a push of 0 samples carries no gradient");
-      }
-      if (status.ok()) {
-        Incoming& in = incoming_[header.worker_id];
-        if (end <= in.received) {
-          notices.emplace_back(std::move(taken), absl::OkStatus());  // sent again by a retry
-        } else if (offset > in.received) {
-          status = absl::InvalidArgumentError(
-              absl::StrCat("worker ", header.worker_id, " sent values ", offset, "..", end,
-                           " of step ", header.step, " when ", in.received,
-                           " of them had arrived: a push's pieces must be consecutive"));
-        } else {
-          // A retry may resend values summed before a refusal inside its piece: they are
-          // skipped.
-          const uint64_t serial = ++last_piece_;
-          streamed_step_ = true;
-          in.samples = header.num_samples;
-          in.queued.push_back(
-              Piece{offset, std::move(values), std::move(taken), in.received - offset, serial});
-          in.received = end;
-          // Refused when its turn has come at once: the refusal is returned and `taken` never
-          // runs; later, `taken` gets it.
-          ReduceReadyLocked(&notices, serial, &status);
-          AdvanceUpdateLocked();
-        }
-      }
-    }
-    ready = std::exchange(ready_, std::nullopt);
-  }
-  Notify(&notices);
-  TellReady(ready);
-  return status;
-}
-
 absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   if (push.num_samples <= 0) return absl::OkStatus();
   Incoming& in = incoming_[push.worker_id];
-  const size_t model = ModelSize();
-  if (push.streamed) {
-    if (in.received == model) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("worker ", push.worker_id, "'s push of step ",
-                                                   push.step, " ended after ", in.received,
-                                                   " of the model's ", model, " values"));
-  }
-  if (in.received > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", push.worker_id, " began step ", push.step,
-                     "'s push as a stream: finish it as a stream"));
+  if (in.gradient != nullptr) {
+    return absl::InternalError(absl::StrCat("worker ", push.worker_id, "'s gradient of step ",
+                                            push.step, " was taken twice"));
   }
   in.samples = push.num_samples;
-  in.received = model;
+  in.gradient = push.gradient.shared();
   // Its values were checked before the lock (CheckGradient): they are summed without a second
   // pass over them, unless its sender can still write them (shared memory): those are checked
   // again, one read of each value, as they are summed.
-  in.queued.push_back(Piece{0, push.gradient.shared(), nullptr, 0, ++last_piece_,
-                            /*checked=*/!(*push.gradient).writable_by_sender, /*whole=*/true});
+  in.checked = !in.gradient->writable_by_sender;
   return absl::OkStatus();
 }
 
@@ -421,13 +318,10 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
   CheckedGradient checked;
-  if (!push.streamed) {
-    checked.status = CheckGradient(push, &checked.sum_squares, &checked.bad_values);
-  }
+  checked.status = CheckGradient(push, &checked.sum_squares, &checked.bad_values);
   PushOutcome out;
   Done superseded;
   uint64_t retry_ticket = 0;
-  std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
     Pending* earlier = aborted_.ok() && push.epoch == epoch_ && push.step == step_
@@ -447,10 +341,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     } else {
       TakeNewPushLocked(push, checked, std::move(done), &out);
     }
-    ready = std::exchange(ready_, std::nullopt);
   }
-  Notify(&out.notices);
-  TellReady(ready);
   TellFaulty(out.faulty, &out.refusals);
   if (out.waiting != 0) return out.waiting;
   if (retry_ticket != 0) {
@@ -474,7 +365,7 @@ StepAggregator::Pending* StepAggregator::PendingOfLocked(int worker) {
 
 absl::Status StepAggregator::ScreenLocked(const GradientPush& push, const CheckedGradient& checked,
                                           std::vector<FaultyPush>* faulty) const {
-  if (push.streamed || push.num_samples <= 0 || options_.screen.mode == FaultyGradients::kOff) {
+  if (push.num_samples <= 0 || options_.screen.mode == FaultyGradients::kOff) {
     return absl::OkStatus();
   }
   if (checked.bad_values && options_.screen.mode == FaultyGradients::kEvict) {
@@ -487,8 +378,7 @@ absl::Status StepAggregator::ScreenLocked(const GradientPush& push, const Checke
 
 void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGradient& checked,
                                        Done done, PushOutcome* out) {
-  const bool screened =
-      !push.streamed && push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
+  const bool screened = push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
   const PushNorm norm{std::sqrt(checked.sum_squares), push.num_samples};
   absl::Status valid = Validate(push);
   if (valid.ok()) valid = ScreenLocked(push, checked, &out->faulty);
@@ -513,17 +403,16 @@ void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGr
     if (screened) screen_.Accepted(norm);
     AcceptLocked(push, std::move(done));
     mine = last_ticket_;
-    ReduceReadyLocked(&out->notices);
+    ReduceReadyLocked();
   }
   if (screened) step_norms_[push.worker_id] = norm;
-  ResolveSuspectsLocked(&out->faulty, &out->refusals, &out->notices);
+  ResolveSuspectsLocked(&out->faulty, &out->refusals);
   if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
     out->stats = TakeStepStatsLocked();
     out->completed = true;
-    CompleteStepLocked(&out->to_run, &out->result, &out->notices);
+    CompleteStepLocked(&out->to_run, &out->result);
     return;
   }
-  if (suspicion.ok()) AdvanceUpdateLocked();
   out->waiting = mine;
 }
 
@@ -533,8 +422,7 @@ absl::Status StepAggregator::Quarantined(int worker, int epoch, int step, const 
       " is faulty (", why.message(), "); the job goes on without it"));
 }
 
-void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals,
-                                           Notices* notices) {
+void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals) {
   if (suspects_.empty() || step_ >= static_cast<int>(quotas_.size()) ||
       pending_.size() + suspects_.size() < quotas_[step_].size()) {
     return;
@@ -570,7 +458,7 @@ void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refu
     }
   }
   suspects_.clear();
-  ReduceReadyLocked(notices);
+  ReduceReadyLocked();
 }
 
 void StepAggregator::TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals) {
@@ -661,85 +549,57 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices,
-                                   uint64_t watch, absl::Status* watched) {
-  while (in->summed < hi && !in->queued.empty()) {
-    Piece& piece = in->queued.front();
-    const size_t end = piece.offset + piece.values->bytes / BytesPerValue(piece.values->dtype);
-    // Its values [from, to): those before `skip` were summed before (a retry after a refusal).
-    const size_t from = std::max(in->summed, piece.offset + piece.skip) - piece.offset;
-    const size_t to = std::min(hi, end) - piece.offset;
-    size_t summed = 0;
-    float* const sum = from < to && in->samples > 0 ? SumLocked(piece.offset + to) : nullptr;
-    const absl::Status added =
-        from >= to ? absl::OkStatus()
-        : in->samples > 0 && sum == nullptr
-            ? absl::InternalError("the step's sum has no buffer: the model is not registered")
-            : SumChecked(id, piece.offset + from, SubPayload(*piece.values, from, to - from), 0,
-                         sum, static_cast<float>(in->samples), &summed, !piece.checked);
-    if (!added.ok() && piece.whole) {
-      // A whole push checked before the lock whose values then changed (its sender's shared
-      // memory): the values summed are the checked ones before the bad block; the rest of it
-      // is left out, so that the step completes with every other worker's values, and the
-      // push is refused when it does.
-      LOG(WARNING) << "worker " << id << "'s gradient changed after it was checked; its push of "
-                   << "epoch " << epoch_ << " step " << step_ << " is refused: " << added;
-      refused_.emplace(id, absl::InvalidArgumentError(absl::StrCat(
-                               "the gradient in shared memory changed after it was checked: ",
-                               added.message())));
-      in->summed = in->received = end;
-      in->queued.pop_front();
-      continue;
-    }
-    if (!added.ok()) {
-      // The values before the bad one's block stay summed, as the pieces before a refused
-      // piece do; the rest of the push must come again (a retry resumes from there).
-      in->summed = in->received = piece.offset + from + summed;
-      if (piece.serial == watch) {
-        *watched = added;
-      } else {
-        notices->emplace_back(std::move(piece.taken), added);
-      }
-      in->queued.pop_front();
-      for (Piece& later : in->queued) {
-        notices->emplace_back(std::move(later.taken),
-                              absl::InvalidArgumentError(absl::StrCat("an earlier piece of worker ",
-                                                                      id, "'s push was refused")));
-      }
-      in->queued.clear();
-      return;
-    }
-    in->summed = piece.offset + to;
-    if (in->summed < end) break;  // the rest of it waits for the next window
-    notices->emplace_back(std::move(piece.taken), absl::OkStatus());
-    in->queued.pop_front();  // releases the received message
+void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi) {
+  if (in->gradient == nullptr || in->summed >= hi) return;
+  float* const sum = SumLocked(hi);
+  const absl::Status added =
+      sum == nullptr
+          ? absl::InternalError("the step's sum has no buffer: the model is not registered")
+          : SumChecked(id, in->summed, SubPayload(*in->gradient, in->summed, hi - in->summed), sum,
+                       static_cast<float>(in->samples), !in->checked);
+  if (!added.ok()) {
+    // A push checked before the lock whose values then changed (its sender's shared memory):
+    // the values summed are the checked ones before the bad block; the rest of it is left out,
+    // so that the step completes with every other worker's values, and the push is refused
+    // when it does.
+    LOG(WARNING) << "worker " << id << "'s gradient changed after it was checked; its push of "
+                 << "epoch " << epoch_ << " step " << step_ << " is refused: " << added;
+    refused_.emplace(
+        id, absl::InvalidArgumentError(absl::StrCat(
+                "the gradient in shared memory changed after it was checked: ", added.message())));
+    hi = ModelSize();
   }
+  in->summed = hi;
+  if (in->summed == ModelSize()) in->gradient.reset();  // releases the received message
 }
 
-void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::Status* watched) {
+void StepAggregator::ReduceReadyLocked() {
   if (step_ >= static_cast<int>(quotas_.size())) return;
   const size_t model = ModelSize();
   const std::map<int, int>& quota = quotas_[step_];
+  // What a worker has to add: its whole gradient once it has arrived, nothing before.
   auto incoming = [this](int id) -> Incoming* {
     auto it = incoming_.find(id);
-    return it == incoming_.end() ? nullptr : &it->second;
+    return it == incoming_.end() || it->second.gradient == nullptr ? nullptr : &it->second;
+  };
+  auto summed = [this](int id) -> size_t {
+    auto it = incoming_.find(id);
+    return it == incoming_.end() ? 0 : it->second.summed;
   };
   // In worker order, a worker adds its values only up to where every lower id's are summed (its
-  // `floor`); on arrival (not deterministic), as far as they have come. The sum goes window by
-  // window (kReduceWindow values), every worker's values for a window one after another, so
-  // that the window's part of the sum stays in the cache from the first worker's values to the
-  // last's and to the (pipelined) update after them, rather than being read from memory and
-  // written back once per worker.
+  // `floor`); on arrival (not deterministic), all of them. The sum goes window by window
+  // (kReduceWindow values), every worker's values for a window one after another, so that the
+  // window's part of the sum stays in the cache from the first worker's values to the last's,
+  // rather than being read from memory and written back once per worker.
   while (true) {
     // The window starts at the lowest value a worker can add now.
     size_t start = model, floor = model;
     for (const auto& [id, q] : quota) {  // ascending ids
       Incoming* in = incoming(id);
-      if (in != nullptr && !in->queued.empty() &&
-          std::min(in->received, options_.deterministic ? floor : model) > in->summed) {
+      if (in != nullptr && (options_.deterministic ? floor : model) > in->summed) {
         start = std::min(start, in->summed);
       }
-      floor = std::min(floor, q == 0 ? model : (in == nullptr ? 0 : in->summed));
+      floor = std::min(floor, q == 0 ? model : summed(id));
     }
     if (start == model) return;
     const size_t window_end = std::min(model, start + kReduceWindow);
@@ -747,86 +607,26 @@ void StepAggregator::ReduceReadyLocked(Notices* notices, uint64_t watch, absl::S
     for (const auto& [id, q] : quota) {
       Incoming* in = incoming(id);
       if (in != nullptr) {
-        const size_t hi =
-            std::min({window_end, in->received, options_.deterministic ? floor : model});
-        if (hi > in->summed) SumUpToLocked(id, in, hi, notices, watch, watched);
+        SumUpToLocked(id, in, std::min(window_end, options_.deterministic ? floor : model));
       }
-      floor = std::min(floor, q == 0 ? model : (in == nullptr ? 0 : in->summed));
+      floor = std::min(floor, q == 0 ? model : summed(id));
     }
-    AdvanceUpdateLocked();  // while the window's sum is in the cache
   }
 }
 
-void StepAggregator::DropIncomingLocked(const absl::Status& status, Notices* notices) {
-  for (auto& [id, in] : incoming_) {
-    for (Piece& piece : in.queued) notices->emplace_back(std::move(piece.taken), status);
-  }
+void StepAggregator::DropIncomingLocked() {
   incoming_.clear();
   losses_.clear();
 }
 
 bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
   // The step's workers' samples (each push's samples are its quota; once the step completes,
-  // they are the samples pushed). An evicted worker may have streamed part of its gradient: its
-  // values up to where they were summed count, with its samples, in that range's mean (nothing
-  // accepted is lost).
-  const std::map<int, int>& quota = quotas_[step_];
+  // they are the samples pushed).
   int64_t samples = 0;
-  for (const auto& [id, q] : quota) samples += q;
-  std::vector<std::pair<size_t, int>> partial;  // (summed prefix, samples), ascending prefix
-  int64_t extra = 0;                            // the partial pushes' samples
-  for (const auto& [id, in] : incoming_) {
-    if (quota.count(id) == 0 && in.summed > 0) {
-      partial.emplace_back(in.summed, in.samples);
-      extra += in.samples;
-    }
-  }
-  if (samples + extra == 0) return false;
-  std::sort(partial.begin(), partial.end());
-  // Values before `end` were summed over `samples` samples.
-  auto scale = [&](size_t end, int64_t samples) {
-    const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
-    if (scales->empty() || scales->back().end < end) scales->push_back({end, inv});
-  };
-  for (const auto& [summed, part] : partial) {
-    scale(summed, samples + extra);
-    extra -= part;
-  }
-  scale(ModelSize(), samples);
+  for (const auto& [id, q] : quotas_[step_]) samples += q;
+  if (samples == 0) return false;
+  scales->push_back({ModelSize(), 1.0f / static_cast<float>(samples)});
   return true;
-}
-
-void StepAggregator::AdvanceUpdateLocked() {
-  // Whole pushes gain nothing: their answers go out with the step's result in any case.
-  if (!options_.pipelined || !streamed_step_ || !aborted_.ok() ||
-      step_ >= static_cast<int>(quotas_.size())) {
-    return;
-  }
-  if (quiescing_ && !updating_) return;
-  // The values every worker of the step has summed (in worker order or not, each worker's
-  // summed values are a prefix).
-  size_t ready = ModelSize();
-  bool any = false;
-  for (const auto& [id, quota] : quotas_[step_]) {
-    if (quota == 0) continue;
-    any = true;
-    auto it = incoming_.find(id);
-    ready = std::min(ready, it == incoming_.end() ? size_t{0} : it->second.summed);
-  }
-  std::vector<GradientScale> scales;
-  if (!any || ready <= updated_ || !MeanScalesLocked(&scales)) return;
-  float* const sum = SumLocked(ready);  // reserved before the update takes the buffer
-  if (sum == nullptr) return;
-  if (!updating_) {
-    absl::StatusOr<int64_t> version = store_->BeginUpdate();
-    if (!version.ok()) return;  // the step's end reports what is wrong
-    updating_ = true;
-    updating_version_ = *version;
-  }
-  const bool finite = store_->UpdateRange(sum_, scales, ready);
-  updated_ = ready;
-  // Values after a non-finite one are not sent: the step will fail.
-  if (finite) ready_ = ValuesReady{epoch_, step_, updating_version_, ready};
 }
 
 size_t StepAggregator::ModelSize() const { return static_cast<size_t>(store_->num_elements()); }
@@ -846,26 +646,10 @@ float* StepAggregator::SumLocked(size_t to) {
   return sum_.data();
 }
 
-void StepAggregator::AbandonUpdateLocked() {
-  if (!updating_) return;
-  store_->AbandonUpdate();
-  updating_ = false;
-  updated_ = 0;
-  ready_.reset();
-  sum_ = {};  // the store dropped the update's buffer, and the sum in it
-  zeroed_ = 0;
-}
-
-void StepAggregator::TellReady(std::optional<ValuesReady> ready) const {
-  if (ready.has_value() && values_hook_) {
-    values_hook_(ready->epoch, ready->step, ready->version, ready->ready);
-  }
-}
-
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
-                                        absl::StatusOr<StepResult>* result, Notices* notices) {
+                                        absl::StatusOr<StepResult>* result) {
   // Every worker of the step has pushed (or was evicted): apply the sample-weighted mean.
-  ReduceReadyLocked(notices);
+  ReduceReadyLocked();
   double loss_sum = 0.0;
   for (const auto& [id, loss] : losses_) loss_sum += loss;  // in worker order: repeatable
   StepResult r;
@@ -880,17 +664,14 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   const bool update = MeanScalesLocked(&scales);
   absl::StatusOr<ParameterSnapshot> snap;
   if (!update) {
-    AbandonUpdateLocked();  // cannot be open: its values had samples
     snap = store_->Snapshot();
   } else {
-    // The rest of a pipelined update, or all of it. The values no push reached (an evicted
-    // worker's) are zeroed first.
+    // The values no push reached are zeroed first.
     const size_t model = ModelSize();
     absl::Status begun =
         SumLocked(model) == nullptr
             ? absl::InternalError("the step's sum has no buffer: the model is not registered")
-        : updating_ ? absl::OkStatus()
-                    : store_->BeginUpdate().status();
+            : store_->BeginUpdate().status();
     if (begun.ok()) {
       store_->UpdateRange(sum_, scales, model);
       snap = store_->EndUpdate();
@@ -899,11 +680,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     }
     sum_ = {};  // now the new parameters (or dropped with the failed update)
     zeroed_ = 0;
-    updating_ = false;
-    updated_ = 0;
-    ready_.reset();
   }
-  streamed_step_ = false;
   if (snap.ok()) {
     r.parameters = *snap;
     *result = r;
@@ -920,8 +697,8 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     *result = snap.status();
   }
   TakePendingLocked(to_run);
-  if (!update) zeroed_ = 0;                       // nothing was summed; the buffer stays reserved
-  DropIncomingLocked(absl::OkStatus(), notices);  // none is left queued
+  if (!update) zeroed_ = 0;  // nothing was summed; the buffer stays reserved
+  DropIncomingLocked();
   samples_ = 0;
   ++step_;
 }
@@ -944,40 +721,21 @@ void StepAggregator::CompleteEviction(PlanChange change) {
   Refusals refusals;
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
-  Notices notices;
   bool completed = false;
-  std::optional<ValuesReady> ready;
   {
     absl::MutexLock lock(&mu_);
-    for (int id : evicted_) {
-      quotas_[step_].erase(id);
-      // Its pieces not yet summed are dropped; those summed stay (CompleteStepLocked).
-      auto in = incoming_.find(id);
-      if (in == incoming_.end()) continue;
-      for (Piece& piece : in->second.queued) {
-        notices.emplace_back(
-            std::move(piece.taken),
-            absl::NotFoundError(
-                absl::StrCat("worker ", id, " was declared dead after missing a step deadline")));
-      }
-      in->second.queued.clear();
-      in->second.received = in->second.summed;
-    }
+    // An evicted worker had not pushed the step (Evict): nothing of it was summed.
+    for (int id : evicted_) quotas_[step_].erase(id);
     quotas_.resize(static_cast<size_t>(step_) + 1);
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
     revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
-    ReduceReadyLocked(&notices);  // an evicted worker may have been the one the sum waited for
-    ResolveSuspectsLocked(&faulty, &refusals, &notices);
+    ReduceReadyLocked();  // an evicted worker may have been the one the sum waited for
+    ResolveSuspectsLocked(&faulty, &refusals);
     if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
-      CompleteStepLocked(&to_run, &result, &notices);
+      CompleteStepLocked(&to_run, &result);
       completed = true;
-    } else {
-      AdvanceUpdateLocked();
     }
-    ready = std::exchange(ready_, std::nullopt);
   }
-  Notify(&notices);
-  TellReady(ready);
   TellFaulty(faulty, &refusals);
   if (!completed) return;
   for (Done& d : to_run) d(result);
@@ -1003,24 +761,13 @@ std::set<std::pair<int, int>> StepAggregator::AcceptedPushes(int epoch) const {
 
 void StepAggregator::Abort(const absl::Status& status) {
   std::vector<Done> to_run;
-  Notices notices;
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
-    DropIncomingLocked(status, &notices);
-    AbandonUpdateLocked();
+    DropIncomingLocked();
   }
-  Notify(&notices);
   for (Done& d : to_run) d(status);
-}
-
-bool StepAggregator::Quiesce(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  quiescing_ = true;
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !updating_ || !aborted_.ok(); };
-  mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-  return !updating_;
 }
 
 std::map<int, int> StepAggregator::Quota(int epoch, int step) const {
@@ -1054,7 +801,6 @@ StepAggregator::State StepAggregator::SaveState() const {
   auto it = accepted_.find(epoch_);
   if (it != accepted_.end()) s.accepted = it->second;
   s.store = store_->SaveState();  // under our lock: no step can complete meanwhile
-  s.updating = updating_;
   return s;
 }
 
@@ -1069,15 +815,11 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   pending_.clear();
   sum_ = {};  // the store's LoadState dropped its reservation
   zeroed_ = 0;
-  incoming_.clear();  // restored before any call is served: no stream waits on them
+  incoming_.clear();  // restored before any call is served
   losses_.clear();
   samples_ = 0;
   last_.reset();
   evicted_.clear();
-  updating_ = false;
-  updated_ = 0;
-  ready_.reset();
-  streamed_step_ = false;
 }
 
 EpochLoss StepAggregator::LossOf(int epoch) const {

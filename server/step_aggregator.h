@@ -14,7 +14,6 @@
 #define DBS_SERVER_STEP_AGGREGATOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -118,29 +117,20 @@ struct GradientPush {
   // Held (not copied) until it is summed.
   PushedGradient gradient;
   double compute_seconds = 0.0;  // piggybacked timing of this step
-  // The gradient came before, in pieces (StepAggregator::PushChunk): `gradient` is empty, and
-  // every value of the model must have arrived.
-  bool streamed = false;
 };
 
 struct AggregatorOptions {
   // Sum the pushes of a step in worker-id order whatever order they arrive in, so that the same
   // job gives bit-identical parameters run after run. A push that arrives before a lower id's
-  // is held (the received message, not a copy) until its turn; so is a piece of a streamed push
-  // until every lower id's values up to its end are summed. Off: summed on arrival.
+  // is held (the received message, not a copy) until its turn. Off: summed on arrival.
   bool deterministic = true;
-  // Update the step's first values as soon as every worker's values for them are summed, while
-  // the later ones still arrive (streamed pushes), so that their answers can go out early
-  // (SetValuesHook). The result is bit for bit the same. Off: the whole update runs when the
-  // step completes.
-  bool pipelined = true;
-  // What a faulty whole push meets (gradient_screen.h): a value that is not finite or beyond
+  // What a faulty push meets (gradient_screen.h): a value that is not finite or beyond
   // kMaxAbsGradient, or an L2 norm far above the job's recent ones. Off here (a bad value
   // refuses the push); a job's default is kEvict (JobConfig::screen).
   ScreenConfig screen{FaultyGradients::kOff};
 };
 
-// A whole push found faulty (SetFaultyHook): refused and its worker to be quarantined
+// A push found faulty (SetFaultyHook): refused and its worker to be quarantined
 // (`quarantine`, FaultyGradients::kEvict), or only logged (kLog: it was summed).
 struct FaultyPush {
   int worker_id = 0;
@@ -185,16 +175,10 @@ class StepAggregator {
   // It must not call back into the aggregator. Set before training starts.
   using StepHook = std::function<std::optional<PlanChange>(const StepStats&)>;
   void SetStepHook(StepHook hook) { hook_ = std::move(hook); }
-  // Called (outside the lock, from any thread) when the first `ready` values of the update that
-  // (epoch, step) makes (parameter `version`) are final, before the step completes
-  // (AggregatorOptions::pipelined): the store's sink has had them. Calls may come late and out of
-  // order; `ready` only grows within a step. Set before training starts.
-  using ValuesHook = std::function<void(int epoch, int step, int64_t version, size_t ready)>;
-  void SetValuesHook(ValuesHook hook) { values_hook_ = std::move(hook); }
   // Called (outside the lock) when a complete step cannot be applied; the job cannot go on.
   using FailureHook = std::function<void(const absl::Status&)>;
   void SetFailureHook(FailureHook hook) { failure_hook_ = std::move(hook); }
-  // Called (outside the lock, before the push is answered) for each faulty whole push of the
+  // Called (outside the lock, before the push is answered) for each faulty push of the
   // current step (AggregatorOptions::screen). With `quarantine` the push was refused (ABORTED)
   // and the worker is still one the step waits for: the hook removes it (TrainingJob). Set
   // before training starts.
@@ -216,31 +200,12 @@ class StepAggregator {
   // Returns the wait's ticket, or 0 when `done` already ran.
   uint64_t Push(const GradientPush& push, Done done);
 
-  // A piece of a streamed push: values [offset, offset + count) of `header`'s gradient (the
-  // header's own `gradient` is ignored). Pieces of a push must come in order, from 0, and the
-  // push ends with Push(header with `streamed` set). A piece is checked like a whole gradient
-  // (the header, its range, every value finite and small enough) and, when refused, changes
-  // nothing: the pieces before it stay, and a retry may send them again (a piece that has
-  // arrived already is not added twice). An accepted piece is summed at once or, in worker
-  // order, once every lower id's values up to its end are; `taken` runs then (possibly at once,
-  // on this thread) with OK, or with an error if the step is abandoned first (abort, eviction,
-  // epoch end). A stream that reads its next piece only after `taken` holds at most one piece
-  // per worker in memory. Returns the refusal, or OK.
-  using Taken = std::function<void(const absl::Status&)>;
-  absl::Status PushChunk(const GradientPush& header, size_t offset,
-                         std::shared_ptr<const WirePayload> values, Taken taken);
-
   // Withdraws a waiting push's answer (its caller went away); the push itself stays counted.
   // True when it was waiting (its `done` will never run); false when `done` has run or is running.
   bool CancelWait(uint64_t ticket);
 
   // Fails every pending and future push with `status` (job aborted or shutting down).
   void Abort(const absl::Status& status);
-  // Before an Abort that should leave a state to checkpoint: opens no more pipelined updates
-  // and waits (at most `timeout`) for an open one to end with its step. False when one is
-  // still open (Abort then tears the store: see ParameterStore::AbandonUpdate).
-  bool Quiesce(absl::Duration timeout);
-
   // Loss totals of `epoch` so far.
   EpochLoss LossOf(int epoch) const;
 
@@ -254,9 +219,6 @@ class StepAggregator {
     std::map<int, EpochLoss> losses;
     std::set<std::pair<int, int>> accepted;  // of `epoch`
     StoreState store;
-    // The current step's update is half applied (a pipelined update runs): not a state to
-    // checkpoint.
-    bool updating = false;
   };
   State SaveState() const;
   // Resumes at `state.epoch`, step `state.step`, with `quotas` for that epoch's steps; the
@@ -285,75 +247,47 @@ class StepAggregator {
   // the re-plan it returns), then MarkReleased.
   void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A piece's `taken` and how it ends, run once the lock is released.
-  using Notices = std::vector<std::pair<Taken, absl::Status>>;
-  static void Notify(Notices* notices);
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
   // `*sum_squares` receives the sum of the squares of its values (when they are checked), and
   // `*bad_values` whether a value failed (rather than its shape).
   absl::Status CheckGradient(const GradientPush& push, double* sum_squares = nullptr,
                              bool* bad_values = nullptr) const;
-  // The same for a piece at `offset` of a model of `model` values: its shape, and its values
-  // when `check_values`.
-  static absl::Status CheckChunk(int worker_id, size_t offset, const WirePayload* values,
-                                 size_t model, bool check_values);
-  // Checks `values` (a piece at `offset`) and, with a `sum`, adds `weight` times each of them
-  // from the piece's value `skip` on to sum[offset...], in one pass: stops at the first value
-  // that is not finite or beyond kMaxAbsGradient and returns the refusal naming it. `*summed`
-  // (if given) receives how many of the piece's values are summed (all on success; before the
-  // refused one's block otherwise). With `check` false the values were checked already (a
-  // whole push, before the lock) and are only summed, which spares a second pass over every
-  // received byte.
-  // With `sum_squares`, the squares of the values checked are added to it.
+  // Checks `values` (values [offset, ...) of a gradient) and, with a `sum`, adds `weight` times
+  // each of them to sum[offset...], in one pass: stops at the first block with a value that is
+  // not finite or beyond kMaxAbsGradient (the blocks before it are summed) and returns the
+  // refusal naming it. With `check` false the values were checked already (before the lock)
+  // and are only summed, which spares a second pass over every received byte. With
+  // `sum_squares`, the squares of the values checked are added to it.
   static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                 size_t skip, float* sum, float weight, size_t* summed,
-                                 bool check = true, double* sum_squares = nullptr);
-  // A valid push's gradient becomes the step's: a whole one is queued as one piece; a streamed
-  // one must have arrived completely. Changes nothing on error.
+                                 float* sum, float weight, bool check = true,
+                                 double* sum_squares = nullptr);
+  // A valid push's gradient becomes the step's, to be summed in its turn. Changes nothing on
+  // error.
   absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sums the queued pieces whose turn has come (at once, or in worker order:
-  // AggregatorOptions::deterministic), each checked as it is summed. A refused piece ends its
-  // worker's queue; its refusal goes to its `taken`, or to `*watched` when it is piece `watch`.
-  void ReduceReadyLocked(Notices* notices, uint64_t watch = 0, absl::Status* watched = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums the gradients whose turn has come (at once, or in worker order:
+  // AggregatorOptions::deterministic); values of a sender's shared memory are checked again as
+  // they are summed, and a push whose values changed is refused when the step completes.
+  void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Incoming;
-  // Sums worker `id`'s queued values from where it stands up to `hi` (at most what has
-  // arrived), piece after piece; a piece summed to its end is taken (popped, `taken` noticed).
-  // A refusal ends the worker's queue as ReduceReadyLocked says.
-  void SumUpToLocked(int id, Incoming* in, size_t hi, Notices* notices, uint64_t watch,
-                     absl::Status* watched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums worker `id`'s gradient from where it stands up to value `hi`.
+  void SumUpToLocked(int id, Incoming* in, size_t hi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Values summed per window (ReduceReadyLocked): the window's sum and the update's state for it
   // stay in the L2 cache.
   static constexpr size_t kReduceWindow = 16384;
-  // Forgets the step's pieces; the queued ones end with `status`.
-  void DropIncomingLocked(const absl::Status& status, Notices* notices)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the step's gradients and losses.
+  void DropIncomingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What turns the step's sum into its sample-weighted mean: one over the samples summed, per
-  // range where an evicted worker's streamed values were summed in part; false when the step has
-  // no samples at all. Valid for every value that all of the step's workers have summed.
+  // What turns the step's sum into its sample-weighted mean: one over the samples summed; false
+  // when the step has no samples at all.
   bool MeanScalesLocked(std::vector<GradientScale>* scales) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pipelined: updates the values every worker of the step has summed and not yet updated, and
-  // leaves the news in `ready_`.
-  void AdvanceUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends an open update that will not complete (the store is torn: see AbandonUpdate).
-  void AbandonUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step's sum with values [0, to) ready to be added to (reserving its buffer at the
-  // step's first values, zeroing what was not yet); null when the store has no model or an
-  // update is open without the sum (neither can happen after Validate).
+  // step's first values, zeroing what was not yet); null when the store has no model (which
+  // cannot happen after Validate).
   float* SumLocked(size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ModelSize() const;  // the registered model's values
-  struct ValuesReady {
-    int epoch = 0;
-    int step = 0;
-    int64_t version = 0;
-    size_t ready = 0;
-  };
-  // Runs the values hook with what AdvanceUpdateLocked left, once the lock is released.
-  void TellReady(std::optional<ValuesReady> ready) const ABSL_LOCKS_EXCLUDED(mu_);
   // Applies the step once every participant has pushed; returns the callbacks to run.
-  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
-                          Notices* notices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
   const Clock* const clock_;
@@ -361,7 +295,6 @@ class StepAggregator {
   StepHook hook_;
   FailureHook failure_hook_;
   FaultyHook faulty_hook_;
-  ValuesHook values_hook_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;
@@ -372,11 +305,11 @@ class StepAggregator {
   std::map<int, std::set<std::pair<int, int>>> accepted_ ABSL_GUARDED_BY(mu_);
   StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  // Workers of the step whose whole push was refused as it was summed (values in their shared
+  // Workers of the step whose push was refused as it was summed (values in their shared
   // memory changed after the check): answered with the refusal when the step completes.
   std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
   GradientScreen screen_ ABSL_GUARDED_BY(mu_);
-  // The screen's suspects of the step: whole pushes whose norm is far above the job's recent
+  // The screen's suspects of the step: pushes whose norm is far above the job's recent
   // ones, held (not summed, not pending) until every push of the step is in, then judged
   // against the other workers' norms at the step: a spike every worker shares (the loss
   // jumped) is summed, one worker's outlier is faulty.
@@ -391,7 +324,7 @@ class StepAggregator {
   using Refusals = std::vector<std::pair<Done, absl::Status>>;
   // Once every push of the step is in (pending or suspect): each suspect is summed (pending) or
   // refused (into `refusals`, its worker into `faulty` for the hook).
-  void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals, Notices* notices)
+  void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Push found before the lock: the gradient's check, whether a value (not its shape)
   // failed it, and the sum of its squared values.
@@ -405,7 +338,6 @@ class StepAggregator {
     std::vector<FaultyPush> faulty;
     Refusals refusals;
     std::vector<Done> to_run;  // answered with `result`
-    Notices notices;
     absl::StatusOr<StepResult> result;
     StepStats stats;
     bool completed = false;  // the push completed the step (AfterStep runs)
@@ -432,31 +364,13 @@ class StepAggregator {
   // the rest is stale (SumLocked zeroes each range before the first values are added there).
   absl::Span<float> sum_ ABSL_GUARDED_BY(mu_);
   size_t zeroed_ ABSL_GUARDED_BY(mu_) = 0;
-  // The step's update is open in the store (pipelined), with its first `updated_` values done.
-  bool updating_ ABSL_GUARDED_BY(mu_) = false;
-  bool quiescing_ ABSL_GUARDED_BY(mu_) = false;      // open no more (Quiesce)
-  bool streamed_step_ ABSL_GUARDED_BY(mu_) = false;  // a piece of the current step was streamed
-  size_t updated_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t updating_version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<ValuesReady> ready_ ABSL_GUARDED_BY(mu_);  // not yet told
-  // Of the step being collected, by worker: the gradient's values that have arrived (a prefix)
-  // and that are summed (a prefix of those), and the pieces waiting for their turn in the sum.
-  struct Piece {
-    size_t offset = 0;
-    std::shared_ptr<const WirePayload> values;
-    Taken taken;      // may be empty
-    size_t skip = 0;  // its first values were summed before (a retry after a refusal)
-    uint64_t serial = 0;
-    // Its values were checked before the lock (a whole push's, unless its sender can still
-    // write them: those are checked again as they are summed).
-    bool checked = false;
-    bool whole = false;  // a whole push's gradient (not a piece of a stream)
-  };
+  // Of the step being collected, by worker: its gradient as received (until summed), its
+  // samples, and how many of its values are summed (a prefix).
   struct Incoming {
     int samples = 0;
-    size_t received = 0;
+    std::shared_ptr<const WirePayload> gradient;
+    bool checked = false;  // its values were checked before the lock and cannot change since
     size_t summed = 0;
-    std::deque<Piece> queued;
   };
   std::map<int, Incoming> incoming_ ABSL_GUARDED_BY(mu_);
   // The accepted pushes' loss sums, added in worker order when the step completes.
@@ -470,7 +384,6 @@ class StepAggregator {
   int released_epoch_ ABSL_GUARDED_BY(mu_) = -1;
   int released_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t last_piece_ ABSL_GUARDED_BY(mu_) = 0;  // pieces queued so far
 };
 
 }  // namespace dbs

@@ -19,8 +19,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   std::unique_ptr<TrainingJob> job(new TrainingJob(config, clock, description));
   job->store_ = std::make_unique<ParameterStore>(std::move(optimizer));
   job->aggregator_ = std::make_unique<StepAggregator>(
-      job->store_.get(), clock,
-      AggregatorOptions{config.deterministic, config.pipelined, config.screen});
+      job->store_.get(), clock, AggregatorOptions{config.deterministic, config.screen});
   job->scheduler_ =
       std::make_unique<Scheduler>(config.scheduler, std::move(policy), clock, job.get());
   TrainingJob* raw = job.get();
@@ -429,10 +428,10 @@ absl::Status TrainingJob::SaveCheckpoint() {
     st.audits = audits_;
   }
   if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return absl::OkStatus();
-  if (st.aggregator.updating || st.aggregator.store.torn) {
+  if (st.aggregator.store.torn) {
     return absl::FailedPreconditionError(
-        "a step was half applied when the job stopped (its update had begun while its last "
-        "gradients were still arriving); the newest checkpoint on disk is the one to restore");
+        "a step was half applied when the job stopped; the newest checkpoint on disk is the one "
+        "to restore");
   }
   const absl::Time started = clock_->Now();
   absl::StatusOr<std::string> path = WriteCheckpoint(config_.checkpoint_dir, st);

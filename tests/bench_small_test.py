@@ -364,15 +364,15 @@ class InterleaveTest(unittest.TestCase):
 
 class DataplaneSmallTest(unittest.TestCase):
     """bench/dataplane.py at one small size: dbs_ps with the C++ client, gloo beside it, in fp32
-    summed in worker order and bf16 summed on arrival, streamed in 64 KiB chunks to a server
-    with an 8 MiB window (modes combine); the table, the record and the plot."""
+    summed in worker order, bf16 summed on arrival across 2 shards (modes combine) and fp32
+    through shared memory; the table, the record and the plot."""
 
     def test_every_variant_and_gloo_report_their_figures(self):
         out = tempfile.mkdtemp(prefix="dataplane_small_")
         self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         p = subprocess.run(
             [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
-             "--variants=fp32,bf16/arrival/chunk64/window8,fp32/shm", "--rounds=1", "--warmup=1",
+             "--variants=fp32,bf16/arrival/2shards,fp32/shm", "--rounds=1", "--warmup=1",
              "--steps=5",
              f"--out_dir={out}", f"--ps_bin={os.path.join(RUNFILES, 'server', 'dbs_ps')}",
              f"--client_bin={os.path.join(RUNFILES, 'bench', 'dataplane_client')}"],
@@ -381,7 +381,7 @@ class DataplaneSmallTest(unittest.TestCase):
         with open(os.path.join(out, "dataplane.json")) as f:
             record = json.load(f)
         rows = {r["wire_dtype"]: r for r in record["summary"]}
-        self.assertEqual(set(rows), {"fp32", "bf16/arrival/chunk64/window8", "fp32/shm"})
+        self.assertEqual(set(rows), {"fp32", "bf16/arrival/2shards", "fp32/shm"})
         for r in rows.values():
             self.assertEqual(r["params"], 46730)
             self.assertGreater(r["dbs_step_ms"], 0)
@@ -406,11 +406,11 @@ class DataplaneSmallTest(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(out, "dataplane.png")))
         with open(os.path.join(out, "dataplane.md")) as f:
             text = f.read()
-        self.assertIn("| 46,730 | bf16/arrival/chunk64/window8 |", text)
+        self.assertIn("| 46,730 | bf16/arrival/2shards |", text)
         self.assertRegex(text, r"\| 46,730 \| fp32/shm \| .* \[shared \d+; own \d+\]")
 
     def test_a_mode_given_twice_or_unknown_is_refused_before_anything_runs(self):
-        for variant in ("fp32/window8/window4", "fp32/fast", "fp32/window0", "int8"):
+        for variant in ("fp32/shm/shm", "fp32/fast", "fp32/0shards", "fp32/whole", "int8"):
             p = subprocess.run(
                 [PYTHON, os.path.join(RUNFILES, "bench", "dataplane.py"), "--sizes=46730",
                  f"--variants={variant}", "--out_dir=/nonexistent/dataplane",

@@ -249,16 +249,15 @@ class ProcessTestCase(unittest.TestCase):
             return json.load(f), outs
 
     def start_restart_workers(self, server):
-        """Three MLP workers for the restart tests; w2 streams its pushes, its registration and
-        its resume (the 940 KB MLP in 64 KiB chunks), the others send whole messages (through
-        shared memory with a single dbs_ps). Returns
+        """Three MLP workers for the restart tests; w2 pushes over the socket, the others through
+        shared memory with a single dbs_ps. Returns
         once worker 0 is at step 25 or later of epoch 2 (of 3): two periodic checkpoints (every
         10 steps) are written by then. (Killing at its first progress line raced the first one:
         under ASan it came before it.)"""
         common = self.worker_argv(server, "--train_limit=6000", "--test_limit=500",
                                   "--model=mlp", "--log_every_s=0.2")
         procs = [self.spawn(common + [f"--name=w{i}"] +
-                            (["--stream_chunk_kb=64", "--shared_memory=false"] if i == 2 else []))
+                            (["--shared_memory=false"] if i == 2 else []))
                  for i in range(3)]
 
         def epoch2_step(text):
@@ -663,41 +662,32 @@ class DeterministicAggregationTest(ProcessTestCase):
               f"{len(wa)} exported bytes identical")
 
 
-class StreamedPushTest(ProcessTestCase):
-    """Issue 11 item 2: a gradient pushed as a stream of chunks (and the parameters streamed
-    back) trains exactly as the same job with one message per push, bit for bit, whatever
-    order the chunks of the workers arrive in; and so does one pushed through shared memory."""
+class SharedMemoryPushTest(ProcessTestCase):
+    """Workers that push through memory shared with dbs_ps train exactly as the same job whose
+    workers push over the socket, bit for bit, whatever order their pushes arrive in."""
 
-    def run_job(self, tag, chunk_kb, slowdowns, shared_memory=False):
+    def run_job(self, tag, slowdowns, shared_memory):
         exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(len(slowdowns))]
         s = self.run_fixed_job(tag, ["--global_batch=48"], [
             ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
-             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}",
-             f"--shared_memory={str(shared_memory).lower()}"]
+             f"--export_path={export}", f"--shared_memory={str(shared_memory).lower()}"]
             for slow, export in zip(slowdowns, exports)])
         with open(exports[0], "rb") as f:
             return s, f.read()
 
-    def test_chunks_train_bit_identically_to_whole_messages(self):
-        whole, w_whole = self.run_job("whole", 0, ["1", "2", "4"])
-        self.assertFalse(any("pushed as a stream" in e for e in self.worker_errs))
-        # 235,146 values of 4 bytes: 15 chunks of 64 KiB.
-        chunked, w_chunked = self.run_job("chunked", 64, ["4", "2", "1"])
+    def test_shared_memory_trains_bit_identically_to_the_socket(self):
+        socket, w_socket = self.run_job("socket", ["1", "2", "4"], shared_memory=False)
         for err in self.worker_errs:
-            self.assertIn("pushed as a stream of 15 chunks of at most 64 KiB", err)
-        # The workers' default on the server's host: shared memory, whatever the chunk size.
-        shared, w_shared = self.run_job("shared", 64, ["2", "4", "1"], shared_memory=True)
+            self.assertNotIn("shares memory with this worker:", err)
+        shared, w_shared = self.run_job("shared", ["4", "2", "1"], shared_memory=True)
         for err in self.worker_errs:
             self.assertIn("shares memory with this worker", err)
-            self.assertNotIn("pushed as a stream", err)
-        for s in (chunked, shared):
-            self.assertEqual([e["train_loss"] for e in whole["epochs"]],
-                             [e["train_loss"] for e in s["epochs"]])
-            self.assertEqual(whole["final_test_accuracy"], s["final_test_accuracy"])
-        self.assertEqual(w_whole, w_chunked, "the exported parameters differ")
-        self.assertEqual(w_whole, w_shared, "the exported parameters differ")
-        print(f"whole messages, 64 KiB chunks and shared memory: train losses "
-              f"{[e['train_loss'] for e in chunked['epochs']]}, {len(w_chunked)} exported bytes "
+        self.assertEqual([e["train_loss"] for e in socket["epochs"]],
+                         [e["train_loss"] for e in shared["epochs"]])
+        self.assertEqual(socket["final_test_accuracy"], shared["final_test_accuracy"])
+        self.assertEqual(w_socket, w_shared, "the exported parameters differ")
+        print(f"socket and shared memory: train losses "
+              f"{[e['train_loss'] for e in shared['epochs']]}, {len(w_shared)} exported bytes "
               f"identical")
 
 
@@ -705,11 +695,11 @@ class ShardedJobTest(ProcessTestCase):
     """Issue 11 item 4: the model split across several dbs_ps processes (--shard=i/k) trains
     exactly as one server does, re-plans included."""
 
-    def run_job(self, tag, shards, chunk_kb=0):
+    def run_job(self, tag, shards):
         exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(3)]
         s = self.run_fixed_job(tag, ["--global_batch=48"], [
             ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
-             f"--stream_chunk_kb={chunk_kb}", f"--export_path={export}"]
+             f"--export_path={export}"]
             for slow, export in zip(["1", "2", "4"], exports)], shards=shards)
         exported = []
         for e in exports:
@@ -722,7 +712,7 @@ class ShardedJobTest(ProcessTestCase):
         two, w_two = self.run_job("two", 2)
         self.assertIn("dbs_ps shard 1/2: the job finished; parameter version 126",
                       self.shard_outs[1])
-        three, w_three = self.run_job("three", 3, chunk_kb=64)  # streamed pieces per shard
+        three, w_three = self.run_job("three", 3)
         for s in (two, three):
             self.assertEqual([e["train_loss"] for e in one["epochs"]],
                              [e["train_loss"] for e in s["epochs"]])

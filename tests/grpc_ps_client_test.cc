@@ -137,21 +137,18 @@ TEST(GrpcPsClientRetryTest, AServerThatAsksToBeCalledAgainSoonIsCalledAgainQuiet
   s.server->Shutdown();
 }
 
-// A client of `server` that streams anything above 64 values: 47 chunks for kStreamedLayout's
-// 3,000 values.
-GrpcClientConfig StreamingClientOf(const PsServer& server) {
+// A client of `server` over the socket.
+GrpcClientConfig ClientOf(const PsServer& server) {
   GrpcClientConfig config;
   config.address = "127.0.0.1:" + std::to_string(server.port());
-  config.stream_chunk_bytes = 256;
-  config.shared_memory = false;  // which would carry a push whatever its size
+  config.shared_memory = false;
   return config;
 }
-const ModelLayout kStreamedLayout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
+const ModelLayout kTwoTensorLayout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
 
-// A model larger than a chunk registers, pulls and pushes as streams against a real server:
-// the first worker's initial values go up in chunks, the second worker's come down in chunks,
-// and both hold the same parameters.
-TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
+// The first worker's initial values become the model's; the second sends none of its own and
+// gets them, as does a pull.
+TEST(GrpcPsClientModelTest, TheFirstWorkersValuesAreTheModelEveryWorkerGets) {
   ServerConfig c;  // two workers; no step is trained
   c.host = "127.0.0.1";
   c.port = 0;
@@ -161,8 +158,8 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
-  const GrpcClientConfig config = StreamingClientOf(**server);
-  const ModelLayout layout = kStreamedLayout;
+  const GrpcClientConfig config = ClientOf(**server);
+  const ModelLayout layout = kTwoTensorLayout;
   std::vector<float> initial(3000);
   for (size_t i = 0; i < initial.size(); ++i) initial[i] = 0.001f * static_cast<float>(i) - 1;
   GrpcPsClient first(config), second(config);
@@ -186,10 +183,6 @@ TEST(GrpcPsClientStreamTest, ALargeModelRegistersAndPullsInChunks) {
   (*server)->Stop(absl::CancelledError("test over"));
 }
 
-// Two workers push streamed steps at once against a real server: each reads its answer's
-// ranges while its chunks still go out (the server updates and sends each range as soon as both
-// gradients for it are in), and both end every step with the same parameters: plain SGD on the
-// sample-weighted mean of their gradients.
 // Two workers, B = 4, the fixed split: two samples each per step.
 ServerConfig TwoWorkerConfig() {
   ServerConfig c;
@@ -282,12 +275,13 @@ class TwoWorkerJob {
   float expected_ = 1.0f;  // the server's fp32 values
 };
 
-TEST(GrpcPsClientStreamTest, TwoWorkersPushStreamedStepsAndHoldTheSameParameters) {
+// Two workers push steps at once against a real server, and both end every step with the same
+// parameters: plain SGD on the sample-weighted mean of their gradients.
+TEST(GrpcPsClientModelTest, TwoWorkersPushStepsAndHoldTheSameParameters) {
   TwoWorkerJob job;
   GrpcClientConfig config;
-  config.stream_chunk_bytes = 256;  // 47 chunks for kStreamedLayout's 3,000 values
   config.shared_memory = false;
-  ASSERT_NO_FATAL_FAILURE(job.Start(TwoWorkerConfig(), config, kStreamedLayout));
+  ASSERT_NO_FATAL_FAILURE(job.Start(TwoWorkerConfig(), config, kTwoTensorLayout));
   for (int step = 0; step < 3; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
   std::vector<float> pulled(job.n_);
   absl::StatusOr<int64_t> version =
@@ -442,29 +436,18 @@ double Sample(const std::string& metrics, const std::string& name,
   return -1;
 }
 
-// Whole-message pushes: two workers push every step on one push session each, and the server
-// counts each push as one; a push the server refuses ends the session, and the next push opens
-// another. With sessions off at the client, each push is a PushGradient call; against a server
-// without sessions, the client's first session is refused UNIMPLEMENTED and it pushes with
-// calls from then on. The parameters are the same every way.
-enum class Sessions { kOn, kOffAtTheClient, kOffAtTheServer };
-
-class PushSessionTest : public ::testing::TestWithParam<Sessions> {};
-
-TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
-  const bool sessions = GetParam() == Sessions::kOn;
+// Two workers push every step on one push session each, and the server counts each push as
+// one; a push the server refuses ends the session, and the next push opens another.
+TEST(GrpcPsClientSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
   ServerConfig c = TwoWorkerConfig();
   c.metrics_port = 0;
-  c.push_sessions = GetParam() != Sessions::kOffAtTheServer;
   GrpcClientConfig config;
-  config.push_sessions = GetParam() != Sessions::kOffAtTheClient;
   config.shared_memory = false;  // SharedMemoryTest pushes through it on sessions
-  const int tried = GetParam() == Sessions::kOffAtTheServer ? 1 : 0;  // sessions opened in vain
   TwoWorkerJob job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c, config, {{"a", {10}, false}, {"b", {2, 3}, false}}));
   for (int step = 0; step < 5; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
-  EXPECT_EQ(job.clients_[0]->sessions_opened(), sessions ? 1 : tried);
-  EXPECT_EQ(job.clients_[1]->sessions_opened(), sessions ? 1 : tried);
+  EXPECT_EQ(job.clients_[0]->sessions_opened(), 1);
+  EXPECT_EQ(job.clients_[1]->sessions_opened(), 1);
   // A push for a step that has not begun is refused (and ends worker 0's session); the job goes
   // on, worker 0 on a new one.
   const std::vector<float> g(job.n_, 0.0f);
@@ -472,30 +455,20 @@ TEST_P(PushSessionTest, WorkersPushTheirStepsOnOneSessionEach) {
                                             g, absl::MakeSpan(job.params_[0])),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("does not match")));
   ASSERT_NO_FATAL_FAILURE(job.Step(5));
-  EXPECT_EQ(job.clients_[0]->sessions_opened(), sessions ? 2 : tried);
-  EXPECT_EQ(job.clients_[1]->sessions_opened(), sessions ? 1 : tried);
+  EXPECT_EQ(job.clients_[0]->sessions_opened(), 2);
+  EXPECT_EQ(job.clients_[1]->sessions_opened(), 1);
   const std::string metrics = HttpGet(job.server_->metrics_port(), "/metrics");
-  const char* used = sessions ? "method=\"PushGradientSession\"" : "method=\"PushGradient\"";
-  const char* unused = sessions ? "method=\"PushGradient\"" : "method=\"PushGradientSession\"";
+  const char* used = "method=\"PushGradientSession\"";
   EXPECT_EQ(Sample(metrics, "dbs_calls_total", {used, "code=\"OK\""}), 12) << metrics;
   EXPECT_EQ(Sample(metrics, "dbs_refused_calls_total", {used, "FAILED_PRECONDITION"}), 1)
       << metrics;
-  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {unused}), tried == 0 ? -1 : 2) << metrics;
-  if (tried > 0) {
-    EXPECT_EQ(Sample(metrics, "dbs_refused_calls_total", {unused, "UNIMPLEMENTED"}), 2) << metrics;
-  }
 }
-
-INSTANTIATE_TEST_SUITE_P(SessionsOnAndOff, PushSessionTest,
-                         ::testing::Values(Sessions::kOn, Sessions::kOffAtTheClient,
-                                           Sessions::kOffAtTheServer));
 
 // Workers on the server's host push through shared memory by default: each attaches at its
 // first push (one AttachSharedMemory call), every push goes on its session without the
 // gradient, and every answer's values are read from the server's slots; the parameters are
 // exactly those of pushes over the socket (TwoWorkerJob::Step checks every value), also where
-// one worker shares memory and the other does not, in fp32 and bf16, whatever the model's size
-// (3,000 values in chunks of 256 bytes would be 47-chunk streams over the socket). The values
+// one worker shares memory and the other does not, in fp32 and bf16. The values
 // start at 1 + 2^-10, so that the server's fp32 values are no bf16 values: a worker of a bf16
 // job rounds what it reads from the slots (fp32) as the answers over the socket are rounded.
 struct SharedMemoryCase {
@@ -513,12 +486,11 @@ TEST_P(SharedMemoryTest, WorkersOnTheServersHostPushThroughSharedMemory) {
   c.job.wire_dtype = p.dtype;
   c.shared_memory = p.server_shares;
   GrpcClientConfig config;
-  config.stream_chunk_bytes = 256;
   TwoWorkerJob job;
   job.second_shares_memory = p.second_shares;
   job.initial = 1.0f + 1.0f / 1024;
   job.dtype = p.dtype;
-  ASSERT_NO_FATAL_FAILURE(job.Start(c, config, kStreamedLayout));
+  ASSERT_NO_FATAL_FAILURE(job.Start(c, config, kTwoTensorLayout));
   for (int step = 0; step < 4; ++step) ASSERT_NO_FATAL_FAILURE(job.Step(step));
   EXPECT_EQ(job.clients_[0]->shares_memory(), p.server_shares);
   EXPECT_EQ(job.clients_[1]->shares_memory(), p.server_shares && p.second_shares);
@@ -534,13 +506,9 @@ TEST_P(SharedMemoryTest, WorkersOnTheServersHostPushThroughSharedMemory) {
               attached)
         << metrics;
   }
-  // Whole pushes on sessions for the sharing workers, streams for the others.
-  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"PushGradientSession\""}),
-            sharing == 0 ? -1 : 4 * sharing)
-      << metrics;
-  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"PushGradientStream\""}),
-            sharing == 2 ? -1 : 4 * (2 - sharing))
-      << metrics;
+  // Every push on a session, with its gradient in shared memory or carried.
+  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"PushGradientSession\""}), 8) << metrics;
+  EXPECT_EQ(Sample(metrics, "dbs_shared_memory_workers", {}), sharing) << metrics;
   std::vector<float> pulled(job.n_);
   absl::StatusOr<int64_t> version =
       job.clients_[0]->PullParameters(job.ids_[0], absl::MakeSpan(pulled));
@@ -632,9 +600,9 @@ TEST(GrpcPsClientSessionTest, NoCallStaysInProgressBetweenCalls) {
 }
 
 // Four workers register a model larger than a chunk at the same moment, each with values of its
-// own: one worker's values go up (one RegisterModelStream), the others wait for them, and every
-// worker ends with those values.
-TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
+// own: one worker's values go up (one RegisterModel with values), the others wait for them, and
+// every worker ends with those values.
+TEST(GrpcPsClientModelTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
   ServerConfig c;
   c.host = "127.0.0.1";
   c.port = 0;
@@ -645,8 +613,8 @@ TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
   const RealClock clock;
   absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
   ASSERT_THAT(server, IsOk());
-  const GrpcClientConfig config = StreamingClientOf(**server);
-  const ModelLayout layout = kStreamedLayout;
+  const GrpcClientConfig config = ClientOf(**server);
+  const ModelLayout layout = kTwoTensorLayout;
   constexpr int kWorkers = 4;
   constexpr size_t kValues = 3000;
   std::vector<std::unique_ptr<GrpcPsClient>> clients;
@@ -681,12 +649,8 @@ TEST(GrpcPsClientStreamTest, WorkersRegisteringAtOnceSendOneCopyOfTheModel) {
     EXPECT_EQ(params[w], std::vector<float>(kValues, winner)) << "worker " << w;
   }
   const std::string metrics = HttpGet((*server)->metrics_port(), "/metrics");
-  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"RegisterModelStream\"", "code=\"OK\""}),
-            1)
-      << metrics;
-  EXPECT_EQ(Sample(metrics, "dbs_calls_total", {"method=\"RegisterModelStream\"", "ABORTED"}), -1)
-      << "no worker began to send its values while another did";
-  // One copy of the model's bytes came up, not four (the rest: headers and layouts).
+  // One copy of the model's bytes came up, not four (the rest: headers and layouts): no worker
+  // sent its values while another did.
   const double received = Sample(metrics, "dbs_received_bytes_total", {});
   EXPECT_GT(received, kValues * 4.0);
   EXPECT_LT(received, kValues * 4.0 * 1.5) << metrics;

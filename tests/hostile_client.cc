@@ -61,16 +61,30 @@ namespace {
 using grpc::StatusCode;
 
 const char* const kMethods[] = {
-    "/dbs.v1.SchedulerService/RegisterWorker",      "/dbs.v1.SchedulerService/Leave",
-    "/dbs.v1.SchedulerService/ReportEpoch",         "/dbs.v1.SchedulerService/GetEpochPlan",
-    "/dbs.v1.ParameterService/RegisterModel",       "/dbs.v1.ParameterService/PushGradient",
-    "/dbs.v1.ParameterService/PullParameters",      "/dbs.v1.ParameterService/Resume",
-    "/dbs.v1.ParameterService/PushGradientStream",  "/dbs.v1.ParameterService/PullParametersStream",
-    "/dbs.v1.ParameterService/RegisterModelStream", "/dbs.v1.ParameterService/PushGradientSession",
+    "/dbs.v1.SchedulerService/RegisterWorker",
+    "/dbs.v1.SchedulerService/Leave",
+    "/dbs.v1.SchedulerService/ReportEpoch",
+    "/dbs.v1.SchedulerService/GetEpochPlan",
+    "/dbs.v1.ParameterService/RegisterModel",
+    "/dbs.v1.ParameterService/PullParameters",
+    "/dbs.v1.ParameterService/Resume",
+    "/dbs.v1.ParameterService/PushGradientSession",
     "/dbs.v1.ParameterService/AttachSharedMemory",
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
+// One push on a push session of its own: how the session ended (OK only with an answer).
+grpc::Status PushOnce(dbs::v1::ParameterService::Stub* stub, grpc::ClientContext* ctx,
+                      const dbs::v1::PushGradientRequest& push, dbs::v1::PushGradientReply* reply) {
+  auto session = stub->PushGradientSession(ctx);
+  if (session->Write(push) && session->Read(reply)) {
+    session->WritesDone();
+    return session->Finish();
+  }
+  const grpc::Status ended = session->Finish();
+  return ended.ok() ? grpc::Status(StatusCode::UNKNOWN, "the session ended without an answer")
+                    : ended;
+}
 class Attacker {
  public:
   explicit Attacker(const std::string& server) : rng_(12345) {
@@ -90,7 +104,7 @@ class Attacker {
     MalformedTensors();
     WaitingFlood();
     Oversized();
-    StreamAbuse();
+    SessionAbuse();
   }
 
   nlohmann::json Record(int round) {
@@ -343,7 +357,8 @@ class Attacker {
           grpc::ClientContext ctx;
           Deadline(&ctx);
           if (step != 0) Forge(&ctx);
-          Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "malformed push");
+          Note("/PushGradientSession", PushOnce(params_.get(), &ctx, push, &reply),
+               "malformed push");
         }
       }
     }
@@ -387,47 +402,17 @@ class Attacker {
         grpc::ClientContext ctx;
         Deadline(&ctx);
         Forge(&ctx);
-        Note("/PushGradient", params_->PushGradient(&ctx, push, &reply), "oversized push",
+        Note("/PushGradientSession", PushOnce(params_.get(), &ctx, push, &reply), "oversized push",
              /*transport_refusal=*/true);
       });
     }
     for (std::thread& t : threads) t.join();
   }
 
-  // Streamed pushes with forged tokens, ids and steps; pieces with gaps, negative and huge
-  // offsets, headers that change mid-stream, no pieces at all, and streams abandoned half-way.
-  void StreamAbuse() {
+  // Push sessions with forged tokens: pushes of one id after another on one stream, pushes
+  // written without reading the answers, and sessions walked away from.
+  void SessionAbuse() {
     const std::string piece = Bytes(4096);
-    for (int id : kForgedIds) {
-      for (int shape = 0; shape < 5; ++shape) {
-        grpc::ClientContext ctx;
-        Deadline(&ctx);
-        Forge(&ctx);
-        auto stream = params_->PushGradientStream(&ctx);
-        dbs::v1::PushGradientRequest push;
-        push.set_worker_id(id);
-        push.set_num_samples(16);
-        push.set_gradient(piece);
-        const int64_t offsets[] = {0, 1024, -7, int64_t{1} << 62, 3};
-        for (int i = 0; shape != 3 && i < 3; ++i) {
-          push.set_gradient_offset(offsets[(shape + i) % 5]);
-          if (shape == 2) push.set_step(i);  // the header changes mid-stream
-          if (!stream->Write(push)) break;
-        }
-        if (shape == 4) {
-          ctx.TryCancel();  // walks away half-way
-          (void)stream->Finish();
-          continue;
-        }
-        stream->WritesDone();
-        dbs::v1::PushGradientReply reply;
-        while (stream->Read(&reply)) {
-        }
-        Note("/PushGradientStream", stream->Finish(), "forged streamed push");
-      }
-    }
-    // Push sessions with forged ids and tokens: pushes of one id after another on one stream,
-    // and sessions walked away from.
     for (int shape = 0; shape < 3; ++shape) {
       grpc::ClientContext ctx;
       Deadline(&ctx);
@@ -594,7 +579,7 @@ int Insider() {
     push.set_num_samples(1);
     push.set_loss_sum(1e308);
     dbs::v1::PushGradientReply reply;
-    codes["push_huge_loss"] = params->PushGradient(&ctx, push, &reply).error_code();
+    codes["push_huge_loss"] = PushOnce(params.get(), &ctx, push, &reply).error_code();
   }
   std::map<std::string, int> flood;
   for (int i = 0; i < 100; ++i) {

@@ -61,8 +61,8 @@ TEST(MetricsTest, RendersTheRunAndWhatTheObserversHeard) {
   m.OnStep(absl::ZeroDuration(), {{0, 0.1}, {1, 0.2}});  // an epoch's first step: no wall time
   m.OnStep(absl::Milliseconds(500), {{0, 0.125}, {1, 0.25}});
   m.OnCheckpoint(absl::Milliseconds(20), true);
-  m.OnCall("PushGradient", 1000, 2000, 0);
-  m.OnCall("PushGradient", 10, 0, 7);
+  m.OnCall("PushGradientSession", 1000, 2000, 0);
+  m.OnCall("PushGradientSession", 10, 0, 7);
   m.OnSharedMemoryWorkers(2);
   m.OnSharedMemoryWorkers(1);
   m.OnSharedAnswerOverGrpc();
@@ -76,8 +76,8 @@ TEST(MetricsTest, RendersTheRunAndWhatTheObserversHeard) {
            "dbs_checkpoint_writes_total 1",
            "dbs_received_bytes_total 1010",
            "dbs_sent_bytes_total 2000",
-           "dbs_calls_total{code=\"OK\",method=\"PushGradient\"} 1",
-           "dbs_refused_calls_total{code=\"PERMISSION_DENIED\",method=\"PushGradient\"} 1",
+           "dbs_calls_total{code=\"OK\",method=\"PushGradientSession\"} 1",
+           "dbs_refused_calls_total{code=\"PERMISSION_DENIED\",method=\"PushGradientSession\"} 1",
            "dbs_epochs_completed 1",
            "dbs_epoch 2",
            "dbs_last_epoch_seconds 10",

@@ -153,7 +153,13 @@ class ServiceTest : public ::testing::Test {
     grpc::ClientContext ctx;
     Sign(&ctx, req.worker_id());
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    return params_->PushGradient(&ctx, req, reply);
+    auto session = params_->PushGradientSession(&ctx);
+    if (session->Write(req) && session->Read(reply)) {
+      session->WritesDone();
+      return session->Finish();
+    }
+    const grpc::Status ended = session->Finish();
+    return ended.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "no answer") : ended;
   }
 
   // AttachSharedMemory for worker `id`'s gradient region at `where` (signed unless `sign` is
@@ -795,25 +801,15 @@ TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThe
     }
     return st;
   };
-  // Worker w streams its values: the layout, then one chunk.
-  auto stream = [&](int w, const std::vector<float>& values) {
+  // Worker w sends its values with its layout.
+  auto send = [&](int w, const std::vector<float>& values) {
+    v1::RegisterModelRequest req;
+    req.set_worker_id(w);
+    EncodeTensors(kLayout, values, req.mutable_parameters());
+    v1::Parameters reply;
     grpc::ClientContext ctx;
     ctx.AddMetadata(kWorkerTokenKey, tokens[w]);
-    v1::Parameters reply;
-    std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
-        stub->RegisterModelStream(&ctx, &reply);
-    v1::RegisterModelRequest head;
-    head.set_worker_id(w);
-    head.set_omit_values(true);
-    EncodeLayout(kLayout, head.mutable_parameters());
-    v1::RegisterModelRequest chunk;
-    chunk.set_worker_id(w);
-    chunk.mutable_initial()->set_offset(0);
-    chunk.mutable_initial()->set_values(
-        std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-    if (writer->Write(head)) writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    return stub->RegisterModel(&ctx, req, &reply);
   };
   const grpc::Status first = ask(0);
   EXPECT_EQ(first.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << first.error_message();
@@ -821,8 +817,8 @@ TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThe
   EXPECT_EQ(second.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(second.error_message(),
               ::testing::HasSubstr("worker 0 is sending the model's initial values"));
-  // Another worker's values, while worker 0 holds the turn, are refused at the layout.
-  const grpc::Status other = stream(2, {7, 8, 9});
+  // Another worker's values, while worker 0 holds the turn, are refused.
+  const grpc::Status other = send(2, {7, 8, 9});
   EXPECT_EQ(other.error_code(), grpc::StatusCode::ABORTED) << other.error_message();
   EXPECT_FALSE(job->store()->registered());
   // Worker 0 goes silent for the whole lease: the next to ask takes over, worker 0 waits.
@@ -832,7 +828,7 @@ TEST(ServiceRegistrationClaimTest, OneWorkerSendsTheValuesAndTheOthersWaitForThe
   EXPECT_EQ(late.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(late.error_message(), ::testing::HasSubstr("worker 1 is sending"));
   // Worker 1's values become the model's; everyone's layout alone then gets them.
-  ASSERT_THAT(stream(1, {4, 5, 6}), IsOk());
+  ASSERT_THAT(send(1, {4, 5, 6}), IsOk());
   for (int w = 0; w < 3; ++w) {
     std::vector<float> got;
     ASSERT_THAT(ask(w, &got), IsOk()) << "worker " << w;
@@ -919,7 +915,7 @@ TEST_F(ServiceTest, MalformedModelsAndBytesAreInvalidArgumentsWithAMessage) {
   // code 12 with an empty message; the services parse requests themselves.
   grpc::GenericStub generic(channel_);
   for (const char* method :
-       {"/dbs.v1.ParameterService/RegisterModel", "/dbs.v1.ParameterService/PushGradient",
+       {"/dbs.v1.ParameterService/RegisterModel", "/dbs.v1.ParameterService/PullParameters",
         "/dbs.v1.SchedulerService/RegisterWorker", "/dbs.v1.SchedulerService/GetEpochPlan"}) {
     const std::string garbage = "\x0a\xff\xff\xff\xff\x0f";  // a field longer than the message
     grpc::Slice slice(garbage.data(), garbage.size());

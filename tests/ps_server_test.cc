@@ -61,6 +61,19 @@ struct HandWorker {
 
   void Sign(grpc::ClientContext* ctx) const { ctx->AddMetadata(kWorkerTokenKey, joined.token()); }
 
+  // One push on a push session of its own, and its answer.
+  grpc::Status Push(const v1::PushGradientRequest& push, v1::PushGradientReply* reply) const {
+    grpc::ClientContext ctx;
+    Sign(&ctx);
+    auto session = params->PushGradientSession(&ctx);
+    if (session->Write(push) && session->Read(reply)) {
+      session->WritesDone();
+      return session->Finish();
+    }
+    const grpc::Status ended = session->Finish();
+    return ended.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "no answer") : ended;
+  }
+
   void Join(int port, int values) {
     channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                   grpc::InsecureChannelCredentials());
@@ -132,8 +145,6 @@ TEST(ValidateServerConfigTest, NamesTheSettingAndNoFlag) {
   const Case cases[] = {
       {[](ServerConfig& c) { c.port = 70000; }, "port must be in [0, 65535]"},
       {[](ServerConfig& c) { c.max_message_mb = 0; }, "max_message_mb must be in [1, 2047]"},
-      {[](ServerConfig& c) { c.receive_window_mb = -1; }, "receive_window_mb must be 0"},
-      {[](ServerConfig& c) { c.receive_window_mb = 1025; }, "receive_window_mb must be 0"},
       {[](ServerConfig& c) { c.restore = true; }, "restore needs a checkpoint_dir"},
       {[](ServerConfig& c) { c.job.scheduler.expected_workers = 0; }, "workers must be >= 1"},
       {[](ServerConfig& c) { c.job.scheduler.epochs = 0; }, "epochs must be in [1, 1000000]"},
@@ -306,7 +317,6 @@ TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
   HandWorker w;
   w.Join(port, 2);
   const v1::EpochPlan& plan = w.plan;
-  auto* params = w.params.get();
   auto* sched = w.sched.get();
   auto signed_ctx = [&w](grpc::ClientContext* ctx, const std::string&) { w.Sign(ctx); };
   const v1::RegisterWorkerReply& joined = w.joined;
@@ -317,9 +327,7 @@ TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
     push.set_num_samples(step + 1 < plan.num_steps() ? plan.batch_size() : plan.final_batch_size());
     push.set_gradient(std::string(8, '\0'));  // two fp32 zeros
     v1::PushGradientReply reply;
-    grpc::ClientContext ctx;
-    signed_ctx(&ctx, joined.token());
-    ASSERT_THAT(params->PushGradient(&ctx, push, &reply), IsOk());
+    ASSERT_THAT(w.Push(push, &reply), IsOk());
     // The reply the server assembles from shared bytes is an ordinary message.
     EXPECT_EQ(reply.values().version(), step + 1);
     EXPECT_EQ(reply.values().values().size(), 8u);
@@ -353,161 +361,6 @@ TEST(PsServerTest, HealthIsServingWhileTheJobRunsAndNotServingOnceItIsOver) {
   EXPECT_THAT(result, IsOk());
 }
 
-// One streamed push (PushGradientStream) of `pieces` (offset, values), each with `header`'s
-// fields unless `headers` gives the piece its own; returns how the stream ended and the answers.
-absl::Status Stream(const HandWorker& w, const v1::PushGradientRequest& header,
-                    const std::vector<std::pair<int64_t, std::vector<float>>>& pieces,
-                    std::vector<v1::PushGradientReply>* answers,
-                    const std::vector<v1::PushGradientRequest>& headers = {}) {
-  grpc::ClientContext ctx;
-  w.Sign(&ctx);
-  auto stream = w.params->PushGradientStream(&ctx);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    v1::PushGradientRequest piece = i < headers.size() ? headers[i] : header;
-    piece.set_gradient_offset(pieces[i].first);
-    piece.set_gradient(std::string(reinterpret_cast<const char*>(pieces[i].second.data()),
-                                   4 * pieces[i].second.size()));
-    if (!stream->Write(piece)) break;
-  }
-  stream->WritesDone();
-  v1::PushGradientReply reply;
-  while (stream->Read(&reply)) answers->push_back(reply);
-  return FromGrpcStatus(stream->Finish());
-}
-
-// A stop (SIGTERM) while a streamed step's update is half applied (its first values were final
-// and updated while the rest was still coming): the server lets the step complete and then
-// writes its final checkpoint, of the completed step. A step that does not complete within the
-// grace is abandoned: the parameters stay those before it, the optimizer's state is torn, and
-// the final checkpoint is refused rather than written half applied.
-TEST(PsServerTest, AStopLetsAHalfAppliedStepCompleteBeforeTheFinalCheckpoint) {
-  for (const bool completes : {true, false}) {
-    SCOPED_TRACE(completes ? "the step completes" : "the step never completes");
-    ServerConfig c = SmallConfig();
-    c.job.scheduler.expected_workers = 1;
-    c.job.checkpoint_dir =
-        ::testing::TempDir() + "/ps_server_test_stop_" + (completes ? "completes" : "torn");
-    c.stop_grace = completes ? absl::Seconds(60) : absl::Milliseconds(100);
-    const RealClock clock;
-    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(c, &clock);
-    ASSERT_THAT(server, IsOk());
-    std::ostringstream out;
-    std::thread runner([&] { (*server)->Run(out).IgnoreError(); });
-    HandWorker w;
-    w.Join((*server)->port(), 4);
-    v1::PushGradientRequest piece;
-    piece.set_num_samples(w.plan.batch_size());
-    const std::vector<float> g = {1, 1, 1, 1};
-    piece.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), 8));
-    grpc::ClientContext ctx;
-    w.Sign(&ctx);
-    auto stream = w.params->PushGradientStream(&ctx);
-    ASSERT_TRUE(stream->Write(piece));
-    // The one worker's first two values are final: the step's update opens.
-    StepAggregator* agg = (*server)->job()->aggregator();
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (!agg->SaveState().updating && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    ASSERT_TRUE(agg->SaveState().updating);
-    std::thread stopper([&] { (*server)->Stop(absl::CancelledError("stopped by the test")); });
-    if (completes) {
-      piece.set_gradient_offset(2);
-      ASSERT_TRUE(stream->Write(piece));
-      stream->WritesDone();
-      v1::PushGradientReply reply;
-      int64_t samples = 0;
-      while (stream->Read(&reply)) samples += reply.global_samples();
-      EXPECT_EQ(samples, w.plan.batch_size()) << "the step's result came back";
-    }
-    stopper.join();
-    runner.join();
-    if (!completes) ctx.TryCancel();  // the in-process server leaves a stream it stopped open
-    stream->Finish().IgnoreError();
-    std::vector<std::string> refused;
-    absl::StatusOr<JobState> saved = LoadNewestCheckpoint(c.job.checkpoint_dir, &refused);
-    if (completes) {
-      ASSERT_THAT(saved, IsOk());
-      EXPECT_EQ(saved->aggregator.step, 1);
-      EXPECT_EQ(saved->aggregator.store.version, 1);
-    } else {
-      EXPECT_THAT(saved, StatusIs(absl::StatusCode::kNotFound, ::testing::_))
-          << "no checkpoint of a half-applied step";
-      const StepAggregator::State s = agg->SaveState();
-      EXPECT_TRUE(s.store.torn);
-      EXPECT_EQ(s.store.version, 0);
-    }
-  }
-}
-
-TEST(PsServerTest, AStreamedPushIsCheckedChunkByChunkAndAnswersInChunks) {
-  OneWorkerServer server(SmallConfig());
-  ASSERT_THAT(server.status(), IsOk());
-  HandWorker w;
-  w.Join(server.port(), 4);
-  v1::PushGradientRequest head;
-  head.set_num_samples(w.plan.batch_size());
-  std::vector<v1::PushGradientReply> answers;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  // A gap, a NaN, pieces naming another step, no piece, and a push cut short: each refused
-  // with the reason, and none of them changes the step.
-  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {3, {1}}}, &answers),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("consecutive")));
-  // A push of more than kMaxStreamChunks messages (here the first values, sent again and
-  // again) is refused: one worker cannot make the server handle a million tiny messages.
-  EXPECT_THAT(
-      Stream(w, head,
-             std::vector<std::pair<int64_t, std::vector<float>>>(kMaxStreamChunks + 1, {0, {1, 1}}),
-             &answers),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 1024 pieces")));
-  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {nan, 1}}}, &answers),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 2")));
-  v1::PushGradientRequest other = head;
-  other.set_step(1);
-  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {1, 1}}}, &answers, {head, other}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same worker, epoch")));
-  EXPECT_THAT(Stream(w, head, {}, &answers),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("before its first piece")));
-  EXPECT_THAT(Stream(w, head, {{0, {1, 1}}}, &answers),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("ended after 2 of the model's 4 values")));
-  // The one worker's first two values were summed and are final, so they may have been updated
-  // and sent already (the pipelined update), before the stream's refusal; but no refused stream
-  // carried a step's result.
-  for (const v1::PushGradientReply& a : answers) {
-    EXPECT_EQ(a.global_samples(), 0);
-    EXPECT_EQ(a.values().offset(), 0);
-    EXPECT_EQ(a.values().version(), 1);
-  }
-  answers.clear();
-  // The whole push: its first two values arrived already (sent again, not added twice).
-  ASSERT_THAT(Stream(w, head, {{0, {1, 1}}, {2, {2, 3}}}, &answers), IsOk());
-  // The answer comes in pieces as large as the push's, then the step's result with an empty
-  // range at the model's end.
-  ASSERT_EQ(answers.size(), 3u);
-  EXPECT_EQ(answers[0].global_samples(), 0);
-  EXPECT_EQ(answers[1].global_samples(), 0);
-  EXPECT_EQ(answers[2].step(), 0);
-  EXPECT_EQ(answers[2].global_samples(), w.plan.batch_size());
-  EXPECT_EQ(answers[2].values().offset(), 4);
-  EXPECT_EQ(answers[2].values().values(), "");
-  std::vector<float> got(4, 0.0f);
-  for (size_t i = 0; i < 2; ++i) {
-    const v1::PushGradientReply& a = answers[i];
-    EXPECT_EQ(a.values().version(), 1);
-    EXPECT_EQ(a.values().offset(), static_cast<int64_t>(2 * i));
-    const std::string& v = a.values().values();
-    ASSERT_EQ(v.size(), 8u);
-    std::memcpy(got.data() + a.values().offset(), v.data(), v.size());
-  }
-  EXPECT_EQ(answers[2].values().version(), 1);
-  // lr 1, no momentum: the parameters are minus the gradient.
-  EXPECT_THAT(got, ::testing::ElementsAre(-1.0f, -1.0f, -2.0f, -3.0f));
-}
-
-// ShardService.ReportMissing (a follower's report of pushes only the leader got) removes workers:
-// it needs the job's secret and, since every worker holds that too, the key the follower's own
-// Follow stream carries. A caller with the secret alone changes nothing, follower or not.
 TEST(PsServerTest, AReportOfMissingPushesComesOnlyFromTheFollowerItself) {
   ServerConfig c = SmallConfig();
   c.num_shards = 2;
@@ -551,14 +404,6 @@ TEST(PsServerTest, AReportOfMissingPushesComesOnlyFromTheFollowerItself) {
   (*leader)->Stop(absl::CancelledError("test over"));
 }
 
-TEST(ReceiveWindowArgsTest, ZeroLeavesGRPCsWindowAndABoundTurnsTheProbeOff) {
-  EXPECT_TRUE(ReceiveWindowArgs(0).empty());
-  EXPECT_THAT(ReceiveWindowArgs(8),
-              ::testing::UnorderedElementsAre(
-                  std::make_pair(std::string(GRPC_ARG_HTTP2_BDP_PROBE), 0),
-                  std::make_pair(std::string(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES), 8 << 20)));
-}
-
 TEST(MemoryQuotaShortfallTest, AQuotaMustHoldEveryWorkersPushAndTheHeadroom) {
   ServerConfig c = SmallConfig();
   c.job.scheduler.expected_workers = 4;
@@ -585,11 +430,9 @@ TEST(MemoryQuotaShortfallTest, AQuotaMustHoldEveryWorkersPushAndTheHeadroom) {
   EXPECT_EQ(MemoryQuotaShortfall(c, 25'000'000), std::nullopt);
 }
 
-TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
-  // A 1 MiB window, and a model, push and answer of 3 MiB each as whole messages: gRPC's flow
-  // control carries them in window-sized parts, and the step's values are exact.
+TEST(PsServerTest, APushAndItsAnswerOfSeveralMiBAreExact) {
+  // A model, push and answer of 3 MiB each, each one message.
   ServerConfig c = SmallConfig();
-  c.receive_window_mb = 1;
   OneWorkerServer server(c);
   ASSERT_THAT(server.status(), IsOk());
   constexpr int kValues = 3 << 18;  // under the client's 4 MiB default largest message
@@ -601,9 +444,7 @@ TEST(PsServerTest, AReceiveWindowSmallerThanTheMessagesStillCarriesThem) {
   push.set_num_samples(w.plan.batch_size());
   push.set_gradient(std::string(reinterpret_cast<const char*>(gradient.data()), 4u * kValues));
   v1::PushGradientReply reply;
-  grpc::ClientContext ctx;
-  w.Sign(&ctx);
-  ASSERT_THAT(w.params->PushGradient(&ctx, push, &reply), IsOk());
+  ASSERT_THAT(w.Push(push, &reply), IsOk());
   EXPECT_EQ(reply.global_samples(), w.plan.batch_size());
   ASSERT_EQ(reply.values().values().size(), 4u * kValues);
   std::vector<float> got(kValues);

@@ -53,29 +53,9 @@ class FakeShard final : public v1::ParameterService::CallbackService {
                                            v1::Parameters* reply) override {
     return Zeros(ctx, reply);
   }
-  grpc::ServerUnaryReactor* PushGradient(grpc::CallbackServerContext* ctx,
-                                         const v1::PushGradientRequest* req,
-                                         v1::PushGradientReply*) override {
-    ++pushes;
-    if (refuses_pushes_) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      const FakeShard* other = other_.load();
-      while (other != nullptr && other->pushes.load() == 0 && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-      r->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                             "push for epoch 0 step " + std::to_string(req->step()) +
-                                 " does not match the current step (epoch 0 step 0)"));
-      return r;
-    }
-    auto* reactor = new WaitingReactor();
-    reactor->SetWithdraw([this] {
-      ++cancelled_pushes;
-      return true;
-    });
-    reactor->Release();
-    return reactor;
+  grpc::ServerBidiReactor<v1::PushGradientRequest, v1::PushGradientReply>* PushGradientSession(
+      grpc::CallbackServerContext*) override {
+    return new Session(this);
   }
 
  private:
@@ -88,6 +68,54 @@ class FakeShard final : public v1::ParameterService::CallbackService {
     r->Finish(grpc::Status::OK);
     return r;
   }
+
+  // A push session that refuses its first push (a refusing shard) or holds it unanswered,
+  // counting it as cancelled when the client gives up.
+  class Session final
+      : public grpc::ServerBidiReactor<v1::PushGradientRequest, v1::PushGradientReply> {
+   public:
+    explicit Session(FakeShard* shard) : shard_(shard) { StartRead(&push_); }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) return End(grpc::Status::OK);
+      ++shard_->pushes;
+      if (!shard_->refuses_pushes_) {
+        absl::MutexLock lock(&mu_);
+        holding_ = !finished_;
+        return;
+      }
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      const FakeShard* other = shard_->other_.load();
+      while (other != nullptr && other->pushes.load() == 0 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       "push for epoch 0 step " + std::to_string(push_.step()) +
+                           " does not match the current step (epoch 0 step 0)"));
+    }
+    void OnCancel() override {
+      {
+        absl::MutexLock lock(&mu_);
+        if (holding_) ++shard_->cancelled_pushes;
+        holding_ = false;
+      }
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    void End(const grpc::Status& status) {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+      Finish(status);
+    }
+    FakeShard* const shard_;
+    v1::PushGradientRequest push_;
+    absl::Mutex mu_;
+    bool holding_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  };
 
   const bool refuses_pushes_;
   std::atomic<const FakeShard*> other_{nullptr};

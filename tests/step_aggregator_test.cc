@@ -566,12 +566,11 @@ struct OneStepJob {
   std::unique_ptr<StepAggregator> agg;
   std::map<int, int> quota;
 
-  OneStepJob(int workers, bool deterministic, bool pipelined = true) {
+  OneStepJob(int workers, bool deterministic) {
     EXPECT_THAT(
         store.Register({{"w", {static_cast<int64_t>(kModel)}}}, std::vector<float>(kModel, 0.0f)),
         IsOk());
-    agg = std::make_unique<StepAggregator>(&store, nullptr,
-                                           AggregatorOptions{deterministic, pipelined});
+    agg = std::make_unique<StepAggregator>(&store, nullptr, AggregatorOptions{deterministic});
     for (int w = 0; w < workers; ++w) quota[w] = 1 + w % 3;
     agg->BeginEpoch(0, {quota});
   }
@@ -632,164 +631,22 @@ TEST(DeterministicAggregationTest, AnEvictedWorkerDoesNotHoldUpTheSumOfTheOthers
   EXPECT_FLOAT_EQ((*store.Snapshot()->values)[0], -2.0f);
 }
 
-// One step of 6 workers whose gradients (those of StepInOrder) come as streams of pieces of
-// worker-dependent sizes, interleaved at random as a network would deliver them. Each stream
-// sends its next piece only once the last was taken (as the server's stream reads its next
-// message), then ends its push. Returns the parameters after the step; `max_queued` receives
-// the most pieces that were waiting at once. Pipelined, every report of values ready is checked
-// against what the pushes had delivered then.
-std::vector<float> StreamedStep(unsigned seed, bool deterministic, int* max_queued,
-                                bool pipelined = true, int* early_reports = nullptr) {
-  const int workers = 6;
-  const size_t model = OneStepJob::kModel;
-  OneStepJob job(workers, deterministic, pipelined);
-  StepAggregator& agg = *job.agg;
-  size_t last_ready = 0;
-  int reports = 0;
-  std::vector<size_t> delivered(workers, 0);  // each worker's values handed to the aggregator
-  agg.SetValuesHook([&](int epoch, int step, int64_t version, size_t ready) {
-    EXPECT_TRUE(pipelined);
-    EXPECT_EQ(epoch, 0);
-    EXPECT_EQ(step, 0);
-    EXPECT_EQ(version, 1);
-    EXPECT_GT(ready, last_ready) << "ready only grows";
-    // Final only where every worker's values have arrived; the parameters served are still the
-    // previous version's, and no checkpoint can be taken meanwhile.
-    EXPECT_LE(ready, *std::min_element(delivered.begin(), delivered.end()));
-    EXPECT_EQ(job.store.Snapshot()->version, 0);
-    EXPECT_TRUE(agg.SaveState().updating);
-    last_ready = ready;
-    ++reports;
-  });
-  std::map<int, int>& quota = job.quota;
-  struct Stream {
-    std::vector<float> g;
-    size_t sent = 0;
-    size_t piece = 0;
-    bool ready = true;  // its last piece was taken
-    bool ended = false;
-  };
-  std::vector<Stream> streams(workers);
-  for (int w = 0; w < workers; ++w) {
-    streams[w].g = OrderSensitiveGradient(w, model);
-    streams[w].piece = 5 + 4 * static_cast<size_t>(w);  // boundaries differ between workers
-  }
-  std::mt19937 rng(seed);
-  int answered = 0;
-  int queued = 0;
-  *max_queued = 0;
-  while (true) {
-    std::vector<int> can;
-    for (int w = 0; w < workers; ++w) {
-      if (streams[w].ready && !streams[w].ended) can.push_back(w);
-    }
-    if (can.empty()) break;
-    const int w = can[rng() % can.size()];
-    Stream& st = streams[w];
-    GradientPush header{w, 0, 0, quota[w], 0.0, {}};
-    if (st.sent == model) {
-      header.streamed = true;
-      st.ended = true;
-      agg.Push(header, [&](const absl::StatusOr<StepResult>& r) {
-        EXPECT_THAT(r, IsOk());
-        ++answered;
-      });
-      continue;
-    }
-    const size_t n = std::min(st.piece, model - st.sent);
-    std::vector<float> piece(st.g.begin() + st.sent, st.g.begin() + st.sent + n);
-    st.ready = false;
-    ++queued;
-    *max_queued = std::max(*max_queued, queued);
-    delivered[w] = st.sent + n;
-    EXPECT_THAT(agg.PushChunk(header, st.sent, WirePayload::FromFloats(piece),
-                              [&st, &queued](const absl::Status& s) {
-                                EXPECT_THAT(s, IsOk());
-                                st.ready = true;
-                                --queued;
-                              }),
-                IsOk());
-    st.sent += n;
-  }
-  EXPECT_EQ(answered, workers);
-  EXPECT_FALSE(agg.SaveState().updating);
-  EXPECT_EQ(job.store.Snapshot()->version, 1);
-  if (early_reports != nullptr) *early_reports = reports;
-  return *job.store.Snapshot()->values;
-}
-
-TEST(StreamedPushTest, PiecesInAnyInterleavingSumLikeWholePushesInWorkerOrder) {
-  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
-  for (unsigned seed = 0; seed < 200; ++seed) {
-    int max_queued = 0;
-    ASSERT_EQ(StreamedStep(seed, true, &max_queued), reference) << "seed " << seed;
-    // Flow control: a stream has at most one piece waiting.
-    EXPECT_LE(max_queued, 6);
-  }
-}
-
-TEST(StreamedPushTest, APipelinedUpdateGivesTheSameParametersAndReportsItsValuesEarly) {
-  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
-  int max_queued = 0, reports = 0, total = 0;
-  for (unsigned seed = 0; seed < 100; ++seed) {
-    ASSERT_EQ(StreamedStep(seed, true, &max_queued, /*pipelined=*/false, &reports), reference);
-    EXPECT_EQ(reports, 0) << "not pipelined: the update runs at the step's end";
-    ASSERT_EQ(StreamedStep(seed, true, &max_queued, /*pipelined=*/true, &reports), reference)
-        << "seed " << seed;
-    total += reports;
-    ASSERT_EQ(StreamedStep(seed, false, &max_queued, /*pipelined=*/true, &reports).size(),
-              reference.size());
-  }
-  // The first values are final long before the last pushes end: most steps report early.
-  EXPECT_GT(total, 100);
-}
-
 // A model of several reduction windows (ReduceReadyLocked sums window by window): 4 workers
-// whose pieces straddle the windows, delivered in a random interleaving, with momentum SGD over
-// two steps, pipelined or not, must give the bits of whole pushes summed in worker order.
-std::vector<float> TwoStepsOfAWideModel(unsigned seed, bool streamed, bool pipelined) {
+// pushing in `order`, with momentum SGD over two steps, must give the bits of the pushes summed
+// in worker order, however they arrive.
+std::vector<float> TwoStepsOfAWideModel(const std::vector<int>& order) {
   const size_t model = 40000;
   ParameterStore store(std::make_unique<SgdOptimizer>(SgdConfig{0.1, 0.9, 0.0, false}));
   EXPECT_THAT(store.Register({{"w", {static_cast<int64_t>(model)}}}, std::vector<float>(model)),
               IsOk());
-  StepAggregator agg(&store, nullptr, AggregatorOptions{true, pipelined});
+  StepAggregator agg(&store, nullptr, AggregatorOptions{true});
   const std::map<int, int> quota = {{0, 3}, {1, 1}, {2, 2}, {3, 5}};
   agg.BeginEpoch(0, {quota, quota});
-  const std::vector<size_t> piece = {7000, 16384, 9999, 40000};
-  std::mt19937 rng(seed);
   int answered = 0;
   for (int step = 0; step < 2; ++step) {
-    std::vector<std::vector<float>> g(4);
-    for (int w = 0; w < 4; ++w) g[w] = OrderSensitiveGradient(w + step, model);
-    if (!streamed) {
-      for (int w : {2, 0, 3, 1}) {
-        agg.Push({w, 0, step, quota.at(w), 0.0, g[w]},
-                 [&](const absl::StatusOr<StepResult>& r) { answered += r.ok(); });
-      }
-      continue;
-    }
-    std::vector<size_t> sent(4, 0);
-    std::vector<bool> ended(4, false);
-    while (true) {
-      std::vector<int> can;
-      for (int w = 0; w < 4; ++w) {
-        if (!ended[w]) can.push_back(w);
-      }
-      if (can.empty()) break;
-      const int w = can[rng() % can.size()];
-      GradientPush header{w, 0, step, quota.at(w), 0.0, {}};
-      if (sent[w] == model) {
-        header.streamed = true;
-        ended[w] = true;
-        agg.Push(header, [&](const absl::StatusOr<StepResult>& r) { answered += r.ok(); });
-        continue;
-      }
-      const size_t n = std::min(piece[w], model - sent[w]);
-      std::vector<float> values(g[w].begin() + sent[w], g[w].begin() + sent[w] + n);
-      EXPECT_THAT(agg.PushChunk(header, sent[w], WirePayload::FromFloats(values),
-                                [](const absl::Status& s) { EXPECT_THAT(s, IsOk()); }),
-                  IsOk());
-      sent[w] += n;
+    for (int w : order) {
+      agg.Push({w, 0, step, quota.at(w), 0.0, OrderSensitiveGradient(w + step, model)},
+               [&](const absl::StatusOr<StepResult>& r) { answered += r.ok(); });
     }
   }
   EXPECT_EQ(answered, 8);
@@ -797,177 +654,16 @@ std::vector<float> TwoStepsOfAWideModel(unsigned seed, bool streamed, bool pipel
   return *store.Snapshot()->values;
 }
 
-TEST(StreamedPushTest, PiecesAcrossSeveralWindowsSumLikeWholePushes) {
-  const std::vector<float> reference = TwoStepsOfAWideModel(0, false, false);
-  for (unsigned seed = 0; seed < 20; ++seed) {
-    ASSERT_EQ(TwoStepsOfAWideModel(seed, true, true), reference) << "pipelined, seed " << seed;
-    ASSERT_EQ(TwoStepsOfAWideModel(seed, true, false), reference) << "seed " << seed;
+TEST(DeterministicAggregationTest, PushesAcrossSeveralWindowsSumInWorkerOrderWhateverTheArrival) {
+  const std::vector<float> reference = TwoStepsOfAWideModel({0, 1, 2, 3});
+  std::vector<int> order = {0, 1, 2, 3};
+  while (std::next_permutation(order.begin(), order.end())) {
+    ASSERT_EQ(TwoStepsOfAWideModel(order), reference)
+        << "order " << order[0] << order[1] << order[2] << order[3];
   }
 }
 
-TEST(StreamedPushTest, SummedOnArrivalThePiecesStillMakeTheMean) {
-  const std::vector<float> reference = StepInOrder({0, 1, 2, 3, 4, 5}, true);
-  int max_queued = 0;
-  const std::vector<float> got = StreamedStep(7, false, &max_queued);
-  ASSERT_EQ(got.size(), reference.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], reference[i], 1e-6 * std::max(1.0f, std::fabs(reference[i])));
-  }
-}
-
-class StreamedPushRulesTest : public StepAggregatorTest {
- protected:
-  // Worker `w`'s header for step 0 with its planned batch.
-  GradientPush Header(int w, bool streamed = false) {
-    GradientPush p{w, 0, 0, w == 0 ? 1 : 3, 0.0, {}};
-    p.streamed = streamed;
-    return p;
-  }
-  static std::shared_ptr<const WirePayload> Values(std::vector<float> v) {
-    return WirePayload::FromFloats(v);
-  }
-  static StepAggregator::Taken Count(int* taken, absl::Status* last = nullptr) {
-    return [taken, last](const absl::Status& s) {
-      ++*taken;
-      if (last != nullptr) *last = s;
-    };
-  }
-};
-
-TEST_F(StreamedPushRulesTest, ARefusedPieceChangesNothingAndARetryResumesThePush) {
-  int taken = 0;
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({2.0f}), Count(&taken)), IsOk());
-  EXPECT_EQ(taken, 1);  // the lowest id is never held
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THAT(agg_->PushChunk(Header(0), 1, Values({nan}), Count(&taken)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("element 1")));
-  // Not consecutive, beyond the model, and a push that ends early: refused too.
-  EXPECT_THAT(agg_->PushChunk(Header(0), 2, Values({1.0f}), Count(&taken)),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
-  EXPECT_THAT(agg_->PushChunk(Header(0), 1, Values({1.0f, 1.0f}), Count(&taken)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond the model")));
-  Outcome early;
-  agg_->Push(Header(0, true), early.callback());
-  ASSERT_TRUE(early.result.has_value());
-  EXPECT_THAT(*early.result, StatusIs(absl::StatusCode::kInvalidArgument,
-                                      HasSubstr("ended after 1 of the model's 2 values")));
-  // A whole push cannot finish what a stream began.
-  Outcome whole;
-  agg_->Push(Push(0, 0, 1, {5.0f, 5.0f}), whole.callback());
-  EXPECT_THAT(*whole.result, StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
-  EXPECT_EQ(taken, 1);
-  // The retry sends the first piece again (not added twice) and then the rest.
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({2.0f}), Count(&taken)), IsOk());
-  ASSERT_THAT(agg_->PushChunk(Header(0), 1, Values({4.0f}), Count(&taken)), IsOk());
-  EXPECT_EQ(taken, 3);
-  Outcome a, b;
-  agg_->Push(Header(0, true), a.callback());
-  EXPECT_FALSE(a.result.has_value());
-  agg_->Push(Push(1, 0, 3, {2.0f, 0.0f}), b.callback());
-  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
-  ASSERT_THAT(*a.result, IsOk());
-  // (1 * [2 4] + 3 * [2 0]) / 4 = [2 1].
-  EXPECT_THAT(Params(), ElementsAre(-2.0f, -1.0f));
-}
-
-TEST_F(StreamedPushRulesTest, APieceWaitsForTheLowerIdsAndAnAbortEndsIt) {
-  int taken = 0;
-  absl::Status last;
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({1.0f, 1.0f}), Count(&taken, &last)), IsOk());
-  EXPECT_EQ(taken, 0) << "worker 0's values come first in the sum";
-  agg_->Abort(absl::UnavailableError("shutting down"));
-  EXPECT_EQ(taken, 1);
-  EXPECT_THAT(last, StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
-}
-
-TEST_F(StreamedPushRulesTest, AnEvictedWorkersSummedPiecesCountForTheirValuesOnly) {
-  int taken = 0;
-  absl::Status last;
-  // Worker 0 (1 sample) streams its first value and dies; worker 1 (3 samples) pushes whole.
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
-  Outcome b;
-  agg_->Push(Push(1, 0, 3, {2.0f, 2.0f}), b.callback());
-  EXPECT_FALSE(b.result.has_value());
-  ASSERT_TRUE(agg_->Evict(0, 0, {0}));
-  agg_->CompleteEviction({{{{1, 3}}}, {}});
-  ASSERT_TRUE(b.result.has_value());
-  ASSERT_THAT(*b.result, IsOk());
-  EXPECT_EQ((*b.result)->global_samples, 3);
-  // Value 0: (1 * 4 + 3 * 2) / 4 = 2.5; value 1: 3 * 2 / 3 = 2.
-  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
-}
-
-TEST_F(StreamedPushRulesTest, AWorkerEvictedAfterItsFirstValuesWereUpdatedCountsForThemOnly) {
-  int taken = 0;
-  std::vector<size_t> ready;
-  agg_->SetValuesHook([&](int, int, int64_t, size_t r) { ready.push_back(r); });
-  // Both stream their first value: it is final, and updated at once.
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
-  EXPECT_THAT(ready, ElementsAre(1u));
-  EXPECT_TRUE(agg_->SaveState().updating);
-  EXPECT_THAT(Params(), ElementsAre(0.0f, 0.0f)) << "served: the version before the step";
-  // Worker 1 ends its push; worker 0 dies before its second value.
-  ASSERT_THAT(agg_->PushChunk(Header(1), 1, Values({2.0f}), Count(&taken)), IsOk());
-  Outcome b;
-  agg_->Push(Header(1, true), b.callback());
-  EXPECT_FALSE(b.result.has_value());
-  ASSERT_TRUE(agg_->Evict(0, 0, {0}));
-  agg_->CompleteEviction({{{{1, 3}}}, {}});
-  ASSERT_TRUE(b.result.has_value());
-  ASSERT_THAT(*b.result, IsOk());
-  // As without the pipeline: value 0 (1 * 4 + 3 * 2) / 4 = 2.5; value 1 3 * 2 / 3 = 2.
-  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.0f));
-  EXPECT_EQ(store_->Snapshot()->version, 1);
-  EXPECT_FALSE(agg_->SaveState().updating);
-}
-
-TEST_F(StreamedPushRulesTest, AnAbortInTheMiddleOfAnUpdateTearsTheStore) {
-  int taken = 0;
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
-  ASSERT_TRUE(agg_->SaveState().updating);
-  EXPECT_FALSE(agg_->Quiesce(absl::ZeroDuration())) << "the update is still open";
-  agg_->Abort(absl::UnavailableError("stopped"));
-  const StepAggregator::State s = agg_->SaveState();
-  EXPECT_FALSE(s.updating);
-  // The parameters are the last version's, but the optimizer's state would mix two steps: no
-  // checkpoint may be written from this.
-  EXPECT_TRUE(s.store.torn);
-  EXPECT_EQ(s.store.version, 0);
-  EXPECT_THAT(s.store.values, ElementsAre(0.0f, 0.0f));
-}
-
-TEST_F(StreamedPushRulesTest, QuiescingLetsTheOpenUpdateEndAndOpensNoOther) {
-  int taken = 0;
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Values({4.0f}), Count(&taken)), IsOk());
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Values({2.0f}), Count(&taken)), IsOk());
-  ASSERT_TRUE(agg_->SaveState().updating);
-  std::optional<bool> quiesced;
-  std::thread stopper([&] { quiesced = agg_->Quiesce(absl::Seconds(60)); });
-  // The step goes on and completes; then the stop may checkpoint.
-  ASSERT_THAT(agg_->PushChunk(Header(0), 1, Values({4.0f}), Count(&taken)), IsOk());
-  ASSERT_THAT(agg_->PushChunk(Header(1), 1, Values({2.0f}), Count(&taken)), IsOk());
-  Outcome a, b;
-  agg_->Push(Header(0, true), a.callback());
-  agg_->Push(Header(1, true), b.callback());
-  stopper.join();
-  ASSERT_TRUE(quiesced.has_value());
-  EXPECT_TRUE(*quiesced);
-  ASSERT_TRUE(b.result.has_value());
-  ASSERT_THAT(*b.result, IsOk());
-  EXPECT_THAT(Params(), ElementsAre(-2.5f, -2.5f));
-  EXPECT_FALSE(agg_->SaveState().store.torn);
-  // Step 1 (worker 0 alone): its values are final at once, but no update opens any more.
-  GradientPush h{0, 0, 1, 1, 0.0, {}};
-  ASSERT_THAT(agg_->PushChunk(h, 0, Values({1.0f}), Count(&taken)), IsOk());
-  EXPECT_FALSE(agg_->SaveState().updating);
-  ASSERT_THAT(agg_->PushChunk(h, 1, Values({1.0f}), Count(&taken)), IsOk());
-  EXPECT_FALSE(agg_->SaveState().updating);
-}
-
-// A model larger than one checking block: values are checked as they are summed, block by block.
-class LargePieceTest : public ::testing::Test {
+class LargeGradientTest : public ::testing::Test {
  protected:
   static constexpr size_t kModel = 3 * kSumBlock + 5;
   void SetUp() override {
@@ -983,57 +679,18 @@ class LargePieceTest : public ::testing::Test {
     agg_.reset();
     SetUp();
   }
-  static GradientPush Header(int w, bool streamed = false) {
-    GradientPush p{w, 0, 0, 1, 0.0, {}};
-    p.streamed = streamed;
-    return p;
-  }
-  // Values [from, to) of a gradient whose value i is i + 1 (worker 0) or 2 (i + 1) (worker 1).
-  static std::shared_ptr<const WirePayload> Piece(int w, size_t from, size_t to) {
-    std::vector<float> v;
-    for (size_t i = from; i < to; ++i) v.push_back(static_cast<float>((w + 1) * (i + 1)));
-    return WirePayload::FromFloats(v);
-  }
-  static StepAggregator::Taken Record(std::vector<absl::Status>* out) {
-    return [out](const absl::Status& s) { out->push_back(s); };
+  // Worker `w`'s push of step 0 with `gradient`.
+  static GradientPush Push(int w, std::shared_ptr<const WirePayload> gradient) {
+    return GradientPush{w, 0, 0, 1, 0.0, PushedGradient(std::move(gradient))};
   }
   std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<StepAggregator> agg_;
 };
 
-TEST_F(LargePieceTest, ABadValueInsideAPieceIsRefusedAndTheRetryAddsOnlyTheRest) {
-  std::vector<absl::Status> taken;
-  const size_t bad = 2 * kSumBlock + 7;  // in the piece's third block
-  std::shared_ptr<const WirePayload> whole = Piece(0, 0, kModel);
-  std::vector<float> poisoned(kModel);
-  for (size_t i = 0; i < kModel; ++i) poisoned[i] = static_cast<float>(i + 1);
-  poisoned[bad] = std::numeric_limits<float>::infinity();
-  EXPECT_THAT(agg_->PushChunk(Header(0), 0, WirePayload::FromFloats(poisoned), Record(&taken)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(absl::StrCat("element ", bad, " is inf"))));
-  EXPECT_TRUE(taken.empty()) << "a refusal returned at once does not also run `taken`";
-  // The retry resends the whole piece: the blocks summed before the bad one are skipped, not
-  // added twice.
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, whole, Record(&taken)), IsOk());
-  ASSERT_EQ(taken.size(), 1u);
-  EXPECT_THAT(taken[0], IsOk());
-  Outcome a, b;
-  agg_->Push(Header(0, true), a.callback());
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, Piece(1, 0, kModel), Record(&taken)), IsOk());
-  agg_->Push(Header(1, true), b.callback());
-  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
-  ASSERT_THAT(*a.result, IsOk());
-  // Mean of (i + 1) and 2 (i + 1), each once: p = -1.5 (i + 1).
-  const std::vector<float> p = *store_->Snapshot()->values;
-  for (size_t i = 0; i < kModel; ++i) {
-    ASSERT_EQ(p[i], -1.5f * static_cast<float>(i + 1)) << "value " << i;
-  }
-}
-
-// A piece in a 16-bit wire dtype, its bytes cut into segments of `cut` bytes (odd sizes put
+// A gradient in a 16-bit wire dtype, its bytes cut into segments of `cut` bytes (odd sizes put
 // values across segments and every run off its alignment), kept alive by the payload.
-std::shared_ptr<const WirePayload> HalfPiece(const std::vector<float>& values, WireDtype dtype,
-                                             size_t cut) {
+std::shared_ptr<const WirePayload> HalfGradient(const std::vector<float>& values, WireDtype dtype,
+                                                size_t cut) {
   auto bytes = std::make_shared<std::vector<uint8_t>>(1 + 2 * values.size());
   EncodeValues(values, dtype, bytes->data() + 1);  // one byte in front: unaligned
   auto p = std::make_shared<WirePayload>();
@@ -1046,7 +703,7 @@ std::shared_ptr<const WirePayload> HalfPiece(const std::vector<float>& values, W
   return p;
 }
 
-TEST_F(LargePieceTest, HalfPrecisionPiecesSumBitForBitLikeTheirDecodedValues) {
+TEST_F(LargeGradientTest, HalfPrecisionGradientsSumBitForBitLikeTheirDecodedValues) {
   // bf16 is checked and summed where it lies, fp16 decoded block by block first: either way
   // the parameters are those of the same values pushed as fp32.
   for (WireDtype dtype : {WireDtype::kBf16, WireDtype::kFp16}) {
@@ -1060,19 +717,14 @@ TEST_F(LargePieceTest, HalfPrecisionPiecesSumBitForBitLikeTheirDecodedValues) {
       std::vector<float> params[2];
       for (int as_fp32 = 0; as_fp32 < 2; ++as_fp32) {
         Reset();
-        std::vector<absl::Status> taken;
+        Outcome a, b;
         for (int w = 0; w < 2; ++w) {
           std::vector<float> decoded(kModel);
-          std::shared_ptr<const WirePayload> half = HalfPiece(grads[w], dtype, cut);
+          std::shared_ptr<const WirePayload> half = HalfGradient(grads[w], dtype, cut);
           ASSERT_THAT(DecodePayload(*half, absl::MakeSpan(decoded)), IsOk());
-          ASSERT_THAT(
-              agg_->PushChunk(Header(w), 0, as_fp32 ? WirePayload::FromFloats(decoded) : half,
-                              Record(&taken)),
-              IsOk());
+          agg_->Push(Push(w, as_fp32 ? WirePayload::FromFloats(decoded) : half),
+                     (w == 0 ? a : b).callback());
         }
-        Outcome a, b;
-        agg_->Push(Header(0, true), a.callback());
-        agg_->Push(Header(1, true), b.callback());
         ASSERT_TRUE(b.result.has_value());
         ASSERT_THAT(*b.result, IsOk());
         params[as_fp32] = *store_->Snapshot()->values;
@@ -1085,7 +737,7 @@ TEST_F(LargePieceTest, HalfPrecisionPiecesSumBitForBitLikeTheirDecodedValues) {
   }
 }
 
-TEST_F(LargePieceTest, HalfPrecisionValuesBeyondTheLimitAreRefusedByName) {
+TEST_F(LargeGradientTest, HalfPrecisionValuesBeyondTheLimitAreRefusedByName) {
   // The largest bf16 value at most kMaxAbsGradient passes, the next one up does not, and
   // neither do infinities and NaNs of either sign; fp16 has only infinities and NaNs to refuse.
   uint32_t limit_bits;
@@ -1116,44 +768,19 @@ TEST_F(LargePieceTest, HalfPrecisionValuesBeyondTheLimitAreRefusedByName) {
     const size_t bad = kSumBlock + 9;
     std::vector<float> g(kModel, 1.0f);
     g[bad] = c.value;
-    std::vector<absl::Status> taken;
-    const absl::Status s =
-        agg_->PushChunk(Header(0), 0, HalfPiece(g, c.dtype, 1001), Record(&taken));
+    Outcome a;
+    agg_->Push(Push(0, HalfGradient(g, c.dtype, 1001)), a.callback());
     if (c.refused) {
-      EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
-                              HasSubstr(absl::StrCat("worker 0's element ", bad, " is "))))
+      ASSERT_TRUE(a.result.has_value()) << "refused at once";
+      EXPECT_THAT(a.result->status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat("worker 0's element ", bad, " is "))))
           << WireDtypeName(c.dtype) << " " << c.value;
     } else {
-      EXPECT_THAT(s, IsOk()) << WireDtypeName(c.dtype) << " " << c.value;
+      EXPECT_FALSE(a.result.has_value())
+          << WireDtypeName(c.dtype) << " " << c.value << ": accepted, it waits for worker 1";
     }
   }
-}
-
-TEST_F(LargePieceTest, AHeldPieceIsCheckedWhenItsTurnComesAndEndsItsPush) {
-  std::vector<absl::Status> first, second, lower;
-  std::vector<float> poisoned(kSumBlock + 1, 1.0f);
-  poisoned[kSumBlock] = std::numeric_limits<float>::quiet_NaN();
-  // Worker 1's pieces wait for worker 0's values: accepted for now.
-  ASSERT_THAT(agg_->PushChunk(Header(1), 0, WirePayload::FromFloats(poisoned), Record(&first)),
-              IsOk());
-  EXPECT_TRUE(first.empty());
-  ASSERT_THAT(agg_->PushChunk(Header(0), 0, Piece(0, 0, kModel), Record(&lower)), IsOk());
-  ASSERT_EQ(first.size(), 1u);
-  EXPECT_THAT(first[0], StatusIs(absl::StatusCode::kInvalidArgument,
-                                 HasSubstr(absl::StrCat("worker 1's element ", kSumBlock))));
-  // Its first block was summed; the push resumes from there.
-  ASSERT_THAT(agg_->PushChunk(Header(1), kSumBlock, Piece(1, kSumBlock, kModel), Record(&second)),
-              IsOk());
-  ASSERT_EQ(second.size(), 1u);
-  EXPECT_THAT(second[0], IsOk());
-  Outcome a, b;
-  agg_->Push(Header(0, true), a.callback());
-  agg_->Push(Header(1, true), b.callback());
-  ASSERT_TRUE(b.result.has_value());
-  ASSERT_THAT(*b.result, IsOk());
-  const std::vector<float> p = *store_->Snapshot()->values;
-  EXPECT_EQ(p[0], -(1.0f + 1.0f) / 2);  // worker 1's first block: the 1s it sent
-  EXPECT_EQ(p[kSumBlock], -(kSumBlock + 1.0f + 2.0f * (kSumBlock + 1)) / 2);
 }
 
 }  // namespace

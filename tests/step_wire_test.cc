@@ -309,49 +309,22 @@ TEST(StepWireTest, AReplyWithoutOrWithTheWrongParametersLeavesTheModelAlone) {
   EXPECT_THAT(params, ElementsAre(7, 7));
 }
 
-TEST(StepWireTest, StreamedChunksAreWhatProtobufWouldWriteAndLandAtTheirOffset) {
-  // A chunk of a push: the header, the gradient field's prefix, then the values.
+TEST(StepWireTest, APushsPrefixThenItsValuesIsWhatProtobufWouldWrite) {
   v1::PushGradientRequest req;
   req.set_worker_id(2);
-  req.set_gradient_offset(5);
   const std::vector<float> g = {1.5f, -2.0f};
-  std::string piece = req.SerializeAsString() + GradientPiecePrefix(2, WireDtype::kFp32) +
-                      std::string(reinterpret_cast<const char*>(g.data()), 8);
+  const std::string push = req.SerializeAsString() + GradientFieldPrefix(2, WireDtype::kFp32) +
+                           std::string(reinterpret_cast<const char*>(g.data()), 8);
   v1::PushGradientRequest parsed;
-  ASSERT_TRUE(parsed.ParseFromString(piece));
-  EXPECT_EQ(parsed.gradient_offset(), 5);
+  ASSERT_TRUE(parsed.ParseFromString(push));
+  EXPECT_EQ(parsed.worker_id(), 2);
   EXPECT_EQ(parsed.gradient().size(), 8u);
-  // A chunk of an answer: values 1..2 of a 4-value model, in bf16.
-  v1::PushGradientReply head;
-  head.set_step(3);
-  const std::vector<float> v = {0.5f, 4.0f};
-  std::string values(4, '\0');
-  EncodeValues(v, WireDtype::kBf16, reinterpret_cast<uint8_t*>(values.data()));
-  const std::string message =
-      head.SerializeAsString() + ValuesPiecePrefix(9, WireDtype::kBf16, 1, 2) + values;
-  v1::PushGradientReply as_proto;
-  ASSERT_TRUE(as_proto.ParseFromString(message));
-  EXPECT_EQ(as_proto.values().offset(), 1);
-  EXPECT_EQ(as_proto.values().version(), 9);
-  std::vector<float> params = {7, 7, 7, 7};
-  int64_t version = 0;
-  size_t offset = 0, count = 0;
-  v1::PushGradientReply got;
-  ASSERT_THAT(ParsePushReplyPiece(Split(message, 3), &got, absl::MakeSpan(params), &version,
-                                  &offset, &count),
-              IsOk());
-  EXPECT_EQ(got.step(), 3);
-  EXPECT_EQ(version, 9);
-  EXPECT_EQ(offset, 1u);
-  EXPECT_EQ(count, 2u);
-  EXPECT_THAT(params, ElementsAre(7, 0.5f, 4.0f, 7));
-  // A chunk beyond the model is refused and writes nothing.
-  const std::string beyond =
-      head.SerializeAsString() + ValuesPiecePrefix(9, WireDtype::kBf16, 3, 2) + values;
-  EXPECT_THAT(ParsePushReplyPiece(Split(beyond, 2), &got, absl::MakeSpan(params), &version, &offset,
-                                  &count),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("do not fit")));
-  EXPECT_THAT(params, ElementsAre(7, 0.5f, 4.0f, 7));
+  v1::PushGradientRequest header;
+  WirePayload gradient;
+  ASSERT_THAT(ParsePushRequest(Split(push, 3), &header, &gradient), IsOk());
+  std::vector<float> got(2);
+  ASSERT_THAT(DecodePayload(gradient, absl::MakeSpan(got)), IsOk());
+  EXPECT_EQ(got, g);
 }
 
 TEST(SlicePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {
@@ -443,7 +416,7 @@ TEST(GradientOnWireTest, Fp32IsTheGradientsOwnMemoryWhichIsWaitedFor) {
   // The field's tag and length, then these bytes: the field a whole-message push writes.
   std::string field(GradientFieldSize(4, WireDtype::kFp32), '\0');
   WriteGradientField(WireDtype::kFp32, gradient, reinterpret_cast<uint8_t*>(field.data()));
-  EXPECT_EQ(GradientPiecePrefix(4, WireDtype::kFp32) + BytesOf(whole), field);
+  EXPECT_EQ(GradientFieldPrefix(4, WireDtype::kFp32) + BytesOf(whole), field);
   EXPECT_EQ(BytesOf(bytes.Range(2, 2)), field.substr(field.size() - 8));
   EXPECT_EQ(pool->allocations(), 0) << "nothing copied";
   EXPECT_FALSE(bytes.AwaitReturned(absl::Milliseconds(10))) << "`whole` still holds it";
@@ -462,7 +435,7 @@ TEST(GradientOnWireTest, Bf16IsEncodedOnceAndTheGradientIsFreeAtOnce) {
   EXPECT_EQ(pool->allocations(), 1);
   EXPECT_TRUE(bytes.AwaitReturned(absl::ZeroDuration())) << "the slices hold a copy";
   gradient.assign(4, 0.0f);
-  EXPECT_EQ(GradientPiecePrefix(4, WireDtype::kBf16) + BytesOf(whole), field);
+  EXPECT_EQ(GradientFieldPrefix(4, WireDtype::kBf16) + BytesOf(whole), field);
   EXPECT_EQ(BytesOf(tail), field.substr(field.size() - 6));
 }
 

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -58,131 +57,12 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   channel_ = grpc::CreateCustomChannel(config.address, credentials, args);
   scheduler_ = v1::SchedulerService::NewStub(channel_);
   parameters_ = v1::ParameterService::NewStub(channel_);
-  push_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      "/dbs.v1.ParameterService/PushGradient", grpc::internal::RpcMethod::NORMAL_RPC, channel_);
-  stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      "/dbs.v1.ParameterService/PushGradientStream", grpc::internal::RpcMethod::BIDI_STREAMING,
-      channel_);
   session_method_ = std::make_unique<grpc::internal::RpcMethod>(
       "/dbs.v1.ParameterService/PushGradientSession", grpc::internal::RpcMethod::BIDI_STREAMING,
-      channel_);
-  sessions_ = config.push_sessions;
-  pull_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      "/dbs.v1.ParameterService/PullParametersStream", grpc::internal::RpcMethod::SERVER_STREAMING,
-      channel_);
-  register_stream_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      "/dbs.v1.ParameterService/RegisterModelStream", grpc::internal::RpcMethod::CLIENT_STREAMING,
       channel_);
 }
 
 GrpcPsClient::~GrpcPsClient() { CloseSession(nullptr); }
-
-bool GrpcPsClient::Streams(size_t bytes) const {
-  return config_.stream_chunk_bytes > 0 && bytes > config_.stream_chunk_bytes;
-}
-
-absl::Status GrpcPsClient::ReadValueChunks(const std::function<bool(grpc::ByteBuffer*)>& read,
-                                           grpc::ClientContext* ctx,
-                                           google::protobuf::MessageLite* head,
-                                           absl::Span<float> params, int64_t* version,
-                                           grpc::Status* finished,
-                                           const std::function<grpc::Status()>& finish) {
-  absl::Status parsed;
-  size_t covered = 0;
-  grpc::ByteBuffer message;
-  std::vector<grpc::Slice> slices;
-  // The answer: consecutive ranges of the parameters, all of one version, and the head in one
-  // of the messages (a push's answer: the last, an empty range at the model's end; a pull's:
-  // every one).
-  while (parsed.ok() && read(&message)) {
-    int64_t v = 0;
-    size_t offset = 0, count = 0;
-    std::unique_ptr<google::protobuf::MessageLite> piece(head->New());
-    parsed =
-        ParsePushReplyPiece(SegmentsOf(message, &slices), piece.get(), params, &v, &offset, &count);
-    if (parsed.ok() && offset != covered) {
-      parsed = absl::InvalidArgumentError(
-          absl::StrCat("the answer's parameters jump from value ", covered, " to ", offset));
-    } else if (parsed.ok() && covered > 0 && v != *version) {
-      parsed = absl::InvalidArgumentError("the answer's chunks are of different versions");
-    }
-    if (parsed.ok()) head->CheckTypeAndMergeFrom(*piece);
-    if (parsed.ok() && covered == 0) *version = v;
-    covered += count;
-    message.Clear();
-  }
-  if (!parsed.ok()) ctx->TryCancel();
-  *finished = finish();
-  if (finished->ok() && parsed.ok() && covered != params.size()) {
-    parsed = absl::InvalidArgumentError(
-        absl::StrCat("the answer carried ", covered, " of the model's ", params.size(), " values"));
-  }
-  return parsed;
-}
-
-absl::StatusOr<int64_t> GrpcPsClient::PullStreamed(int worker_id, absl::Span<float> params) {
-  v1::PullParametersRequest req;
-  req.set_worker_id(worker_id);
-  absl::Status parsed;
-  int64_t version = 0;
-  auto call = [&](grpc::ClientContext* ctx) {
-    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-            channel_.get(), *pull_stream_method_, ctx, req));
-    v1::Parameters head;
-    grpc::Status status;
-    parsed = ReadValueChunks([&](grpc::ByteBuffer* m) { return reader->Read(m); }, ctx, &head,
-                             params, &version, &status, [&] { return reader->Finish(); });
-    return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
-  };
-  grpc::Status status = WithRetry(call);
-  if (!parsed.ok()) {
-    return absl::Status(parsed.code(), absl::StrCat("PullParametersStream at dbs_ps ",
-                                                    config_.address, ": ", parsed.message()));
-  }
-  DBS_RETURN_IF_ERROR(Annotate(status, "PullParametersStream"));
-  return version;
-}
-
-grpc::Status GrpcPsClient::RegisterStreamed(int worker_id, const ModelLayout& layout,
-                                            absl::Span<const float> initial) {
-  // The layout, then the initial values in fp32 ranges of the chunk size.
-  std::vector<grpc::ByteBuffer> messages;
-  auto add = [&messages](const v1::RegisterModelRequest& m) {
-    grpc::Slice slice(m.SerializeAsString());
-    messages.emplace_back(&slice, 1);
-  };
-  v1::RegisterModelRequest head;
-  head.set_worker_id(worker_id);
-  head.set_omit_values(true);
-  EncodeLayout(layout, head.mutable_parameters());
-  add(head);
-  const size_t model = initial.size();
-  const size_t per_chunk = std::max({size_t{1}, config_.stream_chunk_bytes / sizeof(float),
-                                     (model + kMaxStreamChunks - 1) / kMaxStreamChunks});
-  for (size_t from = 0; from < model; from += per_chunk) {
-    const size_t count = std::min(per_chunk, model - from);
-    v1::RegisterModelRequest chunk;
-    chunk.set_worker_id(worker_id);
-    v1::FlatParameters* values = chunk.mutable_initial();
-    values->set_offset(static_cast<int64_t>(from));
-    values->set_values(
-        std::string(reinterpret_cast<const char*>(initial.data() + from), count * sizeof(float)));
-    add(chunk);
-  }
-  auto call = [&](grpc::ClientContext* ctx) {
-    v1::Parameters reply;
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            channel_.get(), *register_stream_method_, ctx, &reply));
-    for (const grpc::ByteBuffer& m : messages) {
-      if (!writer->Write(m)) break;  // refused: Finish says why
-    }
-    writer->WritesDone();
-    return writer->Finish();
-  };
-  return WithRetry(call);
-}
 
 absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) const {
   absl::Status st = FromGrpcStatus(s);
@@ -246,8 +126,15 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   // server names one worker to send its values (FAILED_PRECONDITION) and tells the others to
   // ask again once it is done (ABORTED), so that it receives one copy of the model, not N.
   const size_t model = static_cast<size_t>(TotalElements(layout));
-  // A model larger than a chunk: the values go up and come back as streams.
-  const bool streams = Streams(model * sizeof(float));
+  // The registration carries the values in fp32 (with the layout), and so does a resume.
+  const size_t largest = model * sizeof(float) + (size_t{1} << 20);
+  if (largest > static_cast<size_t>(config_.max_message_mb) << 20) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the model (%zu values, %.0f MiB in fp32) does not fit in a message of --max_message_mb="
+        "%d: raise it, on dbs_ps and on every worker, to at least %zu",
+        model, static_cast<double>(model * sizeof(float)) / (1 << 20), config_.max_message_mb,
+        (largest >> 20) + 1));
+  }
   v1::RegisterModelRequest req;
   v1::Parameters reply;
   // Idempotent (the first registration wins): safe to retry like the other calls.
@@ -265,12 +152,9 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
     req.Clear();
     req.set_worker_id(worker_id);
     req.set_layout_only(true);
-    req.set_omit_values(streams);
     EncodeLayout(layout, req.mutable_parameters());
     status = WithRetry(call);
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && streams) {
-      status = RegisterStreamed(worker_id, layout, initial);
-    } else if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       req.Clear();
       req.set_worker_id(worker_id);
       EncodeTensors(layout, initial, req.mutable_parameters());
@@ -289,11 +173,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
     if (Pause(delay)) return absl::CancelledError(StopReason());
   }
   DBS_RETURN_IF_ERROR(Annotate(status, "RegisterModel"));
-  if (streams) {
-    DBS_RETURN_IF_ERROR(PullStreamed(worker_id, params).status());
-  } else {
-    DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
-  }
+  DBS_RETURN_IF_ERROR(DecodeParameters(reply, layout, params));
   layout_ = layout;
   return absl::OkStatus();
 }
@@ -435,24 +315,10 @@ bool GrpcPsClient::TakeReconnected() {
 absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float> params) {
   v1::ResumeRequest req;
   req.set_worker_id(worker_id);
-  const bool streams = Streams(params.size() * BytesPerValue(wire_dtype_));
-  req.set_omit_parameters(streams);
   v1::ResumeReply reply;
-  // Streamed, the parameters come from a pull after the answer: it must find the version the
-  // answer names (a step cannot complete meanwhile without this worker, unless it was evicted).
-  for (int attempt = 0;; ++attempt) {
-    DBS_RETURN_IF_ERROR(Annotate(
-        WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
-        "Resume"));
-    if (!streams || reply.finished()) break;
-    DBS_ASSIGN_OR_RETURN(int64_t pulled, PullStreamed(worker_id, params));
-    if (pulled == reply.parameters().version()) break;
-    if (attempt >= 4) {
-      return absl::AbortedError(absl::StrCat("Resume at dbs_ps ", config_.address,
-                                             ": the parameters kept moving (version ", pulled,
-                                             " against ", reply.parameters().version(), ")"));
-    }
-  }
+  DBS_RETURN_IF_ERROR(Annotate(
+      WithRetry([&](grpc::ClientContext* ctx) { return parameters_->Resume(ctx, req, &reply); }),
+      "Resume"));
   ResumePoint info;
   info.finished = reply.finished();
   info.epoch = reply.epoch();
@@ -462,13 +328,12 @@ absl::StatusOr<ResumePoint> GrpcPsClient::Resume(int worker_id, absl::Span<float
     info.plan = FromProto(reply.plan());
     info.schedule = FromProto(reply.schedule());
   }
-  if (!streams) DBS_RETURN_IF_ERROR(DecodeParameters(reply.parameters(), layout_, params));
+  DBS_RETURN_IF_ERROR(DecodeParameters(reply.parameters(), layout_, params));
   return info;
 }
 
 absl::StatusOr<int64_t> GrpcPsClient::PullParameters(int worker_id, absl::Span<float> params) {
   if (layout_.empty()) return absl::FailedPreconditionError("RegisterModel first");
-  if (Streams(params.size() * BytesPerValue(wire_dtype_))) return PullStreamed(worker_id, params);
   v1::PullParametersRequest req;
   req.set_worker_id(worker_id);
   v1::Parameters reply;
@@ -517,12 +382,6 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   }
   v1::PushGradientReply reply;
   int64_t version = 0;
-  const size_t width = BytesPerValue(wire_dtype_);
-  if (send && config_.stream_chunk_bytes > 0 && model * width > config_.stream_chunk_bytes) {
-    head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
-    DBS_RETURN_IF_ERROR(PushStreamed(head, gradient, params, &reply, &version));
-    return OutcomeOf(reply, version);
-  }
   // A push with samples carries the gradient (GradientOnWire: its own memory, or encoded once
   // into a reused buffer); an empty one carries none.
   std::optional<GradientOnWire> bytes;
@@ -531,7 +390,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
     head.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
     bytes.emplace(gradient, wire_dtype_, pool_.get());
     grpc::Slice slices[2] = {
-        grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(model, wire_dtype_)),
+        grpc::Slice(head.SerializeAsString() + GradientFieldPrefix(model, wire_dtype_)),
         bytes->Range(0, model)};
     request.emplace(slices, 2);
   } else {
@@ -669,43 +528,35 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
   // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
   // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
   // worker held to a CPU quota pays in throttled time).
-  if (sessions_) {
-    const absl::Time now = absl::Now();
-    if (session_ != nullptr &&
-        (now - session_->opened > config_.call_timeout / 2 || session_->token != token_)) {
-      CloseSession(ctx);
-    }
-    if (session_ == nullptr) {
-      session_ = std::make_unique<PushSession>();
-      session_->ctx.AddMetadata(kWorkerTokenKey, token_);
-      session_->ctx.set_deadline(absl::ToChronoTime(now + config_.call_timeout));
-      session_->opened = now;
-      session_->token = token_;
-      ++sessions_opened_;
-      session_->stream.reset(
-          grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-              channel_.get(), *session_method_, &session_->ctx));
-    }
-    // Interrupt and Abandon cancel the session while it waits.
-    if (!Retarget(&session_->ctx)) {
-      CloseSession(ctx);
-      return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
-    }
-    if (session_->stream->Write(request) && session_->stream->Read(&push_reply_)) {
-      return grpc::Status::OK;
-    }
-    const grpc::Status ended = session_->stream->Finish();
-    session_retry_after_ms_ = RetryAfterMs(session_->ctx);
-    ForgetSession(ctx);
-    if (ended.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
-      if (!ended.ok()) return ended;
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dbs_ps ended the push session");
-    }
-    sessions_ = false;  // an older dbs_ps: one call per push
-    if (!Retarget(ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+  const absl::Time now = absl::Now();
+  if (session_ != nullptr &&
+      (now - session_->opened > config_.call_timeout / 2 || session_->token != token_)) {
+    CloseSession(ctx);
   }
-  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel_.get(), *push_method_, ctx, request, &push_reply_);
+  if (session_ == nullptr) {
+    session_ = std::make_unique<PushSession>();
+    session_->ctx.AddMetadata(kWorkerTokenKey, token_);
+    session_->ctx.set_deadline(absl::ToChronoTime(now + config_.call_timeout));
+    session_->opened = now;
+    session_->token = token_;
+    ++sessions_opened_;
+    session_->stream.reset(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel_.get(), *session_method_, &session_->ctx));
+  }
+  // Interrupt and Abandon cancel the session while it waits.
+  if (!Retarget(&session_->ctx)) {
+    CloseSession(ctx);
+    return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
+  }
+  if (session_->stream->Write(request) && session_->stream->Read(&push_reply_)) {
+    return grpc::Status::OK;
+  }
+  const grpc::Status ended = session_->stream->Finish();
+  session_retry_after_ms_ = RetryAfterMs(session_->ctx);
+  ForgetSession(ctx);
+  if (!ended.ok()) return ended;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dbs_ps ended the push session");
 }
 
 void GrpcPsClient::CloseSession(grpc::ClientContext* attempt) {
@@ -726,68 +577,6 @@ void GrpcPsClient::ForgetSession(grpc::ClientContext* attempt) {
     if (current_ == &session_->ctx) current_ = attempt;
   }
   session_.reset();
-}
-
-absl::Status GrpcPsClient::PushStreamed(v1::PushGradientRequest head,
-                                        absl::Span<const float> gradient, absl::Span<float> params,
-                                        v1::PushGradientReply* reply, int64_t* version) {
-  const WireDtype dtype = wire_dtype_;
-  const size_t width = BytesPerValue(dtype);
-  const size_t model = gradient.size();
-  // At most kMaxStreamChunks chunks (the server's limit), however small --stream_chunk_kb.
-  const size_t per_chunk = std::max({size_t{1}, config_.stream_chunk_bytes / width,
-                                     (model + kMaxStreamChunks - 1) / kMaxStreamChunks});
-  if (!streaming_told_) {
-    streaming_told_ = true;
-    std::fprintf(stderr,
-                 "the gradient (%zu values, %s) is pushed as a stream of %zu chunks of at most "
-                 "%zu KiB (--stream_chunk_kb)\n",
-                 model, WireDtypeName(dtype), (model + per_chunk - 1) / per_chunk,
-                 per_chunk * width >> 10);
-  }
-  GradientOnWire bytes(gradient, dtype, pool_.get());
-  std::vector<grpc::ByteBuffer> chunks;
-  for (size_t from = 0; from < model; from += per_chunk) {
-    const size_t count = std::min(per_chunk, model - from);
-    head.set_gradient_offset(static_cast<int64_t>(from));
-    grpc::Slice slices[2] = {
-        grpc::Slice(head.SerializeAsString() + GradientPiecePrefix(count, dtype)),
-        bytes.Range(from, count)};
-    chunks.emplace_back(slices, 2);
-  }
-  absl::Status parsed;
-  auto call = [&](grpc::ClientContext* ctx) {
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            channel_.get(), *stream_method_, ctx));
-    // The answer's first ranges come back while the last chunks still go out (the server
-    // updates and sends each range once every worker's values for it are in), so the chunks
-    // are written from a second thread while this one reads. A refused chunk ends the call:
-    // Write fails, and Finish says why.
-    std::thread writer([&] {
-      for (size_t i = 0; i < chunks.size(); ++i) {
-        grpc::WriteOptions options;
-        if (i + 1 == chunks.size()) options.set_last_message();
-        if (!stream->Write(chunks[i], options)) break;
-      }
-    });
-    grpc::Status status;
-    parsed = ReadValueChunks([&](grpc::ByteBuffer* m) { return stream->Read(m); }, ctx, reply,
-                             params, version, &status,
-                             [&] {
-                               writer.join();
-                               return stream->Finish();
-                             });
-    return parsed.ok() ? status : grpc::Status(grpc::StatusCode::DATA_LOSS, "");
-  };
-  grpc::Status status = WithRetry(call, /*waits=*/true);
-  chunks.clear();
-  DBS_RETURN_IF_ERROR(AwaitGradientReturned(bytes, "PushGradientStream"));
-  if (!parsed.ok()) {
-    return absl::Status(parsed.code(), absl::StrCat("PushGradientStream at dbs_ps ",
-                                                    config_.address, ": ", parsed.message()));
-  }
-  return Annotate(status, "PushGradientStream");
 }
 
 absl::Status GrpcPsClient::AwaitGradientReturned(const GradientOnWire& bytes,

@@ -38,13 +38,9 @@ struct GrpcClientConfig {
   absl::Duration call_timeout = absl::Seconds(60);
   absl::Duration max_wait = absl::ZeroDuration();
   BackoffConfig backoff;
+  // The largest message sent or accepted: every call carries the whole model at most once
+  // (the registration and a resume in fp32, a push and its answer in the wire dtype).
   int max_message_mb = 512;
-  // A push whose gradient is larger than this many bytes travels as a stream of chunks of this
-  // size (PushGradientStream), and so do its answer's parameters; 0: always one message.
-  size_t stream_chunk_bytes = kDefaultStreamChunkBytes;
-  // Whole-message pushes go on one long-lived stream (PushGradientSession) instead of a call
-  // each; a server without it is pushed to by PushGradient calls.
-  bool push_sessions = true;
   // A worker on dbs_ps's own host shares memory with it (AttachSharedMemory, at its first
   // push): each step's gradient and answer pass through memory both map instead of the
   // socket. Where the server cannot open this process's memory (another host, user or PID
@@ -85,7 +81,8 @@ class GrpcPsClient : public PsClient {
     wire_dtype_ = wire_dtype;
   }
   const std::string& token() const { return token_; }
-  // How many push sessions this client has opened (one for many steps, unless one ended).
+  // How many push sessions this client has opened (one for many steps, unless one ended or
+  // half the call timeout passed).
   int sessions_opened() const { return sessions_opened_; }
   // Whether pushes travel in shared memory now (after the first push).
   bool shares_memory() const { return shm_slots_ != nullptr; }
@@ -116,13 +113,11 @@ class GrpcPsClient : public PsClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SchedulerService::Stub> scheduler_;
   std::unique_ptr<v1::ParameterService::Stub> parameters_;
-  // PushGradient as raw bytes (common/step_wire.h) through the blocking call path.
-  std::unique_ptr<grpc::internal::RpcMethod> push_method_;
-  std::unique_ptr<grpc::internal::RpcMethod> stream_method_;
-  // The push session: whole-message pushes of many steps on one stream, each written and then
-  // its answer read on this thread. It gets a deadline of `call_timeout` when it opens and is
-  // replaced, between pushes, once half of that has passed (a waiting push still gets at least
-  // half a timeout before it is re-issued) or when the credential changes. Any failure ends it.
+  // The push session: pushes of many steps, as raw bytes (common/step_wire.h), on one stream, each
+  // written and then its answer read on this thread. It gets a deadline of `call_timeout` when it
+  // opens and is replaced, between pushes, once half of that has passed (a waiting push still gets
+  // at least half a timeout before it is re-issued) or when the credential changes. Any failure
+  // ends it.
   struct PushSession {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream;
@@ -134,39 +129,16 @@ class GrpcPsClient : public PsClient {
   // The retry-after (kRetryAfterMsKey) of the session that ended the last push attempt, if any.
   int session_retry_after_ms_ = 0;
   int sessions_opened_ = 0;
-  bool sessions_ = true;  // false once the server answered UNIMPLEMENTED (an older dbs_ps)
-  // One attempt of a whole-message push: on the session (opened if needed), or as a
-  // PushGradient call on `ctx` where the server has no sessions.
+  // One attempt of a push on the session (opened if needed); `ctx` is the attempt's own.
   grpc::Status PushAttempt(grpc::ClientContext* ctx, const grpc::ByteBuffer& request);
   // Ends the session between pushes (cancels it: the server takes that as its end).
   // `attempt`: the context of the push attempt in progress (nullptr outside one).
   void CloseSession(grpc::ClientContext* attempt);
   // Destroys the session once ended, pointing Interrupt and Abandon at `attempt` first.
   void ForgetSession(grpc::ClientContext* attempt);
-  // A push as a stream of chunks (`head` filled in but for the offset); the answer's head into
-  // `*reply`, its parameters into `params`.
   // Waits for gRPC to let go of a pushed gradient's memory.
   static absl::Status AwaitGradientReturned(const GradientOnWire& bytes, absl::string_view call);
-  absl::Status PushStreamed(v1::PushGradientRequest head, absl::Span<const float> gradient,
-                            absl::Span<float> params, v1::PushGradientReply* reply,
-                            int64_t* version);
   static StepOutcome OutcomeOf(const v1::PushGradientReply& reply, int64_t version);
-  // True when `bytes` of values travel as a stream (--stream_chunk_kb).
-  bool Streams(size_t bytes) const;
-  // Reads a streamed answer's messages with `read`: the first's head into `head`, every one's
-  // range of the values into `params` at its offset; then `finish`es the call into `*finished`.
-  // Errors (a malformed message, a gap, mixed versions, too few values after an OK finish)
-  // cancel the call.
-  static absl::Status ReadValueChunks(const std::function<bool(grpc::ByteBuffer*)>& read,
-                                      grpc::ClientContext* ctx, google::protobuf::MessageLite* head,
-                                      absl::Span<float> params, int64_t* version,
-                                      grpc::Status* finished,
-                                      const std::function<grpc::Status()>& finish);
-  // PullParameters as a stream; returns the version.
-  absl::StatusOr<int64_t> PullStreamed(int worker_id, absl::Span<float> params);
-  // The first registration's initial values as a stream.
-  grpc::Status RegisterStreamed(int worker_id, const ModelLayout& layout,
-                                absl::Span<const float> initial);
   // Shared memory with the server (GrpcClientConfig::shared_memory): tried at the first push
   // and again after the server forgot it (a restart); off for good once refused.
   void MaybeAttach(int worker_id);
@@ -181,15 +153,12 @@ class GrpcPsClient : public PsClient {
   std::unique_ptr<SharedRegion> shm_gradient_;
   std::unique_ptr<SharedRegion> shm_params_;
   std::unique_ptr<ParameterSlots> shm_slots_;
-  std::unique_ptr<grpc::internal::RpcMethod> pull_stream_method_;
-  std::unique_ptr<grpc::internal::RpcMethod> register_stream_method_;
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
   std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
   grpc::ByteBuffer push_reply_;
   std::vector<grpc::Slice> reply_slices_;
   bool reconnected_ = false;
-  bool streaming_told_ = false;    // the first streamed push says so on stderr
   const std::string incarnation_;  // this process's, for every registration
   std::string token_;              // from RegisterWorker, sent with every later call
   // The call in progress, for Interrupt (from another thread).

@@ -107,16 +107,9 @@ ABSL_FLAG(double, call_timeout_s, 60.0,
 ABSL_FLAG(double, max_wait_s, 0.0,
           "Longest total wait for a step or the next epoch's plan; 0: no limit (dbs_ps's own "
           "timeouts end a job that cannot go on).");
-ABSL_FLAG(int, max_message_mb, 512, "Largest gRPC message sent or accepted, in MiB.");
-ABSL_FLAG(int, stream_chunk_kb, 4096,
-          "A gradient larger than this many KiB is pushed as a stream of chunks of this size, "
-          "summed by dbs_ps as they arrive, and the parameters come back the same way (and so "
-          "do the registration, pulls and resumes of such a model); 0: whole messages whatever "
-          "their size.");
-ABSL_FLAG(bool, push_session, true,
-          "Push whole-message gradients on one long-lived stream (PushGradientSession) rather "
-          "than a call per step: less CPU per step on both sides. Off: a PushGradient call per "
-          "step.");
+ABSL_FLAG(int, max_message_mb, 512,
+          "Largest gRPC message sent or accepted, in MiB (as dbs_ps's): at least the model in "
+          "fp32 + 1 MiB (512 holds 130M parameters).");
 ABSL_FLAG(bool, shared_memory, true,
           "On dbs_ps's own host, push each step's gradient and read its answer through "
           "memory shared with dbs_ps instead of the socket (fewer copies; checked with the "
@@ -221,13 +214,6 @@ absl::StatusOr<dbs::GrpcClientConfig> ClientConfigFromFlags() {
   if (c.max_message_mb < 1 || c.max_message_mb > 2047) {
     return absl::InvalidArgumentError("--max_message_mb must be in [1, 2047]");
   }
-  const int chunk_kb = absl::GetFlag(FLAGS_stream_chunk_kb);
-  if (chunk_kb < 0 || chunk_kb > (c.max_message_mb << 10) - 64) {
-    return absl::InvalidArgumentError(
-        "--stream_chunk_kb must be in [0, --max_message_mb * 1024 - 64] (0: no streaming)");
-  }
-  c.stream_chunk_bytes = static_cast<size_t>(chunk_kb) << 10;
-  c.push_sessions = absl::GetFlag(FLAGS_push_session);
   c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   absl::StatusOr<std::string> secret = dbs::SecretFrom(
       absl::GetFlag(FLAGS_job_token), absl::GetFlag(FLAGS_job_token_file), "--job_token");

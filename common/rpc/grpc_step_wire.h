@@ -114,7 +114,7 @@ class GradientOnWire {
  public:
   GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, SlicePool* pool);
   // Values [from, from + count) in the wire's dtype, without their field's tag and length
-  // (GradientPiecePrefix).
+  // (GradientFieldPrefix).
   grpc::Slice Range(size_t from, size_t count);
   // True once gRPC holds none of the gradient's memory, after which the caller may change it
   // (at once when it was encoded into a buffer of its own); false if it still does after
