@@ -101,11 +101,10 @@ class ParameterStore {
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
                                                   absl::Span<const GradientScale> scales);
 
-  // ApplyGradient in pieces, so that each window of a step's sum is updated while it is in the
-  // cache: BeginUpdate, then UpdateRange for consecutive ranges up to the model's end, then
-  // EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
+  // ApplyGradient's parts: BeginUpdate, then UpdateRange for consecutive ranges up to the
+  // model's end, then EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
   // EndUpdate, Snapshot and the sink's finished versions stay the previous version; SaveState
-  // must not be called (StepAggregator does not: a checkpoint waits for the step's end).
+  // must not be called.
   // FAILED_PRECONDITION before Register or while an update is open.
   // Returns the version the update makes.
   absl::StatusOr<int64_t> BeginUpdate();

@@ -462,42 +462,47 @@ absl::Status PsServer::Listen() {
 }
 
 absl::Status PsServer::Run(std::ostream& out) {
-  if (follower()) {
-    // A worker that died between its pushes to the shards leaves this shard's step waiting
-    // while the leader's waits for nobody: tell the leader (ShardFollower::Missing).
-    LivenessMonitor liveness({absl::ZeroDuration(), config_.job.worker_timeout}, clock_);
-    std::string last_told;  // logged when the answer changes: reports repeat while it waits
-    while (!follower_->WaitFor(config_.supervise_every)) {
-      CheckMemoryQuota();
-      const std::optional<MissingPushes> missing = follower_->Missing(&liveness);
-      if (!missing.has_value() || link_ == nullptr) continue;
-      const absl::Status told = link_->ReportMissing(*missing, absl::Seconds(10));
-      std::string said =
-          absl::StrCat("step ", missing->step + 1, " of epoch ", missing->epoch + 1, " has waited ",
-                       absl::FormatDuration(config_.job.worker_timeout), " here for worker(s) ",
-                       absl::StrJoin(missing->workers, ", "),
-                       ", whose pushes the leader had; told the leader: ", told.ToString());
-      if (said != last_told) LOG(WARNING) << said;
-      last_told = std::move(said);
-    }
-    const absl::Status result = follower_->Wait();
-    server_->GetHealthCheckService()->SetServingStatus(false);
-    if (result.ok()) {
-      RecordFinished(
-          {{"status", "ok"}, {"shard", absl::StrCat(config_.shard, "/", config_.num_shards)}});
-    }
-    out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "
-        << (result.ok() ? "the job finished" : absl::StrCat("the job ended: ", result.message()))
-        << "; parameter version " << job_->aggregator()->SaveState().store.version << "\n"
-        << std::flush;
-    // The workers have their last answers: the leader ends the job only after every report.
-    job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
-    StopLink();  // before server_ goes: the link's callbacks use it
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    server_.reset();
-    http_.reset();
-    return result;
+  return follower() ? RunFollower(out) : RunLeader(out);
+}
+
+absl::Status PsServer::RunFollower(std::ostream& out) {
+  // A worker that died between its pushes to the shards leaves this shard's step waiting
+  // while the leader's waits for nobody: tell the leader (ShardFollower::Missing).
+  LivenessMonitor liveness({absl::ZeroDuration(), config_.job.worker_timeout}, clock_);
+  std::string last_told;  // logged when the answer changes: reports repeat while it waits
+  while (!follower_->WaitFor(config_.supervise_every)) {
+    CheckMemoryQuota();
+    const std::optional<MissingPushes> missing = follower_->Missing(&liveness);
+    if (!missing.has_value() || link_ == nullptr) continue;
+    const absl::Status told = link_->ReportMissing(*missing, absl::Seconds(10));
+    std::string said =
+        absl::StrCat("step ", missing->step + 1, " of epoch ", missing->epoch + 1, " has waited ",
+                     absl::FormatDuration(config_.job.worker_timeout), " here for worker(s) ",
+                     absl::StrJoin(missing->workers, ", "),
+                     ", whose pushes the leader had; told the leader: ", told.ToString());
+    if (said != last_told) LOG(WARNING) << said;
+    last_told = std::move(said);
   }
+  const absl::Status result = follower_->Wait();
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  if (result.ok()) {
+    RecordFinished(
+        {{"status", "ok"}, {"shard", absl::StrCat(config_.shard, "/", config_.num_shards)}});
+  }
+  out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "
+      << (result.ok() ? "the job finished" : absl::StrCat("the job ended: ", result.message()))
+      << "; parameter version " << job_->aggregator()->SaveState().store.version << "\n"
+      << std::flush;
+  // The workers have their last answers: the leader ends the job only after every report.
+  job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));
+  StopLink();  // before server_ goes: the link's callbacks use it
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  server_.reset();
+  http_.reset();
+  return result;
+}
+
+absl::Status PsServer::RunLeader(std::ostream& out) {
   while (!job_->WaitFor(config_.supervise_every)) {
     CheckMemoryQuota();
     job_->CheckDeadWorkers();

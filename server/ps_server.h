@@ -139,6 +139,11 @@ class PsServer {
   // Serves: health SERVING, calls accepted, the port file written.
   absl::Status Open();
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
+  // Run's two cases. A follower shard: tells the leader of workers whose pushes it still waits
+  // for, until the leader ends the job. Otherwise: supervises the job (dead workers, stalls),
+  // then writes the final checkpoint after a stop, the summary and the record.
+  absl::Status RunFollower(std::ostream& out);
+  absl::Status RunLeader(std::ostream& out);
   // Writes the JSON summary (when configured) and prints the human one; returns the JSON.
   nlohmann::json WriteSummary(std::ostream& out);
   // A job that ended ok: its record in the checkpoint directory (FinishedJob).

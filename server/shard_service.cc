@@ -230,6 +230,33 @@ void LeaderLink::KeepShardKey(const grpc::ClientContext& ctx) {
   shard_key_ = key == meta.end() ? "" : std::string(key->second.data(), key->second.size());
 }
 
+bool LeaderLink::FollowOnce(v1::ShardService::Stub* stub, const v1::FollowRequest& req,
+                            Followed* out) {
+  grpc::ClientContext ctx;
+  if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return false;
+    current_ = &ctx;
+  }
+  std::unique_ptr<grpc::ClientReader<v1::ShardEvent>> reader = stub->Follow(&ctx, req);
+  v1::ShardEvent event;
+  while (reader->Read(&event)) {
+    if (++out->events == 1) KeepShardKey(ctx);
+    ShardEventData e = FromProto(event);
+    follower_->Apply(e);
+    if (e.kind == ShardEventData::Kind::kEnd) {
+      out->ended = true;
+      out->result = e.status;
+    }
+  }
+  out->finished = reader->Finish();
+  absl::MutexLock lock(&mu_);
+  current_ = nullptr;
+  shard_key_.clear();
+  return !cancelled_;
+}
+
 absl::Status LeaderLink::Run() {
   auto stub = v1::ShardService::NewStub(Channel());
   v1::FollowRequest req;
@@ -244,55 +271,30 @@ absl::Status LeaderLink::Run() {
   }
   Backoff backoff(BackoffConfig{});
   const absl::Time deadline = absl::Now() + config_.connect_timeout;
-  absl::Status result;
-  bool ended = false;
-  while (!ended) {
-    grpc::ClientContext ctx;
-    if (!config_.job_token.empty()) ctx.AddMetadata(kJobTokenKey, config_.job_token);
-    {
-      absl::MutexLock lock(&mu_);
-      if (cancelled_) return absl::CancelledError("stopped");
-      current_ = &ctx;
-    }
-    std::unique_ptr<grpc::ClientReader<v1::ShardEvent>> reader = stub->Follow(&ctx, req);
-    v1::ShardEvent event;
-    int64_t read = 0;
-    while (reader->Read(&event)) {
-      if (++read == 1) KeepShardKey(ctx);
-      ShardEventData e = FromProto(event);
-      follower_->Apply(e);
-      if (e.kind == ShardEventData::Kind::kEnd) {
-        ended = true;
-        result = e.status;
-      }
-    }
-    const grpc::Status s = reader->Finish();
-    {
-      absl::MutexLock lock(&mu_);
-      current_ = nullptr;
-      shard_key_.clear();
-      if (cancelled_) return absl::CancelledError("stopped");
-    }
-    if (ended) break;
+  while (true) {
+    Followed f;
+    if (!FollowOnce(stub.get(), req, &f)) return absl::CancelledError("stopped");
+    if (f.ended) return f.result;
     // Not reachable yet (the leader starts later): retry. Anything else, or a stream that had
     // begun, is the end of this shard's part in the job.
     const absl::Duration delay = backoff.Next();
-    if (read > 0 || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() + delay >= deadline) {
-      result = absl::UnavailableError(
-          absl::StrCat(read > 0 ? "lost the leader at " : "could not follow the leader at ",
-                       config_.leader, ": ", s.error_message()));
-      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-          s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        result = absl::FailedPreconditionError(
-            absl::StrCat("the leader at ", config_.leader, " refused: ", s.error_message()));
-      }
-      follower_->Lost(result);
-      return result;
+    const grpc::Status& s = f.finished;
+    if (f.events == 0 && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        absl::Now() + delay < deadline) {
+      absl::SleepFor(delay);
+      continue;
     }
-    absl::SleepFor(delay);
+    absl::Status result = absl::UnavailableError(
+        absl::StrCat(f.events > 0 ? "lost the leader at " : "could not follow the leader at ",
+                     config_.leader, ": ", s.error_message()));
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      result = absl::FailedPreconditionError(
+          absl::StrCat("the leader at ", config_.leader, " refused: ", s.error_message()));
+    }
+    follower_->Lost(result);
+    return result;
   }
-  return result;
 }
 
 void LeaderLink::Cancel() {

@@ -66,6 +66,16 @@ class LeaderLink {
   std::shared_ptr<grpc::Channel> Channel();
   // Keeps the key the leader gave this follower on its Follow stream (ShardLog::Join).
   void KeepShardKey(const grpc::ClientContext& ctx);
+  // How one Follow stream went: the events it carried, whether the last ended the job (and
+  // how), and how the stream finished.
+  struct Followed {
+    int64_t events = 0;
+    bool ended = false;
+    absl::Status result;
+    grpc::Status finished;
+  };
+  // One Follow stream, its events applied to the follower as they come; false when cancelled.
+  bool FollowOnce(v1::ShardService::Stub* stub, const v1::FollowRequest& req, Followed* out);
 
   const FollowConfig config_;
   ShardFollower* const follower_;

@@ -549,7 +549,7 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi) {
+void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, size_t model) {
   if (in->gradient == nullptr || in->summed >= hi) return;
   float* const sum = SumLocked(hi);
   const absl::Status added =
@@ -567,10 +567,10 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi) {
     refused_.emplace(
         id, absl::InvalidArgumentError(absl::StrCat(
                 "the gradient in shared memory changed after it was checked: ", added.message())));
-    hi = ModelSize();
+    hi = model;
   }
   in->summed = hi;
-  if (in->summed == ModelSize()) in->gradient.reset();  // releases the received message
+  if (in->summed == model) in->gradient.reset();  // releases the received message
 }
 
 void StepAggregator::ReduceReadyLocked() {
@@ -607,7 +607,7 @@ void StepAggregator::ReduceReadyLocked() {
     for (const auto& [id, q] : quota) {
       Incoming* in = incoming(id);
       if (in != nullptr) {
-        SumUpToLocked(id, in, std::min(window_end, options_.deterministic ? floor : model));
+        SumUpToLocked(id, in, std::min(window_end, options_.deterministic ? floor : model), model);
       }
       floor = std::min(floor, q == 0 ? model : summed(id));
     }
@@ -667,17 +667,9 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     snap = store_->Snapshot();
   } else {
     // The values no push reached are zeroed first.
-    const size_t model = ModelSize();
-    absl::Status begun =
-        SumLocked(model) == nullptr
-            ? absl::InternalError("the step's sum has no buffer: the model is not registered")
-            : store_->BeginUpdate().status();
-    if (begun.ok()) {
-      store_->UpdateRange(sum_, scales, model);
-      snap = store_->EndUpdate();
-    } else {
-      snap = begun;
-    }
+    snap = SumLocked(ModelSize()) == nullptr
+               ? absl::InternalError("the step's sum has no buffer: the model is not registered")
+               : store_->ApplyGradient(sum_, scales);
     sum_ = {};  // now the new parameters (or dropped with the failed update)
     zeroed_ = 0;
   }

@@ -269,8 +269,9 @@ class StepAggregator {
   // they are summed, and a push whose values changed is refused when the step completes.
   void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Incoming;
-  // Sums worker `id`'s gradient from where it stands up to value `hi`.
-  void SumUpToLocked(int id, Incoming* in, size_t hi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums worker `id`'s gradient from where it stands up to value `hi` of the model's `model`.
+  void SumUpToLocked(int id, Incoming* in, size_t hi, size_t model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Values summed per window (ReduceReadyLocked): the window's sum and the update's state for it
   // stay in the L2 cache.
   static constexpr size_t kReduceWindow = 16384;

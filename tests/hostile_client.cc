@@ -40,6 +40,7 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "proto/dbs.grpc.pb.h"
+#include "tests/push_once.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "dbs_ps address.");
 ABSL_FLAG(int, rounds, 1, "Rounds of attacks; 0: until killed.");
@@ -73,18 +74,6 @@ const char* const kMethods[] = {
 };
 const int kForgedIds[] = {-1, 0, 1, 2, 9999, 2147483647};
 
-// One push on a push session of its own: how the session ended (OK only with an answer).
-grpc::Status PushOnce(dbs::v1::ParameterService::Stub* stub, grpc::ClientContext* ctx,
-                      const dbs::v1::PushGradientRequest& push, dbs::v1::PushGradientReply* reply) {
-  auto session = stub->PushGradientSession(ctx);
-  if (session->Write(push) && session->Read(reply)) {
-    session->WritesDone();
-    return session->Finish();
-  }
-  const grpc::Status ended = session->Finish();
-  return ended.ok() ? grpc::Status(StatusCode::UNKNOWN, "the session ended without an answer")
-                    : ended;
-}
 class Attacker {
  public:
   explicit Attacker(const std::string& server) : rng_(12345) {
@@ -357,7 +346,7 @@ class Attacker {
           grpc::ClientContext ctx;
           Deadline(&ctx);
           if (step != 0) Forge(&ctx);
-          Note("/PushGradientSession", PushOnce(params_.get(), &ctx, push, &reply),
+          Note("/PushGradientSession", dbs::PushOnce(params_.get(), &ctx, push, &reply),
                "malformed push");
         }
       }
@@ -402,7 +391,8 @@ class Attacker {
         grpc::ClientContext ctx;
         Deadline(&ctx);
         Forge(&ctx);
-        Note("/PushGradientSession", PushOnce(params_.get(), &ctx, push, &reply), "oversized push",
+        Note("/PushGradientSession", dbs::PushOnce(params_.get(), &ctx, push, &reply),
+             "oversized push",
              /*transport_refusal=*/true);
       });
     }
@@ -579,7 +569,7 @@ int Insider() {
     push.set_num_samples(1);
     push.set_loss_sum(1e308);
     dbs::v1::PushGradientReply reply;
-    codes["push_huge_loss"] = PushOnce(params.get(), &ctx, push, &reply).error_code();
+    codes["push_huge_loss"] = dbs::PushOnce(params.get(), &ctx, push, &reply).error_code();
   }
   std::map<std::string, int> flood;
   for (int i = 0; i < 100; ++i) {

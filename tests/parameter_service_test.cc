@@ -27,6 +27,7 @@
 #include "server/scheduler_service.h"
 #include "server/training_job.h"
 #include "tests/loopback_server.h"
+#include "tests/push_once.h"
 
 namespace dbs {
 namespace {
@@ -153,13 +154,7 @@ class ServiceTest : public ::testing::Test {
     grpc::ClientContext ctx;
     Sign(&ctx, req.worker_id());
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    auto session = params_->PushGradientSession(&ctx);
-    if (session->Write(req) && session->Read(reply)) {
-      session->WritesDone();
-      return session->Finish();
-    }
-    const grpc::Status ended = session->Finish();
-    return ended.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "no answer") : ended;
+    return PushOnce(params_.get(), &ctx, req, reply);
   }
 
   // AttachSharedMemory for worker `id`'s gradient region at `where` (signed unless `sign` is

@@ -25,6 +25,7 @@
 #include "proto/dbs.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "server/checkpoint.h"
+#include "tests/push_once.h"
 
 namespace dbs {
 namespace {
@@ -65,13 +66,7 @@ struct HandWorker {
   grpc::Status Push(const v1::PushGradientRequest& push, v1::PushGradientReply* reply) const {
     grpc::ClientContext ctx;
     Sign(&ctx);
-    auto session = params->PushGradientSession(&ctx);
-    if (session->Write(push) && session->Read(reply)) {
-      session->WritesDone();
-      return session->Finish();
-    }
-    const grpc::Status ended = session->Finish();
-    return ended.ok() ? grpc::Status(grpc::StatusCode::UNKNOWN, "no answer") : ended;
+    return PushOnce(params.get(), &ctx, push, reply);
   }
 
   void Join(int port, int values) {

@@ -9,7 +9,6 @@
 #ifndef DBS_WORKER_GRPC_PS_CLIENT_H_
 #define DBS_WORKER_GRPC_PS_CLIENT_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,7 +18,6 @@
 #include "common/backoff.h"
 #include "common/rpc/grpc_step_wire.h"
 #include "common/shared_memory.h"
-#include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "proto/dbs.grpc.pb.h"
 #include "worker/ps_client.h"
