@@ -58,8 +58,8 @@ void StepAggregator::TakePendingLocked(std::vector<Done>* to_run) {
     if (refused == refused_.end()) {
       to_run->push_back(std::move(p.done));
     } else {
-      to_run->push_back([done = std::move(p.done),
-                         why = refused->second](const absl::StatusOr<StepResult>&) { done(why); });
+      to_run->push_back([done = std::move(p.done), why = refused->second.answer](
+                            const absl::StatusOr<StepResult>&) { done(why); });
     }
   }
   pending_.clear();
@@ -94,21 +94,23 @@ absl::Status StepAggregator::Validate(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
-absl::Status StepAggregator::CheckGradient(const GradientPush& push, double* sum_squares,
-                                           bool* bad_values) const {
-  if (push.num_samples <= 0) return absl::OkStatus();  // nothing of it is summed
+void StepAggregator::CheckGradient(const GradientPush& push, CheckedGradient* checked) const {
+  if (push.num_samples <= 0) return;  // nothing of it is summed
   if (push.gradient == nullptr) {
-    return absl::InvalidArgumentError(
+    checked->status = absl::InvalidArgumentError(
         absl::StrCat("a push of ", push.num_samples, " samples carries no gradient"));
+    return;
   }
   const size_t model = static_cast<size_t>(store_->num_elements());
   if (absl::Status count = push.gradient.get()->CheckCount(model); !count.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
+    checked->status =
+        absl::InvalidArgumentError(absl::StrCat("gradient rejected: ", count.message()));
+    return;
   }
-  const absl::Status values =
-      SumChecked(push.worker_id, 0, *push.gradient, nullptr, 0.0f, /*check=*/true, sum_squares);
-  if (bad_values != nullptr) *bad_values = !values.ok();
-  return values;
+  checked->status = SumChecked(
+      push.worker_id, 0, *push.gradient, nullptr, 0.0f, /*check=*/true, &checked->sum_squares,
+      push.gradient.get()->writable_by_sender ? &checked->blocks : nullptr);
+  checked->bad_values = !checked->status.ok();
 }
 
 namespace {
@@ -208,7 +210,8 @@ uint16_t Bf16LimitBits(float limit) {
 }  // namespace
 
 absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                        float* sum, float weight, bool check, double* sum_squares) {
+                                        float* sum, float weight, bool check, double* sum_squares,
+                                        BlockSquares* blocks) {
   // Block by block: each block is checked while it is in the L1 cache, the culprit named only
   // when there is one, and then added. A bad value stops the sum at the start of its block.
   // `raw` holds the block's values as they arrived, little-endian in the payload's dtype:
@@ -219,6 +222,26 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
   // Values their sender can still write (shared memory) are copied first, block by block, so
   // that what is summed is what was checked.
   alignas(64) uint8_t copy[kSumBlock * sizeof(float)];
+  // A block of such values: its squares are recorded (the check before the lock), or must be
+  // the recorded ones (the sum), so that what is summed has the norm that was screened.
+  auto same_squares = [&](size_t at, size_t count, double squares) -> absl::Status {
+    const size_t k = at / kSumBlock;
+    if (at % kSumBlock != 0) {
+      return absl::InternalError(absl::StrCat("a block of worker ", worker_id,
+                                              "'s gradient starts at element ", at,
+                                              ", not at a multiple of ", kSumBlock));
+    }
+    if (sum == nullptr) {
+      if (k != blocks->size()) return absl::InternalError("the blocks are checked out of order");
+      blocks->push_back(squares);
+      return absl::OkStatus();
+    }
+    if (k < blocks->size() && (*blocks)[k] == squares) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, "'s elements ", at, " to ", at + count - 1,
+        " changed after they were checked (their sum of squares ", squares, ", checked ",
+        k < blocks->size() ? absl::StrCat((*blocks)[k]) : std::string("none"), ")"));
+  };
   const bool copy_first = check && sum != nullptr && values.writable_by_sender;
   auto block = [&](size_t first, size_t count, const uint8_t* raw) {
     if (copy_first) {
@@ -243,9 +266,11 @@ absl::Status StepAggregator::SumChecked(int worker_id, size_t offset, const Wire
         }
       }
     }
-    if (sum_squares != nullptr) {
-      *sum_squares +=
+    if (sum_squares != nullptr || blocks != nullptr) {
+      const double squares =
           dtype == WireDtype::kBf16 ? SumOfSquaresBf16(raw, count) : SumOfSquares(fp32, count);
+      if (sum_squares != nullptr) *sum_squares += squares;
+      if (blocks != nullptr) DBS_RETURN_IF_ERROR(same_squares(offset + first, count, squares));
     }
     if (sum != nullptr) {
       if (dtype == WireDtype::kBf16) {
@@ -298,7 +323,7 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
-absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
+absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push, BlockSquares blocks) {
   if (push.num_samples <= 0) return absl::OkStatus();
   Incoming& in = incoming_[push.worker_id];
   if (in.gradient != nullptr) {
@@ -309,8 +334,8 @@ absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push) {
   in.gradient = push.gradient.shared();
   // Its values were checked before the lock (CheckGradient): they are summed without a second
   // pass over them, unless its sender can still write them (shared memory): those are checked
-  // again, one read of each value, as they are summed.
-  in.checked = !in.gradient->writable_by_sender;
+  // again, one read of each value, as they are summed, each block against its squares.
+  in.blocks = std::move(blocks);
   return absl::OkStatus();
 }
 
@@ -318,7 +343,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
   CheckedGradient checked;
-  checked.status = CheckGradient(push, &checked.sum_squares, &checked.bad_values);
+  CheckGradient(push, &checked);
   PushOutcome out;
   Done superseded;
   uint64_t retry_ticket = 0;
@@ -339,7 +364,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       earlier->done = std::move(done);
       earlier->ticket = retry_ticket = ++last_ticket_;
     } else {
-      TakeNewPushLocked(push, checked, std::move(done), &out);
+      TakeNewPushLocked(push, std::move(checked), std::move(done), &out);
     }
   }
   TellFaulty(out.faulty, &out.refusals);
@@ -353,6 +378,7 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     return retry_ticket;
   }
   if (out.completed) AfterStep(out.stats, &out.result);
+  TellFaulty(out.changed, &out.refusals);
   for (Done& d : out.to_run) d(out.result);
   return 0;
 }
@@ -376,8 +402,8 @@ absl::Status StepAggregator::ScreenLocked(const GradientPush& push, const Checke
   return absl::OkStatus();
 }
 
-void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGradient& checked,
-                                       Done done, PushOutcome* out) {
+void StepAggregator::TakeNewPushLocked(const GradientPush& push, CheckedGradient checked, Done done,
+                                       PushOutcome* out) {
   const bool screened = push.num_samples > 0 && options_.screen.mode != FaultyGradients::kOff;
   const PushNorm norm{std::sqrt(checked.sum_squares), push.num_samples};
   absl::Status valid = Validate(push);
@@ -387,7 +413,7 @@ void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGr
   const absl::Status suspicion =
       valid.ok() && screened && checked.status.ok() ? screen_.Judge(norm) : absl::OkStatus();
   if (valid.ok()) valid = checked.status;
-  if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push);
+  if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push, std::move(checked.blocks));
   if (!valid.ok()) {
     out->result = valid;
     out->to_run.push_back(std::move(done));
@@ -395,8 +421,8 @@ void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGr
   }
   uint64_t mine = 0;
   if (!suspicion.ok()) {
-    suspects_[push.worker_id] =
-        Suspect{push, Pending{std::move(done), ++last_ticket_}, norm, suspicion};
+    suspects_[push.worker_id] = Suspect{push, Pending{std::move(done), ++last_ticket_}, norm,
+                                        suspicion, std::move(checked.blocks)};
     mine = last_ticket_;
   } else {
     // A push summed (a log-only outlier too) is part of what the job's gradients have been.
@@ -410,7 +436,7 @@ void StepAggregator::TakeNewPushLocked(const GradientPush& push, const CheckedGr
   if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
     out->stats = TakeStepStatsLocked();
     out->completed = true;
-    CompleteStepLocked(&out->to_run, &out->result);
+    CompleteStepLocked(&out->to_run, &out->result, &out->changed);
     return;
   }
   out->waiting = mine;
@@ -449,7 +475,7 @@ void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refu
       AcceptLocked(s.push, std::move(s.pending.done));
       pending_[id].ticket = ticket;
       screen_.Accepted(s.norm);
-      const absl::Status taken = TakeGradientLocked(s.push);
+      const absl::Status taken = TakeGradientLocked(s.push, std::move(s.blocks));
       if (!taken.ok()) LOG(ERROR) << "worker " << id << "'s held push: " << taken;
     } else {
       faulty->push_back(FaultyPush{id, epoch_, step_, verdict, true});
@@ -465,8 +491,9 @@ void StepAggregator::TellFaulty(const std::vector<FaultyPush>& faulty, Refusals*
   for (const FaultyPush& f : faulty) {
     LOG(WARNING) << "worker " << f.worker_id << "'s gradient of epoch " << f.epoch + 1 << " step "
                  << f.step + 1 << " is faulty: " << f.why.message()
-                 << (f.quarantine ? "; not summed, the worker is quarantined"
-                                  : "; summed (--faulty_gradients=log)");
+                 << (f.counted      ? "; summed only up to there, the worker is quarantined"
+                     : f.quarantine ? "; not summed, the worker is quarantined"
+                                    : "; summed (--faulty_gradients=log)");
     if (faulty_hook_) faulty_hook_(f);
   }
   for (auto& [done, why] : *refusals) {
@@ -556,17 +583,23 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, size_t model
       sum == nullptr
           ? absl::InternalError("the step's sum has no buffer: the model is not registered")
           : SumChecked(id, in->summed, SubPayload(*in->gradient, in->summed, hi - in->summed), sum,
-                       static_cast<float>(in->samples), !in->checked);
+                       static_cast<float>(in->samples), in->gradient->writable_by_sender, nullptr,
+                       in->gradient->writable_by_sender ? &in->blocks : nullptr);
   if (!added.ok()) {
     // A push checked before the lock whose values then changed (its sender's shared memory):
-    // the values summed are the checked ones before the bad block; the rest of it is left out,
-    // so that the step completes with every other worker's values, and the push is refused
-    // when it does.
-    LOG(WARNING) << "worker " << id << "'s gradient changed after it was checked; its push of "
-                 << "epoch " << epoch_ << " step " << step_ << " is refused: " << added;
-    refused_.emplace(
-        id, absl::InvalidArgumentError(absl::StrCat(
-                "the gradient in shared memory changed after it was checked: ", added.message())));
+    // the blocks summed are those before the changed one, each with the squares that were
+    // screened; the rest is left out, so that the step completes with every other worker's
+    // values. The push is refused when it does, and under kEvict its worker is quarantined
+    // from the next step on.
+    const absl::Status why = absl::InvalidArgumentError(absl::StrCat(
+        "the gradient in shared memory changed after it was checked: ", added.message()));
+    const bool evict = options_.screen.mode == FaultyGradients::kEvict;
+    if (!evict) {
+      LOG(WARNING) << "worker " << id << "'s push of epoch " << epoch_ + 1 << " step " << step_ + 1
+                   << " is refused: " << why.message();
+    }
+    refused_.emplace(id, Refused{evict ? Quarantined(id, epoch_, step_, why) : why,
+                                 evict ? why : absl::OkStatus()});
     hi = model;
   }
   in->summed = hi;
@@ -647,7 +680,8 @@ float* StepAggregator::SumLocked(size_t to) {
 }
 
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
-                                        absl::StatusOr<StepResult>* result) {
+                                        absl::StatusOr<StepResult>* result,
+                                        std::vector<FaultyPush>* changed) {
   // Every worker of the step has pushed (or was evicted): apply the sample-weighted mean.
   ReduceReadyLocked();
   double loss_sum = 0.0;
@@ -688,6 +722,9 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   } else {
     *result = snap.status();
   }
+  for (const auto& [id, r] : refused_) {
+    if (!r.why.ok()) changed->push_back(FaultyPush{id, epoch_, step_, r.why, true, true});
+  }
   TakePendingLocked(to_run);
   if (!update) zeroed_ = 0;  // nothing was summed; the buffer stays reserved
   DropIncomingLocked();
@@ -709,7 +746,7 @@ bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
 }
 
 void StepAggregator::CompleteEviction(PlanChange change) {
-  std::vector<FaultyPush> faulty;
+  std::vector<FaultyPush> faulty, changed;
   Refusals refusals;
   std::vector<Done> to_run;
   absl::StatusOr<StepResult> result;
@@ -724,12 +761,13 @@ void StepAggregator::CompleteEviction(PlanChange change) {
     ReduceReadyLocked();  // an evicted worker may have been the one the sum waited for
     ResolveSuspectsLocked(&faulty, &refusals);
     if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
-      CompleteStepLocked(&to_run, &result);
+      CompleteStepLocked(&to_run, &result, &changed);
       completed = true;
     }
   }
   TellFaulty(faulty, &refusals);
   if (!completed) return;
+  TellFaulty(changed, &refusals);
   for (Done& d : to_run) d(result);
 }
 

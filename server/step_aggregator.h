@@ -138,6 +138,11 @@ struct FaultyPush {
   int step = 0;
   absl::Status why;
   bool quarantine = false;
+  // The push was counted at `step` and refused as it was summed (its values in shared memory
+  // changed after their check): its worker is removed from the next step on, not at `step`.
+  bool counted = false;
+  // The step from which its worker is to be removed.
+  int removal_step() const { return counted ? step + 1 : step; }
 };
 
 class StepAggregator {
@@ -180,8 +185,9 @@ class StepAggregator {
   void SetFailureHook(FailureHook hook) { failure_hook_ = std::move(hook); }
   // Called (outside the lock, before the push is answered) for each faulty push of the
   // current step (AggregatorOptions::screen). With `quarantine` the push was refused (ABORTED)
-  // and the worker is still one the step waits for: the hook removes it (TrainingJob). Set
-  // before training starts.
+  // and the worker is still one the step waits for (at `removal_step()`: a push refused as it
+  // was summed is told once its step completed, before the next step's answers can arrive):
+  // the hook removes it (TrainingJob). Set before training starts.
   using FaultyHook = std::function<void(const FaultyPush&)>;
   void SetFaultyHook(FaultyHook hook) { faulty_hook_ = std::move(hook); }
 
@@ -247,23 +253,29 @@ class StepAggregator {
   // the re-plan it returns), then MarkReleased.
   void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Checks a push's gradient values (size, finite, at most kMaxAbsGradient); no lock needed.
-  // `*sum_squares` receives the sum of the squares of its values (when they are checked), and
-  // `*bad_values` whether a value failed (rather than its shape).
-  absl::Status CheckGradient(const GradientPush& push, double* sum_squares = nullptr,
-                             bool* bad_values = nullptr) const;
+  struct CheckedGradient;
+  // Checks a push's gradient values (size, finite, at most kMaxAbsGradient) into `*checked`;
+  // no lock needed.
+  void CheckGradient(const GradientPush& push, CheckedGradient* checked) const;
+  // Each block's sum of squares (block k: values [k * kSumBlock, (k + 1) * kSumBlock)) of a
+  // gradient its sender can still write (shared memory), as it was checked before the lock.
+  using BlockSquares = std::vector<double>;
   // Checks `values` (values [offset, ...) of a gradient) and, with a `sum`, adds `weight` times
   // each of them to sum[offset...], in one pass: stops at the first block with a value that is
   // not finite or beyond kMaxAbsGradient (the blocks before it are summed) and returns the
   // refusal naming it. With `check` false the values were checked already (before the lock)
   // and are only summed, which spares a second pass over every received byte. With
-  // `sum_squares`, the squares of the values checked are added to it.
+  // `sum_squares`, the squares of the values checked are added to it. With `blocks`, each
+  // block's sum of squares is recorded there (no `sum`: the check before the lock), or, with a
+  // `sum`, must equal the recorded one, else the sum stops at that block and the refusal says
+  // the values changed after their check.
   static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
                                  float* sum, float weight, bool check = true,
-                                 double* sum_squares = nullptr);
-  // A valid push's gradient becomes the step's, to be summed in its turn. Changes nothing on
-  // error.
-  absl::Status TakeGradientLocked(const GradientPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                 double* sum_squares = nullptr, BlockSquares* blocks = nullptr);
+  // A valid push's gradient becomes the step's, to be summed in its turn, with the squares of
+  // its blocks when its sender can still write it. Changes nothing on error.
+  absl::Status TakeGradientLocked(const GradientPush& push, BlockSquares blocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums the gradients whose turn has come (at once, or in worker order:
   // AggregatorOptions::deterministic); values of a sender's shared memory are checked again as
   // they are summed, and a push whose values changed is refused when the step completes.
@@ -286,9 +298,10 @@ class StepAggregator {
   // cannot happen after Validate).
   float* SumLocked(size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ModelSize() const;  // the registered model's values
-  // Applies the step once every participant has pushed; returns the callbacks to run.
-  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the step once every participant has pushed; returns the callbacks to run, and in
+  // `changed` the workers to quarantine whose push was refused as it was summed.
+  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
+                          std::vector<FaultyPush>* changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
   const Clock* const clock_;
@@ -307,8 +320,13 @@ class StepAggregator {
   StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
   // Workers of the step whose push was refused as it was summed (values in their shared
-  // memory changed after the check): answered with the refusal when the step completes.
-  std::map<int, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+  // memory changed after the check): answered with the refusal when the step completes, and
+  // quarantined from the next step on under kEvict.
+  struct Refused {
+    absl::Status answer;
+    absl::Status why;
+  };
+  std::map<int, Refused> refused_ ABSL_GUARDED_BY(mu_);
   GradientScreen screen_ ABSL_GUARDED_BY(mu_);
   // The screen's suspects of the step: pushes whose norm is far above the job's recent
   // ones, held (not summed, not pending) until every push of the step is in, then judged
@@ -319,6 +337,7 @@ class StepAggregator {
     Pending pending;
     PushNorm norm;
     absl::Status verdict;  // against the history
+    BlockSquares blocks;
   };
   std::map<int, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
   std::map<int, PushNorm> step_norms_ ABSL_GUARDED_BY(mu_);  // the step's screened norms
@@ -328,11 +347,13 @@ class StepAggregator {
   void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Push found before the lock: the gradient's check, whether a value (not its shape)
-  // failed it, and the sum of its squared values.
+  // failed it, the sum of its squared values, and its blocks' when its sender can still
+  // write them.
   struct CheckedGradient {
     absl::Status status;
     bool bad_values = false;
     double sum_squares = 0.0;
+    BlockSquares blocks;
   };
   // What a push leads to, acted on once the lock is released.
   struct PushOutcome {
@@ -343,6 +364,9 @@ class StepAggregator {
     StepStats stats;
     bool completed = false;  // the push completed the step (AfterStep runs)
     uint64_t waiting = 0;    // the push waits: its ticket
+    // Pushes refused as the completed step summed them: told after AfterStep, so that their
+    // workers' removal from the next step follows any re-plan of it.
+    std::vector<FaultyPush> changed;
   };
   // The pending (or held) push of `worker` at the current step, or null.
   Pending* PendingOfLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -352,7 +376,7 @@ class StepAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push that is neither a retry nor of the step just completed: refused, held as a suspect,
   // or accepted, and the step completed when it was the last one.
-  void TakeNewPushLocked(const GradientPush& push, const CheckedGradient& checked, Done done,
+  void TakeNewPushLocked(const GradientPush& push, CheckedGradient checked, Done done,
                          PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The refusal of a quarantined worker's push.
   static absl::Status Quarantined(int worker, int epoch, int step, const absl::Status& why);
@@ -366,11 +390,12 @@ class StepAggregator {
   absl::Span<float> sum_ ABSL_GUARDED_BY(mu_);
   size_t zeroed_ ABSL_GUARDED_BY(mu_) = 0;
   // Of the step being collected, by worker: its gradient as received (until summed), its
-  // samples, and how many of its values are summed (a prefix).
+  // samples, how many of its values are summed (a prefix), and, when its sender can still
+  // write them, its blocks' squares as they were checked.
   struct Incoming {
     int samples = 0;
     std::shared_ptr<const WirePayload> gradient;
-    bool checked = false;  // its values were checked before the lock and cannot change since
+    BlockSquares blocks;
     size_t summed = 0;
   };
   std::map<int, Incoming> incoming_ ABSL_GUARDED_BY(mu_);

@@ -592,9 +592,11 @@ void TrainingJob::OnFaultyPush(const FaultyPush& f) {
     ++faulty_pushes_;
   }
   if (!f.quarantine) return;
-  // Its push was refused: the step waits for it, as for a worker that died before pushing.
+  // Its push was refused: the step waits for it, as for a worker that died before pushing (the
+  // step after it, for a push refused as it was summed).
+  const int at = f.removal_step();
   const StepProgress p = aggregator_->Progress();
-  if (p.epoch != f.epoch || p.step != f.step ||
+  if (p.epoch != f.epoch || p.step != at ||
       std::find(p.waiting_for.begin(), p.waiting_for.end(), f.worker_id) == p.waiting_for.end()) {
     return;  // removed meanwhile (its deadline, or the epoch's end)
   }
@@ -607,12 +609,12 @@ void TrainingJob::OnFaultyPush(const FaultyPush& f) {
     if (r.epoch != f.epoch) continue;
     auto steps = r.layout.find(f.worker_id);
     if (steps == r.layout.end()) break;
-    for (size_t s = static_cast<size_t>(f.step); s < steps->second.size(); ++s) {
+    for (size_t s = static_cast<size_t>(at); s < steps->second.size(); ++s) {
       q.samples_reassigned += CountSamples(steps->second[s]);
     }
   }
   if (!RemoveAtStep(p, {f.worker_id},
-                    absl::StrCat("worker ", f.worker_id, " quarantined at step ", f.step + 1,
+                    absl::StrCat("worker ", f.worker_id, " quarantined at step ", at + 1,
                                  " of epoch ", f.epoch + 1, " (", q.reason, "); its ",
                                  q.samples_reassigned, " samples left in the epoch"))) {
     return;

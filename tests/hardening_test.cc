@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/training_job.h"
+#include "tests/push_outcome.h"
 
 namespace dbs {
 namespace {
@@ -376,6 +377,39 @@ TEST_F(HardeningTest, APushBeyondTheGradientBoundQuarantinesItsWorkerAndTheJobGo
   ASSERT_THAT(**a, IsOk());
   EXPECT_EQ((**a)->global_samples, 4);
   for (float v : *(**a)->parameters.values) EXPECT_TRUE(std::isfinite(v));
+}
+
+// A worker on the server's host rewrites its shared gradient while its checked push waits for
+// its turn: the push is refused as it is summed, the step completes with the others, and the
+// worker is quarantined from the next step on, its samples there re-planned to the others.
+TEST_F(HardeningTest, AWorkerWhoseSharedGradientChangesAfterItsCheckIsQuarantinedAtTheNextStep) {
+  std::vector<float> region = {1.0f};
+  std::optional<absl::StatusOr<StepResult>> refused;
+  job_->aggregator()->Push({1, 0, 0, 2, 1.0, SharedRegion(&region)},
+                           [&refused](const absl::StatusOr<StepResult>& r) { refused = r; });
+  ASSERT_FALSE(refused.has_value()) << "held for worker 0's push";
+  region[0] = 1e29f;
+  auto* a = Push(0, 0, 0, 2);
+  auto* c = Push(2, 0, 0, 2);
+  ASSERT_TRUE(refused.has_value() && a->has_value() && c->has_value());
+  ASSERT_THAT(**a, IsOk());
+  EXPECT_THAT(*refused, StatusIs(absl::StatusCode::kAborted, HasSubstr("worker 1 is quarantined")));
+  EXPECT_THAT(refused->status().message(), HasSubstr("changed after they were checked"));
+  for (float v : *(**a)->parameters.values) EXPECT_NEAR(v, -0.05f * 4.0f / 6.0f, 1e-7);
+  ASSERT_EQ(job_->Run().quarantined.size(), 1u);
+  EXPECT_EQ(job_->Run().quarantined[0].worker_id, 1);
+  EXPECT_EQ(job_->Run().quarantined[0].step, 0);
+  EXPECT_EQ(job_->Run().quarantined[0].samples_reassigned, 2) << "its step 1 of 2 samples";
+  EXPECT_EQ(job_->Run().epochs[0].dead, std::set<int>{1});
+  EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 2));
+  EXPECT_EQ(job_->aggregator()->Progress().num_steps, 3) << "its part of step 1: a step more";
+  for (int step : {1, 2}) {
+    auto* a1 = Push(0, 0, step, step == 1 ? 2 : 1);
+    Push(2, 0, step, step == 1 ? 2 : 1);
+    ASSERT_TRUE(a1->has_value());
+    ASSERT_THAT(**a1, IsOk());
+    EXPECT_EQ((**a1)->global_samples, step == 1 ? 4 : 2);
+  }
 }
 
 TEST(PoisonTest, AnUpdateThatOverflowsKeepsTheParametersAndEndsTheJob) {

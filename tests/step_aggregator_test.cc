@@ -139,20 +139,12 @@ TEST_F(StepAggregatorTest, AWholePushWithABadValueIsRefusedAtOnceEvenBeforeItsTu
 // for its turn: what is summed is what was checked (each value read once), a value that went
 // bad refuses that push when the step completes, and the step completes for everyone else.
 TEST_F(StepAggregatorTest, AGradientInSharedMemoryThatGoesBadAfterItsCheckIsRefusedNotSummed) {
-  auto shared = [](std::vector<float>* region) {
-    auto payload = std::make_shared<WirePayload>();
-    payload->segments.emplace_back(reinterpret_cast<const uint8_t*>(region->data()),
-                                   region->size() * sizeof(float));
-    payload->bytes = region->size() * sizeof(float);
-    payload->writable_by_sender = true;
-    return std::shared_ptr<const WirePayload>(payload);
-  };
   grads_.reserve(16);
   // Unchanged, it is summed as a received one is: p' = -(1 * (4, 0) + 3 * (0, 8)) / 4.
   std::vector<float> region = {0.0f, 8.0f};
   Outcome a, b;
   GradientPush from_region = Push(1, 0, 3, {});
-  from_region.gradient = shared(&region);
+  from_region.gradient = SharedRegion(&region);
   agg_->Push(from_region, b.callback());
   agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), a.callback());
   ASSERT_TRUE(a.result.has_value() && b.result.has_value());
@@ -180,6 +172,46 @@ TEST_F(StepAggregatorTest, AGradientInSharedMemoryThatGoesBadAfterItsCheckIsRefu
   for (float p : Params()) EXPECT_TRUE(std::isfinite(p)) << p;
   EXPECT_THAT(Params(), ElementsAre(FloatNear(-2.0f, 1e-6), FloatNear(-6.0f, 1e-6)))
       << "worker 1's values were left out, its samples still count in the mean";
+}
+
+// A rewrite to other values within the bound is caught too: each block's sum of squares must be
+// the one that was checked (and screened), so what is summed has the screened norm at most.
+// Values that keep every block's squares (a sign flip, values swapped) are what the worker
+// could have pushed in the first place, and are summed.
+TEST_F(StepAggregatorTest, AFiniteRewriteOfASharedGradientIsRefusedOneWithTheSameSquaresSummed) {
+  std::vector<float> region = {0.0f, 8.0f};
+  GradientPush from_region = Push(1, 0, 3, {});
+  from_region.gradient = SharedRegion(&region);
+  Outcome held, other;
+  agg_->Push(from_region, held.callback());
+  ASSERT_FALSE(held.result.has_value()) << "held for worker 0's push";
+  region[1] = 8000.0f;
+  agg_->Push(Push(0, 0, 1, {4.0f, 0.0f}), other.callback());
+  ASSERT_TRUE(other.result.has_value() && held.result.has_value());
+  EXPECT_THAT(*other.result, IsOk());
+  EXPECT_THAT(held.result->status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("worker 1's elements 0 to 1 changed after they were checked "
+                                 "(their sum of squares 6.4e+07, checked 64)")));
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-1.0f, 1e-6), FloatNear(0.0f, 1e-6)))
+      << "only worker 0's values";
+
+  Outcome d, e, flipped, first;
+  agg_->Push(Push(0, 1, 1, {0.0f, 0.0f}), d.callback());
+  agg_->Push(Push(1, 1, 0, {}), e.callback());
+  ASSERT_THAT(*e.result, IsOk());
+  agg_->BeginEpoch(1, {{{0, 1}, {1, 3}}});
+  region = {0.0f, 8.0f};
+  from_region.epoch = 1;
+  agg_->Push(from_region, flipped.callback());
+  region = {-8.0f, 0.0f};
+  GradientPush zero = Push(0, 0, 1, {0.0f, 0.0f});
+  zero.epoch = 1;
+  agg_->Push(zero, first.callback());
+  ASSERT_TRUE(flipped.result.has_value());
+  EXPECT_THAT(*flipped.result, IsOk());
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(5.0f, 1e-6), FloatNear(0.0f, 1e-6)))
+      << "-1 - 3 * (-8) / 4";
 }
 
 // A faulty GPU's push (StepAggregator's screen). A norm far above the job's recent ones is held
@@ -245,6 +277,36 @@ TEST_P(ScreenTest, OneWorkersOutlierIsFaulty) {
     EXPECT_FALSE(faulty_[0].quarantine);
     ASSERT_TRUE(a.result.has_value() && b.result.has_value());
     EXPECT_THAT(*b.result, IsOk()) << "summed";
+  }
+}
+
+// A push whose values in shared memory changed after their check is refused as it is summed,
+// and under kEvict its worker is handed to the hook once the step completes, to be removed
+// from the next step (its push of this step was counted).
+TEST_P(ScreenTest, AWorkerWhoseSharedGradientChangedAfterItsCheckIsQuarantinedFromTheNextStep) {
+  std::vector<float> region = {4.0f, 3.0f};
+  Outcome a, b;
+  agg_->Push(GradientPush{1, 0, 2, 1, 0.0, SharedRegion(&region)}, b.callback());
+  region = {400.0f, 300.0f};
+  Push(0, 2, {3.0f, 4.0f}, &a);
+  ASSERT_TRUE(a.result.has_value() && b.result.has_value());
+  EXPECT_THAT(*a.result, IsOk()) << "the step completes with worker 0's values";
+  EXPECT_THAT(Params(), ElementsAre(FloatNear(-8.5f, 1e-5), FloatNear(-9.0f, 1e-5)))
+      << "steps 0 and 1 moved both by 7; step 2 by worker 0's gradient over 2 samples";
+  if (GetParam() == FaultyGradients::kEvict) {
+    EXPECT_THAT(b.result->status(),
+                StatusIs(absl::StatusCode::kAborted, HasSubstr("worker 1 is quarantined")));
+    ASSERT_EQ(faulty_.size(), 1u);
+    EXPECT_EQ(faulty_[0].worker_id, 1);
+    EXPECT_TRUE(faulty_[0].quarantine);
+    EXPECT_TRUE(faulty_[0].counted);
+    EXPECT_EQ(faulty_[0].step, 2);
+    EXPECT_EQ(faulty_[0].removal_step(), 3);
+    EXPECT_THAT(agg_->Progress().waiting_for, ElementsAre(0, 1)) << "step 3 waits for it";
+  } else {
+    EXPECT_THAT(b.result->status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("changed after they were checked")));
+    EXPECT_TRUE(faulty_.empty()) << "refused, not quarantined";
   }
 }
 
