@@ -30,6 +30,7 @@
 #include "common/plan.h"
 #include "common/wire_values.h"
 #include "server/gradient_screen.h"
+#include "server/gradient_sum.h"
 #include "server/parameter_store.h"
 
 namespace dbs {
@@ -77,14 +78,6 @@ struct StepStats {
   // constructor) and for a step the server did not see begin (the first after a restore).
   std::map<int, double> cycle;
 };
-
-// Gradients beyond this magnitude are refused: with at most kMaxGlobalBatch samples a step's
-// weighted sum of accepted gradients then stays finite, so accepting a push never needs to look
-// at the sum (the values are checked before the aggregator's lock is taken).
-inline constexpr float kMaxAbsGradient = 1e30f;
-// A pushed piece is checked and summed in blocks of this many values, each checked while it is
-// in the L1 cache and then added; a bad value stops the sum at the start of its block.
-inline constexpr size_t kSumBlock = 2048;
 
 // A push's gradient: the received message's payload (held, not copied), or, for tests and
 // in-process callers, a copy of plain floats in fp32.
@@ -257,21 +250,6 @@ class StepAggregator {
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient) into `*checked`;
   // no lock needed.
   void CheckGradient(const GradientPush& push, CheckedGradient* checked) const;
-  // Each block's sum of squares (block k: values [k * kSumBlock, (k + 1) * kSumBlock)) of a
-  // gradient its sender can still write (shared memory), as it was checked before the lock.
-  using BlockSquares = std::vector<double>;
-  // Checks `values` (values [offset, ...) of a gradient) and, with a `sum`, adds `weight` times
-  // each of them to sum[offset...], in one pass: stops at the first block with a value that is
-  // not finite or beyond kMaxAbsGradient (the blocks before it are summed) and returns the
-  // refusal naming it. With `check` false the values were checked already (before the lock)
-  // and are only summed, which spares a second pass over every received byte. With
-  // `sum_squares`, the squares of the values checked are added to it. With `blocks`, each
-  // block's sum of squares is recorded there (no `sum`: the check before the lock), or, with a
-  // `sum`, must equal the recorded one, else the sum stops at that block and the refusal says
-  // the values changed after their check.
-  static absl::Status SumChecked(int worker_id, size_t offset, const WirePayload& values,
-                                 float* sum, float weight, bool check = true,
-                                 double* sum_squares = nullptr, BlockSquares* blocks = nullptr);
   // A valid push's gradient becomes the step's, to be summed in its turn, with the squares of
   // its blocks when its sender can still write it. Changes nothing on error.
   absl::Status TakeGradientLocked(const GradientPush& push, BlockSquares blocks)

@@ -146,7 +146,7 @@ class Attacker {
     }
     // Nor is a call the server had not yet handed to a handler when it shut down: gRPC core
     // ends those with a bare CANCELLED (grpc/grpc#41785), where every refusal of dbs_ps's own
-    // says why. Seen once in CI, at the end of the job, on a forged streamed push.
+    // says why. Seen once in CI, at the end of the job, on a forged push.
     if (s.error_code() == StatusCode::CANCELLED && s.error_message() == "CANCELLED") {
       ++unreachable_;
       return;

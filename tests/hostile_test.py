@@ -4,9 +4,9 @@ dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MN
 test dbs_ps is two shards and the attack goes to the follower. Meanwhile
 tests/hostile_client (no secret, no token) sends every kind of bad call, round after round:
 random bytes to every method, malformed, overflowing and oversized tensors, wrong steps and
-epochs, unknown and forged ids, floods of registrations and of waiting calls, streamed pushes
-with gaps, changing headers and abandoned half-way, Leave for the real workers. The test checks that the server never died, every bad call was refused with a clear
-code, the job completed with every epoch's sample audit clean, the accuracy is that of an
+epochs, unknown and forged ids, floods of registrations and of waiting calls, push sessions
+with forged tokens, unread answers and sessions walked away from, Leave for the real workers. The
+test checks that the server never died, every bad call was refused with a clear code, the job completed with every epoch's sample audit clean, the accuracy is that of an
 undisturbed run of the same job, and dbs_ps's peak memory stayed under PEAK_RSS_BOUND_MIB.
 """
 

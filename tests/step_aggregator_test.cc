@@ -845,5 +845,30 @@ TEST_F(LargeGradientTest, HalfPrecisionValuesBeyondTheLimitAreRefusedByName) {
   }
 }
 
+// fp32 values either side of the limit, and of where a value's square overflows a float (the
+// check spares values whose block's sum of squares is finite), among the vectorized lanes and
+// in a block's tail.
+TEST_F(LargeGradientTest, Fp32ValuesAreRefusedOnlyBeyondTheLimit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float beyond = std::nextafter(kMaxAbsGradient, inf);
+  for (size_t bad : {kSumBlock + 9, kModel - 1}) {
+    for (float value : {1e19f, -1e20f, kMaxAbsGradient, -kMaxAbsGradient, beyond, -inf, 3e38f}) {
+      Reset();
+      std::vector<float> g(kModel, 1.0f);
+      g[bad] = value;
+      Outcome a;
+      agg_->Push(Push(0, WirePayload::FromFloats(g)), a.callback());
+      if (std::fabs(value) > kMaxAbsGradient) {
+        ASSERT_TRUE(a.result.has_value()) << value << " at " << bad << ": refused at once";
+        EXPECT_THAT(a.result->status(),
+                    StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr(absl::StrCat("worker 0's element ", bad, " is "))));
+      } else {
+        EXPECT_FALSE(a.result.has_value()) << value << " at " << bad << ": accepted, it waits";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dbs
