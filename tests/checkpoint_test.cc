@@ -188,8 +188,8 @@ TEST(CheckpointTest, AValidFrameAroundGarbageIsRefused) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("unreadable"));
 }
 
-// Issue 8 item 12: restore compared five settings only, so the learning rate, momentum or the
-// optimizer could change silently across a restart.
+// A restore compares every training setting, so the learning rate, momentum or the optimizer
+// cannot change silently across a restart.
 TEST(CheckpointTest, ARestoreWithOtherTrainingSettingsIsRefusedUnlessAllowed) {
   FakeClock clock;
   auto job = JobAtStep2(&clock);

@@ -639,7 +639,7 @@ class WorkerDeathTest(ProcessTestCase):
 
 
 class DeterministicAggregationTest(ProcessTestCase):
-    """Issue 11 item 5: the same job twice, the workers' speeds (so the order in which their
+    """The same job twice, the workers' speeds (so the order in which their
     pushes arrive) changed, ends with bit-identical parameters: the server sums each step in
     worker order."""
 
@@ -692,7 +692,7 @@ class SharedMemoryPushTest(ProcessTestCase):
 
 
 class ShardedJobTest(ProcessTestCase):
-    """Issue 11 item 4: the model split across several dbs_ps processes (--shard=i/k) trains
+    """The model split across several dbs_ps processes (--shard=i/k) trains
     exactly as one server does, re-plans included."""
 
     def run_job(self, tag, shards):
@@ -817,7 +817,7 @@ class ShardedJobTest(ProcessTestCase):
 
 
 class WireDtypeTest(ProcessTestCase):
-    """Issue 11 item 3: gradients and parameters in bf16 on the wire train the CNN as well as
+    """Gradients and parameters in bf16 on the wire train the CNN as well as
     fp32 (same job, same seed, fixed split so only the wire differs)."""
 
     def run_job(self, dtype):
@@ -981,7 +981,7 @@ class ShardedRestartTest(ProcessTestCase):
             self.fail(what + ": " + "\n | ".join(gist(*p.communicate()) for p in everyone))
 
     def test_killed_shards_restore_the_same_step_and_workers_continue(self):
-        """Issue 11 item 4: each shard checkpoints its own range at the leader's checkpoints;
+        """Each shard checkpoints its own range at the leader's checkpoints;
         after both are killed, the restarted leader restores its newest and the follower its
         own checkpoint of the same step.
 

@@ -47,8 +47,8 @@ TEST(WriteFileAtomicTest, WritesAndReplaces) {
   EXPECT_THAT(Files(dir), ::testing::ElementsAre("f")) << "no temporary file is left";
 }
 
-// Issue 8 item 12: every writer used the same "<path>.tmp", so two writers of one path (the
-// periodic and the end-of-epoch checkpoint, say) could interleave into one file.
+// Each writer has a temporary file of its own, so two writers of one path (the periodic and the
+// end-of-epoch checkpoint, say) never interleave into one file.
 TEST(WriteFileAtomicTest, ConcurrentWritersNeverMixTheirContents) {
   const std::string dir = ::testing::TempDir() + "/files_test_concurrent";
   mkdir(dir.c_str(), 0755);

@@ -119,7 +119,7 @@ TEST_F(HardeningTest, ReportsBetweenStepsCannotCutTheEpochShort) {
   EXPECT_TRUE(job_->Run().audits.at(0).ok());
 }
 
-// Item 1: a run whose audit failed ended as `status: ok`.
+// A run whose audit failed never ends as `status: ok`.
 TEST_F(HardeningTest, AFailedAuditNeverEndsAsOk) {
   // Epoch 0 is reported complete without a single accepted push: every sample is missing.
   EpochRecord record = job_->scheduler()->History().at(0);
@@ -130,7 +130,7 @@ TEST_F(HardeningTest, AFailedAuditNeverEndsAsOk) {
   EXPECT_NE(job_->Run().status, "ok");
 }
 
-// Item 2: a worker that reported and was then removed counted twice towards completion.
+// A worker that reported and was then removed counts once towards completion.
 TEST(SchedulerCountTest, AReportedThenRemovedWorkerCountsOnce) {
   FakeClock clock;
   std::unique_ptr<Scheduler> scheduler = FixedScheduler(3, 2, 6, &clock);
@@ -154,8 +154,8 @@ TEST(SchedulerCountTest, AReportedThenRemovedWorkerCountsOnce) {
   EXPECT_THAT(s.Unreported(0, &reported), ElementsAre(2));
 }
 
-// Item 3: two endings (a Leave-abort and a signal, say) both notified: Abseil aborts on the
-// second Notify().
+// Two endings at once (a Leave-abort and a signal, say) notify once: Abseil aborts on a second
+// Notify().
 TEST_F(HardeningTest, TwoEndingsAtOnceNotifyOnce) {
   // The old window (between the check under the lock and Notify() outside it) is a few
   // instructions wide, and this stress did not hit it on the 2-core VM in 2,000 rounds; the fix
@@ -179,7 +179,7 @@ TEST_F(HardeningTest, TwoEndingsAtOnceNotifyOnce) {
   }
 }
 
-// Item 5: Leave from any worker id aborted the whole job.
+// Leave removes that worker; the job goes on.
 TEST_F(HardeningTest, ALeavingWorkerIsRemovedAndTheJobGoesOn) {
   std::vector<std::set<int>> told;  // what the server is told to let go of (shared memory)
   job_->SetRemovedHook([&told](const std::set<int>& removed) { told.push_back(removed); });
@@ -212,8 +212,8 @@ TEST_F(HardeningTest, ALeavingWorkerIsRemovedAndTheJobGoesOn) {
   EXPECT_THAT(job_->aggregator()->Progress().waiting_for, ElementsAre(0, 1));
 }
 
-// Item 7: a worker that died between its last push and its report was never removed: the job
-// waited for its report until the stall timeout ended it.
+// A worker that dies between its last push and its report is removed after the worker timeout,
+// rather than the job waiting for its report until the stall timeout ends it.
 TEST_F(HardeningTest, AWorkerThatNeverReportsIsRemovedAfterTheWorkerTimeout) {
   std::vector<std::set<int>> told;
   job_->SetRemovedHook([&told](const std::set<int>& removed) { told.push_back(removed); });
@@ -242,8 +242,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Item 4: shape products overflowed int64 silently: [2^31, 2^31, 2^31] wrapped to 0 elements,
-// so a tensor with no data passed the size check.
+// Shape products that overflow int64 ([2^31, 2^31, 2^31] would wrap to 0 elements, so a tensor
+// with no data would pass the size check) are refused.
 TEST(LimitsTest, OverflowingShapesAreRefused) {
   TensorList tensors;
   v1::Tensor* t = tensors.Add();
@@ -351,8 +351,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Item 8: each push was checked for NaN/Inf but the weighted sum was not: values near 1e38
-// overflowed to Inf, and every worker and checkpoint got Inf/NaN parameters.
 // Every accepted gradient is at most kMaxAbsGradient in magnitude, so no step's sum can overflow.
 // A job's default (--faulty_gradients=evict): a push beyond the bound is not summed, its worker
 // is quarantined (removed, its samples re-planned to the others) and the step completes with
@@ -443,8 +441,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Item 6: worker ids were small integers anyone could use (a client pushing as another worker's
-// id was accepted), and a second process with the same name got the same id, its gradients then
+// A worker id alone is not a credential (a client pushing as another worker's id is refused),
+// and a second process with the same name gets an id of its own, so its gradients are not
 // dropped as retries.
 TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   FakeClock clock;
@@ -475,8 +473,8 @@ TEST(IdentityTest, EveryCallNeedsTheWorkersOwnToken) {
   EXPECT_THAT(restored->Authenticate(1, b->token), IsOk());
 }
 
-// Issue 8 item 9 (part): GetEpochPlan waiters piled up without a cap (5,000 waiting calls took
-// the server from 92 to 170 MiB).
+// GetEpochPlan waiters are capped per worker (uncapped, 5,000 waiting calls took the server
+// from 92 to 170 MiB).
 TEST(LimitsTest, PlanRequestsWaitingPerWorkerAreCapped) {
   FakeClock clock;
   std::unique_ptr<Scheduler> s = FixedScheduler(2, 1, 4, &clock);

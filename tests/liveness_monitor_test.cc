@@ -21,7 +21,7 @@ TEST_F(LivenessMonitorTest, WaitingForTheFirstWorkerIsNotAStall) {
   EXPECT_FALSE(monitor_.Stalled(0, false));
 }
 
-// Issue 8 item 7: fewer than --workers registrations waited forever.
+// Fewer than --workers registrations are a stall, not a wait forever.
 TEST_F(LivenessMonitorTest, WaitingForTheRestOfTheWorkersIsAStall) {
   EXPECT_FALSE(monitor_.Stalled(1, false));
   clock_.Advance(absl::Seconds(20));

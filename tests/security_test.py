@@ -192,8 +192,8 @@ class SecurityTest(ProcessTestCase):
             self.assertEqual(w.returncode, 0, err.decode()[-2000:])
 
     def test_a_frozen_server_does_not_hang_a_waiting_worker(self):
-        # Issue 8 item 7: with no keepalive, a worker waiting on a server that stopped answering
-        # (powered off, partitioned; here SIGSTOP) waited forever.
+        # Keepalives: a worker waiting on a server that stopped answering (powered off,
+        # partitioned; here SIGSTOP) does not wait forever.
         ps, port = self.start_ps(["--workers=2", "--epochs=1", "--global_batch=32"])
         worker = self.spawn(self.worker_argv(port, *SMALL, "--name=alone"))
         while b"joined as worker" not in worker.stdout.readline():

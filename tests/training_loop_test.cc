@@ -485,7 +485,7 @@ TEST_F(TrainingLoopTest, RefusesSamplesOutsideTheDataSet) {
   EXPECT_EQ(learner_.seen().size(), 2u);  // nothing was computed on the bad range
 }
 
-// Issue 8 item 6: an evicted worker exited; it registers again and rejoins at the next epoch.
+// An evicted worker registers again and rejoins at the next epoch.
 TEST_F(TrainingLoopTest, AnEvictedWorkerRejoinsAtTheNextEpoch) {
   FakePsClient client(job_, &clock_);
   client.EvictAt(0, 3);
@@ -580,8 +580,8 @@ TEST_F(TrainingLoopTest, JoiningARunningJobStartsAtItsEpoch) {
   EXPECT_THAT(Log(), HasSubstr("joining a running job: training from epoch 3 on"));
 }
 
-// Issue 8 item 11: a worker joining a running job trained its first step on the parameters of
-// its registration, which the others had moved on from meanwhile.
+// A worker joining a running job trains its first step on the current parameters, not on those
+// of its registration, which the others have moved on from meanwhile.
 TEST_F(TrainingLoopTest, AWorkerJoiningLateTrainsFromTheCurrentParameters) {
   job_.epochs = 3;
   job_.start_epoch = 2;
