@@ -136,12 +136,12 @@ namespace {
 struct WorkerInfo {
   std::string name;
 };
-using WorkerTable = std::map<int, WorkerInfo>;
+using WorkerInfos = std::map<int, WorkerInfo>;
 // Each epoch's measurements by worker id, by epoch number.
 using Measured = std::map<int, std::map<int, Measurement>>;
 
-absl::StatusOr<WorkerTable> WorkersOf(const json& info) {
-  WorkerTable workers;
+absl::StatusOr<WorkerInfos> WorkersOf(const json& info) {
+  WorkerInfos workers;
   for (const json& w : info) {
     DBS_ASSIGN_OR_RETURN(const int id, SmallInteger(w, "id", "worker_info entry"));
     if (!w.contains("name") || !w.at("name").is_string()) {
@@ -154,7 +154,7 @@ absl::StatusOr<WorkerTable> WorkersOf(const json& info) {
 
 // One decision about `epoch`, each worker's history rebuilt as Scheduler::ObserveLocked builds
 // it: the measurements of the epochs before, then the window of a re-plan.
-absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const WorkerTable& workers,
+absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const WorkerInfos& workers,
                                             const Measured& measured) {
   const std::string where = absl::StrCat("epoch ", epoch, " decision");
   RecordedDecision r;
@@ -201,7 +201,7 @@ absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
   }
   DBS_ASSIGN_OR_RETURN(const json* info, Array(summary, "worker_info", "summary"));
   DBS_ASSIGN_OR_RETURN(const json* epochs, Array(summary, "epochs", "summary"));
-  DBS_ASSIGN_OR_RETURN(const WorkerTable workers, WorkersOf(*info));
+  DBS_ASSIGN_OR_RETURN(const WorkerInfos workers, WorkersOf(*info));
   Measured measured;
   std::vector<RecordedDecision> out;
   for (const json& e : *epochs) {

@@ -30,7 +30,9 @@
 #include "common/cpu_limit.h"
 #include "common/plan.h"
 #include "server/batch_allocator.h"
+#include "server/epoch_record.h"
 #include "server/share_policy.h"
+#include "server/worker_table.h"
 
 namespace dbs {
 
@@ -46,66 +48,6 @@ struct SchedulerConfig {
   absl::Duration registration_idle = absl::ZeroDuration();
 };
 
-// One decision of the share policy about an epoch, with the inputs that are not in the epochs'
-// records: the epoch's plan (from_step 0) or a mid-epoch re-plan (from_step > 0, each worker's
-// window of newest steps). The history a worker's observation held is the measurements of the
-// epochs before (MeasurementOf), so a decision can be replayed from the run's
-// summary (server/plan_replay.h). Kept for the run's summary only, not in checkpoints.
-struct PlanDecision {
-  struct Input {
-    int id = 0;
-    int current_batch = 0;
-    double previous_share = 0.0;
-    bool has_window = false;
-    Measurement window;  // re-plans only
-    double share = 0.0;  // the policy's answer
-  };
-  int from_step = 0;
-  std::vector<Input> workers;  // in the order the policy saw them
-  bool applied = true;         // false: a re-plan that kept the current split
-};
-
-// Everything recorded about one epoch.
-struct EpochRecord {
-  int epoch = 0;
-  absl::Time start;
-  absl::Time end;  // when the last report arrived
-  // When the newest step of the epoch completed (RecordStep); after the last step, the end of
-  // training, before validation and reports. InfinitePast until a step completes.
-  absl::Time steps_end = absl::InfinitePast();
-  std::map<int, WorkerPlan> plans;     // by worker id, as first planned
-  std::map<int, StepRanges> layout;    // by worker id: the positions of each step, as revised
-  std::map<int, EpochTiming> reports;  // by worker id
-  std::set<int> dead;                  // workers removed during the epoch
-  // Per worker, the compute time of its steps by batch size (from the times sent with pushes).
-  std::map<int, std::map<int, BatchTime>> step_times;
-  int num_steps = 0;  // as revised
-  int revision = 0;
-  // In order; not restored from a checkpoint. Re-plans beyond the first
-  // kMaxDecisionsPerEpoch - 1 of an epoch are only counted, so a long epoch's record stays small.
-  std::vector<PlanDecision> decisions;
-  int decisions_left_out = 0;
-  bool complete = false;
-
-  // Samples a worker is (now) to train on in the epoch.
-  int64_t SamplesOf(int worker_id) const;
-};
-
-// What worker `id` was measured doing in epoch `r`, as the share policy sees it (the samples and
-// compute of its report, its steps with samples, its step times by batch); nullopt when it did
-// not report the epoch.
-std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id);
-
-// Decisions an epoch's record keeps (its plan and the first re-plans).
-inline constexpr int kMaxDecisionsPerEpoch = 64;
-
-// Limits on what a registering peer may declare.
-inline constexpr size_t kMaxNameLength = 256;
-inline constexpr int64_t kMaxSamples = int64_t{1} << 31;
-inline constexpr size_t kMaxWorkers = 1024;  // in the job at once
-// Ids handed out over the job's life (each registration of a new name, or of a name whose
-// worker was removed, takes one): bounds the memory registrations can take.
-inline constexpr size_t kMaxWorkerIds = 16 * kMaxWorkers;
 // Plan requests waiting at once, per worker. A worker waits with one call; calls whose clients
 // went away (a dropped connection) stay until the plan is answered, hence the margin.
 inline constexpr int kMaxWaitersPerWorker = 16;
@@ -137,8 +79,7 @@ class Scheduler {
  public:
   using PlanCallback = std::function<void(const absl::StatusOr<WorkerPlan>&)>;
 
-  // Makes each worker's token (default: 128 random bits from the kernel).
-  using TokenSource = std::function<std::string()>;
+  using TokenSource = WorkerTable::TokenSource;
 
   // `config` must be valid (see ValidateJobConfig). `clock` and `listener` (may be null) must
   // outlive the scheduler.
@@ -268,8 +209,6 @@ class Scheduler {
   absl::Status StartIfReadyLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WorkersReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Worker `id` is out of the job; removed for silence unless it had left by its own call.
-  void MarkRemovedLocked(int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersOfLocked(int worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a worker of a name not in the job; returns its id.
   absl::StatusOr<int> AddWorkerLocked(const WorkerRegistration& reg, Calls* calls)
@@ -278,10 +217,6 @@ class Scheduler {
   int FirstPlannedEpochLocked(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops registrations idle for config_.registration_idle (see SchedulerConfig).
   void ExpireIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when a new worker from `source` would exceed a limit.
-  absl::Status RoomForLocked(const std::string& source) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What a registering peer declares, within the limits above and this job's batch.
-  absl::Status ValidateRegistration(const WorkerRegistration& reg) const;
   // Completes `rec` when every planned worker has reported or been removed: plans the next
   // epoch, or finishes the job.
   void MaybeCompleteEpochLocked(EpochRecord& rec, Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,13 +235,8 @@ class Scheduler {
   SchedulerListener* const listener_;
 
   mutable absl::Mutex mu_;
-  std::vector<WorkerRegistration> workers_ ABSL_GUARDED_BY(mu_);  // index = id
-  std::vector<bool> left_ ABSL_GUARDED_BY(mu_);
-  std::set<int> removed_ ABSL_GUARDED_BY(mu_);  // ids removed for silence
-  // Names of removed workers that asked to register after the end.
-  std::set<std::string> back_after_end_ ABSL_GUARDED_BY(mu_);
-  // By id: when the worker registered or last made a call the scheduler saw.
-  mutable std::vector<absl::Time> last_call_ ABSL_GUARDED_BY(mu_);
+  // Membership; mutable: an authenticated call (a const query) counts as the worker's last.
+  mutable WorkerTable table_ ABSL_GUARDED_BY(mu_);
   bool start_with_models_ ABSL_GUARDED_BY(mu_) = false;
   std::set<int> models_accepted_ ABSL_GUARDED_BY(mu_);  // before the start
   std::vector<EpochRecord> records_ ABSL_GUARDED_BY(mu_);
@@ -315,11 +245,6 @@ class Scheduler {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int64_t events_ ABSL_GUARDED_BY(mu_) = 0;  // new registrations and accepted reports
-  std::string NewTokenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const TokenSource token_source_;
-  std::string token_key_ ABSL_GUARDED_BY(mu_);            // '' : tokens from token_source_
-  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);  // by id
 };
 
 }  // namespace dbs

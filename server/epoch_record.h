@@ -1,0 +1,77 @@
+// EpochRecord: everything recorded about one epoch of a job (its plans, their revisions, the
+// workers' reports and step times, the share policy's decisions), and what the share policy is
+// told a worker was measured doing in it.
+#ifndef DBS_SERVER_EPOCH_RECORD_H_
+#define DBS_SERVER_EPOCH_RECORD_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/plan.h"
+#include "server/share_policy.h"
+
+namespace dbs {
+
+// One decision of the share policy about an epoch, with the inputs that are not in the epochs'
+// records: the epoch's plan (from_step 0) or a mid-epoch re-plan (from_step > 0, each worker's
+// window of newest steps). The history a worker's observation held is the measurements of the
+// epochs before (MeasurementOf), so a decision can be replayed from the run's
+// summary (server/plan_replay.h). Kept for the run's summary only, not in checkpoints.
+struct PlanDecision {
+  struct Input {
+    int id = 0;
+    int current_batch = 0;
+    double previous_share = 0.0;
+    bool has_window = false;
+    Measurement window;  // re-plans only
+    double share = 0.0;  // the policy's answer
+  };
+  int from_step = 0;
+  std::vector<Input> workers;  // in the order the policy saw them
+  bool applied = true;         // false: a re-plan that kept the current split
+};
+
+// Everything recorded about one epoch.
+struct EpochRecord {
+  int epoch = 0;
+  absl::Time start;
+  absl::Time end;  // when the last report arrived
+  // When the newest step of the epoch completed (RecordStep); after the last step, the end of
+  // training, before validation and reports. InfinitePast until a step completes.
+  absl::Time steps_end = absl::InfinitePast();
+  std::map<int, WorkerPlan> plans;     // by worker id, as first planned
+  std::map<int, StepRanges> layout;    // by worker id: the positions of each step, as revised
+  std::map<int, EpochTiming> reports;  // by worker id
+  std::set<int> dead;                  // workers removed during the epoch
+  // Per worker, the compute time of its steps by batch size (from the times sent with pushes).
+  std::map<int, std::map<int, BatchTime>> step_times;
+  int num_steps = 0;  // as revised
+  int revision = 0;
+  // In order; not restored from a checkpoint. Re-plans beyond the first
+  // kMaxDecisionsPerEpoch - 1 of an epoch are only counted, so a long epoch's record stays small.
+  std::vector<PlanDecision> decisions;
+  int decisions_left_out = 0;
+  bool complete = false;
+
+  // Samples a worker is (now) to train on in the epoch.
+  int64_t SamplesOf(int worker_id) const;
+};
+
+// What worker `id` was measured doing in epoch `r`, as the share policy sees it (the samples and
+// compute of its report, its steps with samples, its step times by batch); nullopt when it did
+// not report the epoch.
+std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id);
+
+// Decisions an epoch's record keeps (its plan and the first re-plans).
+inline constexpr int kMaxDecisionsPerEpoch = 64;
+
+// The batch a worker ran most often in `steps`.
+int MostFrequentBatch(const StepRanges& steps);
+
+}  // namespace dbs
+
+#endif  // DBS_SERVER_EPOCH_RECORD_H_
