@@ -11,7 +11,11 @@
 namespace dbs {
 
 StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, AggregatorOptions options)
-    : store_(store), clock_(clock), options_(options), screen_(options.screen) {}
+    : store_(store),
+      clock_(clock),
+      options_(options),
+      screen_(options.screen),
+      reduction_(store, options.deterministic) {}
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
@@ -25,8 +29,8 @@ void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
       TakePendingLocked(&orphans);
       stats_ = StepStats();
     }
-    zeroed_ = 0;  // the sum starts again
-    DropIncomingLocked();
+    reduction_.Restart();
+    losses_.clear();
     BeginEpochLocked(epoch, std::move(quotas));
     // The plans go out now: each worker's first push of the epoch is timed from here.
     if (clock_ != nullptr) {
@@ -142,18 +146,8 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
 
 absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push, BlockSquares blocks) {
   if (push.num_samples <= 0) return absl::OkStatus();
-  Incoming& in = incoming_[push.worker_id];
-  if (in.gradient != nullptr) {
-    return absl::InternalError(absl::StrCat("worker ", push.worker_id, "'s gradient of step ",
-                                            push.step, " was taken twice"));
-  }
-  in.samples = push.num_samples;
-  in.gradient = push.gradient.shared();
-  // Its values were checked before the lock (CheckGradient): they are summed without a second
-  // pass over them, unless its sender can still write them (shared memory): those are checked
-  // again, one read of each value, as they are summed, each block against its squares.
-  in.blocks = std::move(blocks);
-  return absl::OkStatus();
+  return reduction_.Take(push.worker_id, push.num_samples, push.gradient.shared(),
+                         std::move(blocks));
 }
 
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
@@ -393,21 +387,12 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, size_t model) {
-  if (in->gradient == nullptr || in->summed >= hi) return;
-  float* const sum = SumLocked(hi);
-  const absl::Status added =
-      sum == nullptr
-          ? absl::InternalError("the step's sum has no buffer: the model is not registered")
-          : CheckAndSum(id, in->summed, SubPayload(*in->gradient, in->summed, hi - in->summed), sum,
-                        static_cast<float>(in->samples), in->gradient->writable_by_sender, nullptr,
-                        in->gradient->writable_by_sender ? &in->blocks : nullptr);
-  if (!added.ok()) {
+void StepAggregator::ReduceReadyLocked() {
+  if (step_ >= static_cast<int>(quotas_.size())) return;
+  for (auto& [id, added] : reduction_.ReduceReady(quotas_[step_])) {
     // A push checked before the lock whose values then changed (its sender's shared memory):
-    // the blocks summed are those before the changed one, each with the squares that were
-    // screened; the rest is left out, so that the step completes with every other worker's
-    // values. The push is refused when it does, and under kEvict its worker is quarantined
-    // from the next step on.
+    // the step completes with every other worker's values, and the push is refused when it
+    // does; under kEvict its worker is quarantined from the next step on.
     const absl::Status why = absl::InvalidArgumentError(absl::StrCat(
         "the gradient in shared memory changed after it was checked: ", added.message()));
     const bool evict = options_.screen.mode == FaultyGradients::kEvict;
@@ -417,56 +402,7 @@ void StepAggregator::SumUpToLocked(int id, Incoming* in, size_t hi, size_t model
     }
     refused_.emplace(id, Refused{evict ? Quarantined(id, epoch_, step_, why) : why,
                                  evict ? why : absl::OkStatus()});
-    hi = model;
   }
-  in->summed = hi;
-  if (in->summed == model) in->gradient.reset();  // releases the received message
-}
-
-void StepAggregator::ReduceReadyLocked() {
-  if (step_ >= static_cast<int>(quotas_.size())) return;
-  const size_t model = ModelSize();
-  const std::map<int, int>& quota = quotas_[step_];
-  // What a worker has to add: its whole gradient once it has arrived, nothing before.
-  auto incoming = [this](int id) -> Incoming* {
-    auto it = incoming_.find(id);
-    return it == incoming_.end() || it->second.gradient == nullptr ? nullptr : &it->second;
-  };
-  auto summed = [this](int id) -> size_t {
-    auto it = incoming_.find(id);
-    return it == incoming_.end() ? 0 : it->second.summed;
-  };
-  // In worker order, a worker adds its values only up to where every lower id's are summed (its
-  // `floor`); on arrival (not deterministic), all of them. The sum goes window by window
-  // (kReduceWindow values), every worker's values for a window one after another, so that the
-  // window's part of the sum stays in the cache from the first worker's values to the last's,
-  // rather than being read from memory and written back once per worker.
-  while (true) {
-    // The window starts at the lowest value a worker can add now.
-    size_t start = model, floor = model;
-    for (const auto& [id, q] : quota) {  // ascending ids
-      Incoming* in = incoming(id);
-      if (in != nullptr && (options_.deterministic ? floor : model) > in->summed) {
-        start = std::min(start, in->summed);
-      }
-      floor = std::min(floor, q == 0 ? model : summed(id));
-    }
-    if (start == model) return;
-    const size_t window_end = std::min(model, start + kReduceWindow);
-    floor = model;
-    for (const auto& [id, q] : quota) {
-      Incoming* in = incoming(id);
-      if (in != nullptr) {
-        SumUpToLocked(id, in, std::min(window_end, options_.deterministic ? floor : model), model);
-      }
-      floor = std::min(floor, q == 0 ? model : summed(id));
-    }
-  }
-}
-
-void StepAggregator::DropIncomingLocked() {
-  incoming_.clear();
-  losses_.clear();
 }
 
 bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
@@ -480,21 +416,6 @@ bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
 }
 
 size_t StepAggregator::ModelSize() const { return static_cast<size_t>(store_->num_elements()); }
-
-float* StepAggregator::SumLocked(size_t to) {
-  if (sum_.empty()) {
-    absl::StatusOr<absl::Span<float>> next = store_->ReserveNextBuffer();
-    if (!next.ok()) return nullptr;
-    sum_ = *next;
-    zeroed_ = 0;
-  }
-  to = std::min(to, sum_.size());
-  if (to > zeroed_) {
-    std::fill(sum_.begin() + zeroed_, sum_.begin() + to, 0.0f);
-    zeroed_ = to;
-  }
-  return sum_.data();
-}
 
 void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
                                         absl::StatusOr<StepResult>* result,
@@ -517,12 +438,8 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
   if (!update) {
     snap = store_->Snapshot();
   } else {
-    // The values no push reached are zeroed first.
-    snap = SumLocked(ModelSize()) == nullptr
-               ? absl::InternalError("the step's sum has no buffer: the model is not registered")
-               : store_->ApplyGradient(sum_, scales);
-    sum_ = {};  // now the new parameters (or dropped with the failed update)
-    zeroed_ = 0;
+    absl::StatusOr<absl::Span<float>> sum = reduction_.TakeSum();
+    snap = sum.ok() ? store_->ApplyGradient(*sum, scales) : sum.status();
   }
   if (snap.ok()) {
     r.parameters = *snap;
@@ -543,8 +460,8 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     if (!r.why.ok()) changed->push_back(FaultyPush{id, epoch_, step_, r.why, true, true});
   }
   TakePendingLocked(to_run);
-  if (!update) zeroed_ = 0;  // nothing was summed; the buffer stays reserved
-  DropIncomingLocked();
+  reduction_.Restart();  // without an update nothing was summed: the buffer stays reserved
+  losses_.clear();
   samples_ = 0;
   ++step_;
 }
@@ -612,7 +529,8 @@ void StepAggregator::Abort(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
-    DropIncomingLocked();
+    reduction_.Restart();
+    losses_.clear();
   }
   for (Done& d : to_run) d(status);
 }
@@ -660,9 +578,7 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   accepted_.clear();
   accepted_[s.epoch] = s.accepted;
   pending_.clear();
-  sum_ = {};  // the store's LoadState dropped its reservation
-  zeroed_ = 0;
-  incoming_.clear();  // restored before any call is served
+  reduction_.Reset();  // the store's LoadState dropped its reservation
   losses_.clear();
   samples_ = 0;
   last_.reset();

@@ -32,6 +32,7 @@
 #include "server/gradient_screen.h"
 #include "server/gradient_sum.h"
 #include "server/parameter_store.h"
+#include "server/step_reduction.h"
 
 namespace dbs {
 
@@ -258,23 +259,10 @@ class StepAggregator {
   // AggregatorOptions::deterministic); values of a sender's shared memory are checked again as
   // they are summed, and a push whose values changed is refused when the step completes.
   void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Incoming;
-  // Sums worker `id`'s gradient from where it stands up to value `hi` of the model's `model`.
-  void SumUpToLocked(int id, Incoming* in, size_t hi, size_t model)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Values summed per window (ReduceReadyLocked): the window's sum and the update's state for it
-  // stay in the L2 cache.
-  static constexpr size_t kReduceWindow = 16384;
-  // Forgets the step's gradients and losses.
-  void DropIncomingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What turns the step's sum into its sample-weighted mean: one over the samples summed; false
   // when the step has no samples at all.
   bool MeanScalesLocked(std::vector<GradientScale>* scales) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The step's sum with values [0, to) ready to be added to (reserving its buffer at the
-  // step's first values, zeroing what was not yet); null when the store has no model (which
-  // cannot happen after Validate).
-  float* SumLocked(size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ModelSize() const;  // the registered model's values
   // Applies the step once every participant has pushed; returns the callbacks to run, and in
   // `changed` the workers to quarantine whose push was refused as it was summed.
@@ -361,22 +349,8 @@ class StepAggregator {
   // Logs each faulty push, tells the hook, then answers the refused pushes. Outside the lock.
   void TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals);
   uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  // sum_i b_i * g_i: it lies in the buffer the store's next update writes the new parameters
-  // into (ParameterStore::ReserveNextBuffer), so the server holds no model-sized sum of its own;
-  // empty until the step's first values are summed. Values [0, zeroed_) are zeroed or summed;
-  // the rest is stale (SumLocked zeroes each range before the first values are added there).
-  absl::Span<float> sum_ ABSL_GUARDED_BY(mu_);
-  size_t zeroed_ ABSL_GUARDED_BY(mu_) = 0;
-  // Of the step being collected, by worker: its gradient as received (until summed), its
-  // samples, how many of its values are summed (a prefix), and, when its sender can still
-  // write them, its blocks' squares as they were checked.
-  struct Incoming {
-    int samples = 0;
-    std::shared_ptr<const WirePayload> gradient;
-    BlockSquares blocks;
-    size_t summed = 0;
-  };
-  std::map<int, Incoming> incoming_ ABSL_GUARDED_BY(mu_);
+  // The step's sum, and each gradient until its turn to be added.
+  StepReduction reduction_ ABSL_GUARDED_BY(mu_);
   // The accepted pushes' loss sums, added in worker order when the step completes.
   std::map<int, double> losses_ ABSL_GUARDED_BY(mu_);
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
