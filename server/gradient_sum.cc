@@ -109,6 +109,43 @@ uint16_t Bf16LimitBits(float limit) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// Block k of a gradient its sender can still write, starting at value `at`: its squares are
+// recorded (`record`: the check before the lock) or must be the recorded ones (the sum), so that
+// what is summed has the norm that was screened.
+absl::Status RecordOrMatchSquares(bool record, int worker_id, size_t at, size_t count,
+                                  double squares, BlockSquares* blocks) {
+  const size_t k = at / kSumBlock;
+  if (at % kSumBlock != 0) {
+    return absl::InternalError(absl::StrCat("a block of worker ", worker_id,
+                                            "'s gradient starts at element ", at,
+                                            ", not at a multiple of ", kSumBlock));
+  }
+  if (record) {
+    if (k != blocks->size()) return absl::InternalError("the blocks are checked out of order");
+    blocks->push_back(squares);
+    return absl::OkStatus();
+  }
+  if (k < blocks->size() && (*blocks)[k] == squares) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker ", worker_id, "'s elements ", at, " to ", at + count - 1,
+                   " changed after they were checked (their sum of squares ", squares, ", checked ",
+                   k < blocks->size() ? absl::StrCat((*blocks)[k]) : std::string("none"), ")"));
+}
+
+// The refusal naming the first of a block's values that is not finite or beyond the limit
+// (the block has one); `first`: the block's first value in the gradient.
+absl::Status BadValue(int worker_id, size_t first, WireDtype dtype, const uint8_t* raw,
+                      const uint8_t* fp32) {
+  for (size_t i = 0;; ++i) {
+    const float x = dtype == WireDtype::kBf16 ? Bf16ToFloat(LoadBf16(raw, i)) : LoadFp32(fp32, i);
+    if (!(std::fabs(x) <= kMaxAbsGradient)) {  // NaN fails too
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient rejected: worker ", worker_id, "'s element ", first + i, " is ", x,
+                       " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status CheckAndSum(int worker_id, size_t offset, const WirePayload& values, float* sum,
@@ -123,26 +160,6 @@ absl::Status CheckAndSum(int worker_id, size_t offset, const WirePayload& values
   // Values their sender can still write (shared memory) are copied first, block by block, so
   // that what is summed is what was checked.
   alignas(64) uint8_t copy[kSumBlock * sizeof(float)];
-  // A block of such values: its squares are recorded (the check before the lock), or must be
-  // the recorded ones (the sum), so that what is summed has the norm that was screened.
-  auto same_squares = [&](size_t at, size_t count, double squares) -> absl::Status {
-    const size_t k = at / kSumBlock;
-    if (at % kSumBlock != 0) {
-      return absl::InternalError(absl::StrCat("a block of worker ", worker_id,
-                                              "'s gradient starts at element ", at,
-                                              ", not at a multiple of ", kSumBlock));
-    }
-    if (sum == nullptr) {
-      if (k != blocks->size()) return absl::InternalError("the blocks are checked out of order");
-      blocks->push_back(squares);
-      return absl::OkStatus();
-    }
-    if (k < blocks->size() && (*blocks)[k] == squares) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker_id, "'s elements ", at, " to ", at + count - 1,
-        " changed after they were checked (their sum of squares ", squares, ", checked ",
-        k < blocks->size() ? absl::StrCat((*blocks)[k]) : std::string("none"), ")"));
-  };
   const bool copy_first = check && sum != nullptr && values.writable_by_sender;
   auto block = [&](size_t first, size_t count, const uint8_t* raw) {
     if (copy_first) {
@@ -163,19 +180,12 @@ absl::Status CheckAndSum(int worker_id, size_t offset, const WirePayload& values
     const bool ok = !check || (squared && std::isfinite(squares)) ||
                     (dtype == WireDtype::kBf16 ? AllWithinBf16(raw, count, kBf16Limit)
                                                : AllWithin(fp32, count, kMaxAbsGradient));
-    if (!ok) {
-      for (size_t i = 0;; ++i) {
-        const float x =
-            dtype == WireDtype::kBf16 ? Bf16ToFloat(LoadBf16(raw, i)) : LoadFp32(fp32, i);
-        if (!(std::fabs(x) <= kMaxAbsGradient)) {  // NaN fails too
-          return absl::InvalidArgumentError(absl::StrCat(
-              "gradient rejected: worker ", worker_id, "'s element ", offset + first + i, " is ", x,
-              " (not finite, or beyond ", kMaxAbsGradient, "); the push is refused"));
-        }
-      }
-    }
+    if (!ok) return BadValue(worker_id, offset + first, dtype, raw, fp32);
     if (sum_squares != nullptr) *sum_squares += squares;
-    if (blocks != nullptr) DBS_RETURN_IF_ERROR(same_squares(offset + first, count, squares));
+    if (blocks != nullptr) {
+      DBS_RETURN_IF_ERROR(
+          RecordOrMatchSquares(sum == nullptr, worker_id, offset + first, count, squares, blocks));
+    }
     if (sum != nullptr) {
       if (dtype == WireDtype::kBf16) {
         AddScaledBf16(sum + offset + first, raw, count, weight);

@@ -400,8 +400,7 @@ void StepAggregator::ReduceReadyLocked() {
       LOG(WARNING) << "worker " << id << "'s push of epoch " << epoch_ + 1 << " step " << step_ + 1
                    << " is refused: " << why.message();
     }
-    refused_.emplace(id, Refused{evict ? Quarantined(id, epoch_, step_, why) : why,
-                                 evict ? why : absl::OkStatus()});
+    refused_.emplace(id, Refused{evict ? Quarantined(id, epoch_, step_, why) : why, why, evict});
   }
 }
 
@@ -457,7 +456,7 @@ void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
     *result = snap.status();
   }
   for (const auto& [id, r] : refused_) {
-    if (!r.why.ok()) changed->push_back(FaultyPush{id, epoch_, step_, r.why, true, true});
+    if (r.quarantine) changed->push_back(FaultyPush{id, epoch_, step_, r.why, true, true});
   }
   TakePendingLocked(to_run);
   reduction_.Restart();  // without an update nothing was summed: the buffer stays reserved

@@ -291,6 +291,7 @@ class StepAggregator {
   struct Refused {
     absl::Status answer;
     absl::Status why;
+    bool quarantine = false;
   };
   std::map<int, Refused> refused_ ABSL_GUARDED_BY(mu_);
   GradientScreen screen_ ABSL_GUARDED_BY(mu_);

@@ -18,7 +18,7 @@ absl::Status StepReduction::Take(int id, int samples, std::shared_ptr<const Wire
   return absl::OkStatus();
 }
 
-float* StepReduction::SumUpTo(size_t to) {
+float* StepReduction::SumBuffer(size_t to) {
   if (sum_.empty()) {
     absl::StatusOr<absl::Span<float>> next = store_->ReserveNextBuffer();
     if (!next.ok()) return nullptr;
@@ -36,7 +36,7 @@ float* StepReduction::SumUpTo(size_t to) {
 absl::Status StepReduction::SumUpTo(int id, Incoming* in, size_t hi) {
   if (in->gradient == nullptr || in->summed >= hi) return absl::OkStatus();
   const size_t model = ModelSize();
-  float* const sum = SumUpTo(hi);
+  float* const sum = SumBuffer(hi);
   // Its values were checked before the aggregator's lock: they are summed without a second
   // pass over them, unless their sender can still write them (shared memory): those are read
   // once each, checked again and summed, each block against its squares.
@@ -95,7 +95,7 @@ std::vector<std::pair<int, absl::Status>> StepReduction::ReduceReady(
 }
 
 absl::StatusOr<absl::Span<float>> StepReduction::TakeSum() {
-  if (SumUpTo(ModelSize()) == nullptr) {
+  if (SumBuffer(ModelSize()) == nullptr) {
     return absl::InternalError("the step's sum has no buffer: the model is not registered");
   }
   absl::Span<float> sum = sum_;

@@ -60,7 +60,7 @@ class StepReduction {
   size_t ModelSize() const { return static_cast<size_t>(store_->num_elements()); }
   // The sum with values [0, to) ready to be added to (reserving its buffer at the step's first
   // values, zeroing what was not yet); null when the store has no model.
-  float* SumUpTo(size_t to);
+  float* SumBuffer(size_t to);
   // Sums worker `id`'s gradient from where it stands up to value `hi`.
   absl::Status SumUpTo(int id, Incoming* in, size_t hi);
 
