@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   job->aggregator_->SetStepHook([raw](const StepStats& s) {
     bool checkpointed = false;
     std::optional<PlanChange> change = raw->OnStep(s, &checkpointed);
-    raw->LogStep(s, change, checkpointed);
+    raw->shards_.StepCompleted(s, change, checkpointed);
     return change;
   });
   job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
@@ -51,15 +51,8 @@ void TrainingJob::OnEpochPlanned(int epoch, int num_steps, const std::map<int, W
     for (int s = 0; s < num_steps; ++s) quotas[s][id] = p.BatchAt(s);
     shares += " " + std::to_string(id) + ":" + std::to_string(p.batch_size);
   }
-  if (shard_log_ != nullptr) {
-    ShardEventData e;
-    e.kind = ShardEventData::Kind::kEpoch;
-    e.epoch = epoch;
-    e.quotas = quotas;
-    // Planned because the epoch before completed: its checkpoint (OnEpochCompleted) comes next.
-    e.checkpoint = epoch > 0 && !config_.checkpoint_dir.empty();
-    shard_log_->Append(std::move(e));
-  }
+  // Planned because the epoch before completed: its checkpoint (OnEpochCompleted) comes next.
+  shards_.EpochPlanned(epoch, quotas, epoch > 0 && !config_.checkpoint_dir.empty());
   aggregator_->BeginEpoch(epoch, std::move(quotas));
   LOG(INFO) << "epoch " << epoch + 1 << "/" << config_.scheduler.epochs << " planned ("
             << PolicyName(config_.policy) << "): " << num_steps << " steps, batch per worker"
@@ -78,13 +71,7 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
   if (!config_.checkpoint_dir.empty()) {
     const absl::Status saved = SaveCheckpoint();
     if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
-    if (shard_log_ != nullptr) {  // the followers wait for it (see OnEpochPlanned)
-      ShardEventData e;
-      e.kind = ShardEventData::Kind::kCheckpoint;
-      e.epoch = record.epoch;
-      e.checkpoint = saved.ok();
-      shard_log_->Append(std::move(e));
-    }
+    shards_.Checkpointed(record.epoch, saved.ok());  // the followers wait for it
   }
   if (!audit.ok()) {
     LOG(ERROR) << "sample audit of epoch " << record.epoch + 1 << " failed: " << audit.missing
@@ -138,16 +125,7 @@ bool TrainingJob::RemoveAtStep(const StepProgress& p, const std::set<int>& dead,
   LOG(WARNING) << why
                << ": removed; the step completes with the other gradients and their samples "
                   "go to the survivors";
-  if (shard_log_ != nullptr) {
-    ShardEventData e;
-    e.kind = ShardEventData::Kind::kStep;
-    e.epoch = p.epoch;
-    e.step = p.step;
-    e.dead = dead;
-    e.changed = true;
-    e.quotas = removal->later_quotas;
-    shard_log_->Append(std::move(e));
-  }
+  shards_.Removed(p.epoch, p.step, dead, &removal->later_quotas);
   aggregator_->CompleteEviction(*std::move(removal));
   {
     absl::MutexLock lock(&mu_);
@@ -158,7 +136,7 @@ bool TrainingJob::RemoveAtStep(const StepProgress& p, const std::set<int>& dead,
 
 absl::Status TrainingJob::RemoveMissingAtShard(int shard, int epoch, int step,
                                                const std::set<int>& workers) {
-  if (shard_log_ == nullptr) {
+  if (!shards_.leads()) {
     return absl::FailedPreconditionError("this server is not the leader of a sharded job");
   }
   if (workers.empty()) return absl::InvalidArgumentError("no worker named");
@@ -202,12 +180,7 @@ absl::Status TrainingJob::RemoveMissingAtShard(int shard, int epoch, int step,
     }
   }
   LOG(WARNING) << why << ": removed; the epoch completes with the others' reports";
-  ShardEventData e;
-  e.kind = ShardEventData::Kind::kStep;
-  e.epoch = epoch;
-  e.step = p.step;
-  e.dead = workers;
-  shard_log_->Append(std::move(e));
+  shards_.Removed(epoch, p.step, workers, nullptr);
   return scheduler_->DropUnreported(epoch, workers);
 }
 
@@ -229,34 +202,11 @@ std::set<int> TrainingJob::DropMissingReports(int epoch, int num_steps,
   return gone;
 }
 
-absl::Status TrainingJob::CanRegister() {
-  return shard_log_ == nullptr ? absl::OkStatus() : shard_log_->Admit();
-}
+absl::Status TrainingJob::CanRegister() { return shards_.Admit(); }
 
 void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token,
                                      const std::string& identity) {
-  if (shard_log_ == nullptr) return;
-  ShardEventData e;
-  e.kind = ShardEventData::Kind::kWorker;
-  e.worker_id = worker_id;
-  e.token = token;
-  e.identity = identity;
-  shard_log_->Append(std::move(e));
-}
-
-void TrainingJob::LogStep(const StepStats& stats, const std::optional<PlanChange>& change,
-                          bool checkpointed) {
-  if (shard_log_ == nullptr) return;
-  ShardEventData e;
-  e.kind = ShardEventData::Kind::kStep;
-  e.epoch = stats.epoch;
-  e.step = stats.step;
-  e.checkpoint = checkpointed;
-  if (change.has_value() && !stats.last_of_epoch) {  // as the aggregator applies it
-    e.changed = true;
-    e.quotas = change->later_quotas;
-  }
-  shard_log_->Append(std::move(e));
+  shards_.Registered(worker_id, token, identity);
 }
 
 void TrainingJob::OnWorkerLeft(int worker_id) {
@@ -294,12 +244,7 @@ void TrainingJob::OnJobFinished(const absl::Status& status) {
     end_ = clock_->Now();
   }
   if (!final_status.ok()) aggregator_->Abort(final_status);
-  if (shard_log_ != nullptr) {
-    ShardEventData e;
-    e.kind = ShardEventData::Kind::kEnd;
-    e.status = final_status;
-    shard_log_->Append(std::move(e));
-  }
+  shards_.Ended(final_status);
   finished_.Notify();
 }
 
@@ -486,25 +431,18 @@ absl::Status TrainingJob::Restore(const JobState& st, bool allow_other_settings)
       }
     }
   }
-  if (shard_log_ != nullptr) SeedShardLog(st, quotas);
+  if (shards_.leads()) {
+    std::set<int> registered;
+    for (size_t id = 0; id < st.scheduler.tokens.size(); ++id) {
+      if (scheduler_->IsRegistered(static_cast<int>(id))) registered.insert(static_cast<int>(id));
+    }
+    // The tokens as restored (or made afresh).
+    shards_.Restored(st, quotas, scheduler_->SaveState(), registered);
+  }
   aggregator_->LoadState(st.aggregator, std::move(quotas));
   absl::MutexLock lock(&mu_);
   audits_ = st.audits;
-  to_resume_.clear();
-  if (shard_log_ != nullptr) {
-    for (size_t id = 0; id < st.scheduler.tokens.size(); ++id) {
-      if (scheduler_->IsRegistered(static_cast<int>(id))) to_resume_.insert(static_cast<int>(id));
-    }
-  }
   return absl::OkStatus();
-}
-
-absl::Status TrainingJob::AdmitPush(int worker_id) const {
-  absl::MutexLock lock(&mu_);
-  if (to_resume_.count(worker_id) == 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("dbs_ps restarted from a checkpoint; worker ", worker_id,
-                   " must resume before it pushes, so that every shard redoes the same step"));
 }
 
 absl::Status TrainingJob::RestoreShard(const JobState& st, StepQuotas quotas,
@@ -515,36 +453,11 @@ absl::Status TrainingJob::RestoreShard(const JobState& st, StepQuotas quotas,
   return absl::OkStatus();
 }
 
-void TrainingJob::SeedShardLog(const JobState& st, const StepQuotas& quotas) {
-  // Where the barrier stands first: a follower restores before it serves anything.
-  std::vector<ShardEventData> events;
-  ShardEventData r;
-  r.kind = ShardEventData::Kind::kResume;
-  r.epoch = st.aggregator.epoch;
-  r.step = st.aggregator.step;
-  r.quotas = quotas;
-  r.version = st.aggregator.store.version;
-  events.push_back(std::move(r));
-  const Scheduler::State now = scheduler_->SaveState();  // tokens as restored (or made afresh)
-  for (size_t id = 0; id < now.tokens.size(); ++id) {
-    ShardEventData w;
-    w.kind = ShardEventData::Kind::kWorker;
-    w.worker_id = static_cast<int>(id);
-    w.token = now.tokens[id];
-    if (id < now.workers.size()) w.identity = now.workers[id].identity;
-    events.push_back(std::move(w));
-  }
-  shard_log_->Seed(std::move(events));
-}
-
 absl::StatusOr<ResumePoint> TrainingJob::Resume(int worker_id, ParameterSnapshot* parameters) {
   if (!scheduler_->IsRegistered(worker_id)) {
     return absl::NotFoundError(absl::StrCat("unknown worker ", worker_id));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    to_resume_.erase(worker_id);
-  }
+  shards_.Resumed(worker_id);
   ResumePoint rp;
   DBS_ASSIGN_OR_RETURN(*parameters, store_->Snapshot());
   const StepProgress p = aggregator_->Progress();

@@ -26,6 +26,7 @@
 #include "server/replan_window.h"
 #include "server/run_summary.h"
 #include "server/scheduler.h"
+#include "server/shard_coordinator.h"
 #include "server/shard_events.h"
 #include "server/share_policy.h"
 #include "server/step_aggregator.h"
@@ -74,7 +75,7 @@ class TrainingJob : public SchedulerListener {
   // A sharded job's leader: everything that shapes the step barrier is appended to `log` for
   // the other shards (see shard_events.h), and workers may register only once they all follow.
   // Set before workers connect; it must outlive the job.
-  void SetShardLog(ShardLog* log) { shard_log_ = log; }
+  void SetShardLog(ShardLog* log) { shards_.Lead(log); }
 
   // Called with the workers removed from the job (dead or gone) once they are, so that what
   // the server holds for them can go (their shared memory). It must not call back into the
@@ -101,7 +102,7 @@ class TrainingJob : public SchedulerListener {
   // before it (whose step this shard's checkpoint does not hold), and taking it would let the
   // leader complete a step the other shards wait for in vain. Resuming, the worker redoes the
   // restored step on every shard.
-  absl::Status AdmitPush(int worker_id) const;
+  absl::Status AdmitPush(int worker_id) const { return shards_.AdmitPush(worker_id); }
 
   // A faulty push (StepAggregator::SetFaultyHook): counted; with `quarantine`, its worker is
   // removed at that step as a dead worker is (its samples go to the others) and recorded.
@@ -145,8 +146,7 @@ class TrainingJob : public SchedulerListener {
   absl::Mutex checkpoint_mu_;  // one writer at a time
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<int> leavers_ ABSL_GUARDED_BY(mu_);    // left while training ran
-  std::set<int> to_resume_ ABSL_GUARDED_BY(mu_);  // AdmitPush
+  std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
   std::set<int> DropMissingReports(int epoch, int num_steps, const std::set<int>& leavers);
   // CheckDeadWorkers without telling the removed hook.
   std::set<int> RemoveDeadWorkers();
@@ -155,12 +155,8 @@ class TrainingJob : public SchedulerListener {
   bool RemoveAtStep(const StepProgress& p, const std::set<int>& dead, absl::string_view why);
   absl::Notification finished_;
   JobObserver* observer_ = nullptr;
-  ShardLog* shard_log_ = nullptr;
+  ShardCoordinator shards_;  // thread-safe itself
   RemovedHook removed_hook_;
-  // A completed step (and the re-plan made at it) for the shard log.
-  void LogStep(const StepStats& stats, const std::optional<PlanChange>& change, bool checkpointed);
-  // After a restore: the workers and where the barrier stands, for followers.
-  void SeedShardLog(const JobState& state, const StepQuotas& quotas);
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
   absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
