@@ -16,7 +16,6 @@
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/support/sync_stream.h"
 
 namespace dbs {
 
@@ -58,9 +57,6 @@ GrpcPsClient::GrpcPsClient(const GrpcClientConfig& config)
   channel_ = grpc::CreateCustomChannel(config.address, credentials, args);
   scheduler_ = v1::SchedulerService::NewStub(channel_);
   parameters_ = v1::ParameterService::NewStub(channel_);
-  session_method_ = std::make_unique<grpc::internal::RpcMethod>(
-      "/dbs.v1.ParameterService/PushGradientSession", grpc::internal::RpcMethod::BIDI_STREAMING,
-      channel_);
 }
 
 GrpcPsClient::~GrpcPsClient() { CloseSession(nullptr); }
@@ -375,9 +371,9 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   head.set_loss_sum(loss_sum);
   head.set_compute_seconds(compute_seconds);
   MaybeAttach(worker_id);
-  if (shm_slots_ != nullptr) {
+  if (shm_.attached()) {
     absl::StatusOr<StepOutcome> shared = PushShared(head, gradient, params);
-    if (shared.ok() || shm_slots_ != nullptr) return shared;
+    if (shared.ok() || shm_.attached()) return shared;
     // The server forgot this worker's memory (a restart): the push goes over gRPC, and the
     // next one attaches again.
   }
@@ -414,69 +410,25 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushGradient(int worker_id, int epoch,
   return OutcomeOf(reply, version);
 }
 
-namespace {
-// The memory files' names, which the opening side checks (SharedRegion::Open).
-constexpr char kGradientRegion[] = "dbs-gradient";
-constexpr char kParameterRegion[] = "dbs-parameters";
-}  // namespace
-
 void GrpcPsClient::MaybeAttach(int worker_id) {
-  if (!config_.shared_memory || shm_tried_) return;
-  shm_tried_ = true;
-  const size_t model = static_cast<size_t>(TotalElements(layout_));
-  const auto refused = [&](const std::string& why) {
-    Detach();
-    std::fprintf(stderr, "dbs_ps at %s shares no memory with this worker (%s): pushing over gRPC\n",
-                 config_.address.c_str(), why.c_str());
+  if (!config_.shared_memory) return;
+  const auto exchange = [&](const RegionLocation& mine) -> absl::StatusOr<RegionLocation> {
+    v1::AttachSharedMemoryRequest req;
+    req.set_worker_id(worker_id);
+    req.mutable_gradient()->set_pid(mine.pid);
+    req.mutable_gradient()->set_fd(mine.fd);
+    req.mutable_gradient()->set_bytes(mine.bytes);
+    v1::AttachSharedMemoryReply reply;
+    DBS_RETURN_IF_ERROR(FromGrpcStatus(WithRetry([&](grpc::ClientContext* ctx) {
+      return parameters_->AttachSharedMemory(ctx, req, &reply);
+    })));
+    RegionLocation theirs;
+    theirs.pid = reply.parameters().pid();
+    theirs.fd = reply.parameters().fd();
+    theirs.bytes = reply.parameters().bytes();
+    return theirs;
   };
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      SharedRegion::Create(kGradientRegion, model * BytesPerValue(wire_dtype_));
-  if (!region.ok()) return refused(std::string(region.status().message()));
-  shm_gradient_ = std::move(*region);
-  v1::AttachSharedMemoryRequest req;
-  req.set_worker_id(worker_id);
-  const RegionLocation mine = shm_gradient_->location();
-  req.mutable_gradient()->set_pid(mine.pid);
-  req.mutable_gradient()->set_fd(mine.fd);
-  req.mutable_gradient()->set_bytes(mine.bytes);
-  v1::AttachSharedMemoryReply reply;
-  const grpc::Status status = WithRetry(
-      [&](grpc::ClientContext* ctx) { return parameters_->AttachSharedMemory(ctx, req, &reply); });
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-      status.error_code() == grpc::StatusCode::CANCELLED) {
-    // Not a refusal: the push that follows meets the same trouble and reports it, and the next
-    // one tries again.
-    Detach();
-    shm_tried_ = false;
-    return;
-  }
-  if (!status.ok()) return refused(status.error_message());
-  RegionLocation theirs;
-  theirs.pid = reply.parameters().pid();
-  theirs.fd = reply.parameters().fd();
-  theirs.bytes = reply.parameters().bytes();
-  if (theirs.bytes != ParameterSlots::RegionBytes(model)) {
-    return refused(absl::StrCat("its parameter slots are ", theirs.bytes, " bytes, not ",
-                                ParameterSlots::RegionBytes(model)));
-  }
-  region = SharedRegion::Open(theirs, kParameterRegion);
-  if (!region.ok()) return refused(std::string(region.status().message()));
-  shm_params_ = std::move(*region);
-  shm_slots_ = std::make_unique<ParameterSlots>(shm_params_.get(), model);
-  if (!shm_told_) {
-    shm_told_ = true;
-    std::fprintf(stderr,
-                 "dbs_ps at %s shares memory with this worker: each step's gradient and "
-                 "parameters pass through it, not the socket (--shared_memory)\n",
-                 config_.address.c_str());
-  }
-}
-
-void GrpcPsClient::Detach() {
-  shm_slots_.reset();
-  shm_params_.reset();
-  shm_gradient_.reset();
+  shm_.MaybeAttach(static_cast<size_t>(TotalElements(layout_)), wire_dtype_, exchange);
 }
 
 absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientRequest& head,
@@ -488,7 +440,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientReque
   if (req.num_samples() > 0) {
     // The server reads the region until it answers; a retry pushes the same bytes.
     req.set_wire_dtype(static_cast<v1::WireDtype>(wire_dtype_));
-    EncodeValues(gradient, wire_dtype_, shm_gradient_->data());
+    shm_.Write(gradient, wire_dtype_);
   }
   grpc::Slice header(req.SerializeAsString());
   const grpc::ByteBuffer request(&header, 1);
@@ -496,12 +448,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientReque
       [&](grpc::ClientContext* ctx) { return PushAttempt(ctx, request); }, /*waits=*/true);
   if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
       absl::StrContains(status.error_message(), "no shared memory attached")) {
-    Detach();
-    shm_tried_ = false;
-    std::fprintf(stderr,
-                 "dbs_ps at %s no longer shares memory with this worker (restarted?): this push "
-                 "goes over gRPC, the next attaches again\n",
-                 config_.address.c_str());
+    shm_.Forget();
     return Annotate(status, "PushGradient");
   }
   DBS_RETURN_IF_ERROR(Annotate(status, "PushGradient"));
@@ -517,7 +464,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientReque
                                                     ": ", parsed.message()));
   }
   // The slots hold fp32: rounded as the wire dtype's answers over gRPC are.
-  if (shared && !shm_slots_->Read(version, params, wire_dtype_)) {
+  if (shared && !shm_.Read(version, params, wire_dtype_)) {
     // The slot moved on or was never written: the values come over gRPC.
     DBS_ASSIGN_OR_RETURN(const int64_t pulled, PullParameters(head.worker_id(), params));
     version = pulled;
@@ -526,9 +473,7 @@ absl::StatusOr<StepOutcome> GrpcPsClient::PushShared(const v1::PushGradientReque
 }
 
 grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::ByteBuffer& request) {
-  // Raw bytes both ways, on this thread, as the generated blocking stubs call (a callback call
-  // would hand the answer over from one of gRPC's threads: two more wake-ups per step, which a
-  // worker held to a CPU quota pays in throttled time).
+  // Raw bytes both ways, on this thread (ByteStream).
   const absl::Time now = absl::Now();
   if (session_ != nullptr &&
       (now - session_->opened > config_.call_timeout / 2 || session_->token != token_)) {
@@ -541,9 +486,8 @@ grpc::Status GrpcPsClient::PushAttempt(grpc::ClientContext* ctx, const grpc::Byt
     session_->opened = now;
     session_->token = token_;
     ++sessions_opened_;
-    session_->stream.reset(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            channel_.get(), *session_method_, &session_->ctx));
+    session_->stream = std::make_unique<ByteStream>(
+        channel_, "/dbs.v1.ParameterService/PushGradientSession", &session_->ctx);
   }
   // Interrupt and Abandon cancel the session while it waits.
   if (!Retarget(&session_->ctx)) {

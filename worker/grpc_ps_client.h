@@ -16,11 +16,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
+#include "common/rpc/byte_stream.h"
 #include "common/rpc/grpc_step_wire.h"
-#include "common/shared_memory.h"
-#include "grpcpp/impl/codegen/rpc_method.h"
 #include "proto/dbs.grpc.pb.h"
 #include "worker/ps_client.h"
+#include "worker/shared_memory_link.h"
 
 namespace dbs {
 
@@ -83,7 +83,7 @@ class GrpcPsClient : public PsClient {
   // half the call timeout passed).
   int sessions_opened() const { return sessions_opened_; }
   // Whether pushes travel in shared memory now (after the first push).
-  bool shares_memory() const { return shm_slots_ != nullptr; }
+  bool shares_memory() const { return shm_.attached(); }
   WireDtype wire_dtype() const { return wire_dtype_; }
   // Whether a call is in progress (Abandon or Interrupt would cancel its context); false
   // between calls, however the last one ended.
@@ -118,11 +118,10 @@ class GrpcPsClient : public PsClient {
   // ends it.
   struct PushSession {
     grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream;
+    std::unique_ptr<ByteStream> stream;
     absl::Time opened;
     std::string token;
   };
-  std::unique_ptr<grpc::internal::RpcMethod> session_method_;
   std::unique_ptr<PushSession> session_;
   // The retry-after (kRetryAfterMsKey) of the session that ended the last push attempt, if any.
   int session_retry_after_ms_ = 0;
@@ -137,20 +136,14 @@ class GrpcPsClient : public PsClient {
   // Waits for gRPC to let go of a pushed gradient's memory.
   static absl::Status AwaitGradientReturned(const GradientOnWire& bytes, absl::string_view call);
   static StepOutcome OutcomeOf(const v1::PushGradientReply& reply, int64_t version);
-  // Shared memory with the server (GrpcClientConfig::shared_memory): tried at the first push
-  // and again after the server forgot it (a restart); off for good once refused.
+  // Shared memory with the server (GrpcClientConfig::shared_memory).
+  SharedMemoryLink shm_{config_.address};
   void MaybeAttach(int worker_id);
-  void Detach();
   // A push through shared memory: the gradient encoded into this worker's region, the answer's
   // parameters read from the server's slots (pulled over gRPC if a read is refused).
   absl::StatusOr<StepOutcome> PushShared(const v1::PushGradientRequest& head,
                                          absl::Span<const float> gradient,
                                          absl::Span<float> params);
-  bool shm_tried_ = false;
-  bool shm_told_ = false;  // the first attach says so on stderr
-  std::unique_ptr<SharedRegion> shm_gradient_;
-  std::unique_ptr<SharedRegion> shm_params_;
-  std::unique_ptr<ParameterSlots> shm_slots_;
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
   std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
