@@ -665,40 +665,7 @@ def summary_sections(summary, cells, results, out):
               "of CPU at 1/11 core is 11 ms), as it is in a slowdown cell. It says how much "
               "of the gap to the ideal is the data plane's cost per step on the slowest "
               "workers rather than the split; it is a diagnosis, not the target."]
-    oracle_cells = [c for c in cells if "dbs_over_split_best" in c]
-    if oracle_cells:
-        lines += ["", "## DBS against fixed splits run in the same cell", "",
-                  "split_best: the best split of the workers' standalone step-time curves, "
-                  "held fixed (`dbs_ps --policy=fixed --fixed_split`); split_dbs: the "
-                  "samples each worker trained on in DBS's last epoch, held fixed. Each ran "
-                  "right after DBS in the cell, with the same emulation. DBS/split near 1: "
-                  "no split DBS could have chosen does better on this machine.", "",
-                  "| cell | split_best batches | split_best/ideal | DBS/split_best "
-                  "| split_dbs/ideal | DBS/split_dbs |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for c in oracle_cells:
-            lines.append(
-                f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
-                f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
-                f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
-    round_cells = [c for c in cells if "dbs_over_sgd_by_round" in c]
-    if round_cells:
-        lines += ["", "## Rounds", "",
-                  f"Each cell ran its policies {results['config']['grid_rounds']} times, in "
-                  "rounds that alternate their order (fixed, paper, DBS; then DBS, paper, "
-                  "fixed). The tables above take each policy's median run by epoch time; "
-                  "here each round's DBS and paper are divided by that round's fixed split "
-                  "(paired: the machine's drift between rounds cancels), and `paired` is the "
-                  "median of those ratios.", "",
-                  "| cell | DBS/S-SGD by round | paired | paper/S-SGD by round | paired |",
-                  "| --- | --- | --- | --- | --- |"]
-        for c in round_cells:
-            lines.append(
-                f"| {c['name']} | "
-                f"{' '.join(f'{x:.3f}' for x in c['dbs_over_sgd_by_round'])} | "
-                f"**{c['dbs_over_sgd_paired']:.3f}** | "
-                f"{' '.join(f'{x:.3f}' for x in c['proportional_over_sgd_by_round'])} | "
-                f"{c['proportional_over_sgd_paired']:.3f} |")
+    lines += oracle_lines(cells) + round_lines(cells, results)
     lines += ["", "## Batch trajectories (per epoch, workers in launch order: slowest first)",
               ""]
     for c in cells:
@@ -711,6 +678,52 @@ def summary_sections(summary, cells, results, out):
                      f"{' '.join(f'{x:.2f}' for x in c['proportional_spread'])}")
     if plot(out, cells):
         lines += ["", "![balance per epoch, every cell](grid_batches.png)"]
+    return lines
+
+
+def oracle_lines(cells):
+    """DBS against the fixed splits run beside it (--grid_oracles)."""
+    oracle_cells = [c for c in cells if "dbs_over_split_best" in c]
+    if not oracle_cells:
+        return []
+    lines = ["", "## DBS against fixed splits run in the same cell", "",
+             "split_best: the best split of the workers' standalone step-time curves, "
+             "held fixed (`dbs_ps --policy=fixed --fixed_split`); split_dbs: the "
+             "samples each worker trained on in DBS's last epoch, held fixed. Each ran "
+             "right after DBS in the cell, with the same emulation. DBS/split near 1: "
+             "no split DBS could have chosen does better on this machine.", "",
+             "| cell | split_best batches | split_best/ideal | DBS/split_best "
+             "| split_dbs/ideal | DBS/split_dbs |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for c in oracle_cells:
+        lines.append(
+            f"| {c['name']} | {' '.join(str(b) for b in c['split_best_batches'][-1])} | "
+            f"{c['split_best_over_ideal']:.3f} | **{c['dbs_over_split_best']:.3f}** | "
+            f"{c['split_dbs_over_ideal']:.3f} | **{c['dbs_over_split_dbs']:.3f}** |")
+    return lines
+
+
+def round_lines(cells, results):
+    """Each round's DBS and paper over that round's fixed split (--grid_rounds)."""
+    round_cells = [c for c in cells if "dbs_over_sgd_by_round" in c]
+    if not round_cells:
+        return []
+    lines = ["", "## Rounds", "",
+             f"Each cell ran its policies {results['config']['grid_rounds']} times, in "
+             "rounds that alternate their order (fixed, paper, DBS; then DBS, paper, "
+             "fixed). The tables above take each policy's median run by epoch time; "
+             "here each round's DBS and paper are divided by that round's fixed split "
+             "(paired: the machine's drift between rounds cancels), and `paired` is the "
+             "median of those ratios.", "",
+             "| cell | DBS/S-SGD by round | paired | paper/S-SGD by round | paired |",
+             "| --- | --- | --- | --- | --- |"]
+    for c in round_cells:
+        lines.append(
+            f"| {c['name']} | "
+            f"{' '.join(f'{x:.3f}' for x in c['dbs_over_sgd_by_round'])} | "
+            f"**{c['dbs_over_sgd_paired']:.3f}** | "
+            f"{' '.join(f'{x:.3f}' for x in c['proportional_over_sgd_by_round'])} | "
+            f"{c['proportional_over_sgd_paired']:.3f} |")
     return lines
 
 

@@ -113,43 +113,58 @@ def compute(results, runs):
     f["sgd_wall_seconds"] = end_times(sgd)[-1]
     f["dbs_wall_seconds"] = end_times(dbs)[-1]
     if "ddp" in runs:
-        ddp = runs["ddp"]
-        target = ddp["final_test_accuracy"]
-        f["ddp_final_accuracy"] = target
-        f["ddp_wall_seconds"] = end_times(ddp)[-1]
-        f["ddp_epoch_seconds"] = mean(e["wall_seconds"] for e in steady(ddp))
-        reached = [t for t, e in zip(end_times(dbs), dbs["epochs"])
-                   if e["test_accuracy"] >= target]
-        f["dbs_time_to_ddp_accuracy"] = reached[0] if reached else None
-        f["dbs_time_to_ddp_accuracy_ratio"] = (reached[0] / f["ddp_wall_seconds"]
-                                               if reached else None)
+        ddp_figures(f, runs["ddp"], dbs)
     if "dbs_replan" in runs:
-        mid = results["midepoch_disturbance"]
-        log_path = os.path.join(results["_out_dir"], os.path.dirname(
-            results["runs"]["dbs_replan"]["summary"]), "ps.log")
-        replans = []  # global steps after which the rest of an epoch was re-planned
-        with open(log_path) as fh:
-            for line in fh:
-                if " re-planned after step " in line:
-                    e = int(line.split("epoch ")[1].split()[0]) - 1
-                    s = int(line.split("re-planned after step ")[1].split(":")[0])
-                    replans.append(e * mid["steps_per_epoch"] + s)
-        after = [g for g in replans if g > mid["from_global_step"]]
-        f["midepoch_replans"] = replans
-        f["midepoch_window"] = mid["window"]
-        f["midepoch_replan_delay_steps"] = (after[0] - mid["from_global_step"]) if after else None
+        midepoch_figures(f, results)
     if "sgd_disturbed" in runs:
-        f["disturbance"] = results.get("disturbance", "")
-        add_sgd = end_times(runs["sgd_disturbed"])[-1] - end_times(sgd)[-1]
-        add_dbs = end_times(runs["dbs_disturbed"])[-1] - end_times(dbs)[-1]
-        f["sgd_disturbance_added_seconds"] = add_sgd
-        f["dbs_disturbance_added_seconds"] = add_dbs
-        f["disturbance_added_ratio"] = add_dbs / add_sgd if add_sgd > 0 else None
-        spreads = [e["compute_seconds_max_over_min"] for e in runs["dbs_disturbed"]["epochs"]]
-        f["dbs_disturbed_compute_spread"] = spreads
-        f["sgd_disturbed_compute_spread"] = [
-            e["compute_seconds_max_over_min"] for e in runs["sgd_disturbed"]["epochs"]]
+        disturbance_figures(f, results, runs)
     return f
+
+
+def ddp_figures(f, ddp, dbs):
+    """DDP's accuracy and time, and when DBS reached DDP's final accuracy."""
+    target = ddp["final_test_accuracy"]
+    f["ddp_final_accuracy"] = target
+    f["ddp_wall_seconds"] = end_times(ddp)[-1]
+    f["ddp_epoch_seconds"] = mean(e["wall_seconds"] for e in steady(ddp))
+    reached = [t for t, e in zip(end_times(dbs), dbs["epochs"])
+               if e["test_accuracy"] >= target]
+    f["dbs_time_to_ddp_accuracy"] = reached[0] if reached else None
+    f["dbs_time_to_ddp_accuracy_ratio"] = (reached[0] / f["ddp_wall_seconds"]
+                                           if reached else None)
+
+
+def midepoch_figures(f, results):
+    """Where DBS re-planned within epochs after the mid-epoch slowdown began (from ps.log)."""
+    mid = results["midepoch_disturbance"]
+    log_path = os.path.join(results["_out_dir"], os.path.dirname(
+        results["runs"]["dbs_replan"]["summary"]), "ps.log")
+    replans = []  # global steps after which the rest of an epoch was re-planned
+    with open(log_path) as fh:
+        for line in fh:
+            if " re-planned after step " in line:
+                e = int(line.split("epoch ")[1].split()[0]) - 1
+                s = int(line.split("re-planned after step ")[1].split(":")[0])
+                replans.append(e * mid["steps_per_epoch"] + s)
+    after = [g for g in replans if g > mid["from_global_step"]]
+    f["midepoch_replans"] = replans
+    f["midepoch_window"] = mid["window"]
+    f["midepoch_replan_delay_steps"] = (after[0] - mid["from_global_step"]) if after else None
+
+
+def disturbance_figures(f, results, runs):
+    """What the disturbance window added to each policy's time, and the compute spreads."""
+    sgd, dbs = runs["sgd"], runs["dbs"]
+    f["disturbance"] = results.get("disturbance", "")
+    add_sgd = end_times(runs["sgd_disturbed"])[-1] - end_times(sgd)[-1]
+    add_dbs = end_times(runs["dbs_disturbed"])[-1] - end_times(dbs)[-1]
+    f["sgd_disturbance_added_seconds"] = add_sgd
+    f["dbs_disturbance_added_seconds"] = add_dbs
+    f["disturbance_added_ratio"] = add_dbs / add_sgd if add_sgd > 0 else None
+    spreads = [e["compute_seconds_max_over_min"] for e in runs["dbs_disturbed"]["epochs"]]
+    f["dbs_disturbed_compute_spread"] = spreads
+    f["sgd_disturbed_compute_spread"] = [
+        e["compute_seconds_max_over_min"] for e in runs["sgd_disturbed"]["epochs"]]
 
 
 def verdicts(f):
@@ -258,6 +273,48 @@ def out_dir_of(results):
     return results["_out_dir"]
 
 
+def simulation_lines(f, results):
+    """The simulated larger clusters (f gets their rows)."""
+    with open(os.path.join(out_dir_of(results), results["simulation"]["json"])) as fh:
+        sim = json.load(fh)
+    lines = ["", "## Beyond one machine (simulation)", "",
+             "The real scheduler and allocator on a simulated clock, replaying the measured "
+             "standalone speeds (repeated to n workers) and the measured per-step "
+             f"communication ({fmt(results['simulation']['measured_step_comm_ms'])} ms with "
+             f"{f['workers']} workers, modelled as "
+             f"{fmt(results['simulation']['comm_per_worker_ms'])} ms per worker at the "
+             "server); per-worker batch fixed, so the global batch grows with n.", "",
+             "| workers | global batch | ideal s | S-SGD s | DBS s | DBS / S-SGD | comm per step ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sim:
+        lines.append(f"| {r['workers']} | {r['global_batch']} | {fmt(r['ideal_epoch_seconds'])} "
+                     f"| {fmt(r['sgd_epoch_seconds'])} | {fmt(r['dbs_epoch_seconds'])} | "
+                     f"{fmt(r['dbs_over_sgd'])} | {fmt(1000 * r['step_comm_seconds'])} |")
+    f["simulation"] = sim
+    return lines
+
+
+def misses_lines(f):
+    """What keeps DBS from the ideal, each cause measured."""
+    return ["", "## Why the misses (measured)", "",
+            f"- Per-step communication: the worker that arrives last at a step only "
+            f"communicates, and spent {fmt(1000 * f['step_comm_seconds'])} ms per step in server "
+            f"calls; {f['steps_per_epoch']} steps make {fmt(f['steps_per_epoch'] * f['step_comm_seconds'])} s "
+            f"of every epoch that no batch split can move (the 1/8-core worker's gRPC work is "
+            f"throttled too). Without it DBS takes {fmt(f['dbs_epoch_without_comm_seconds'])} s, "
+            f"{fmt(f['dbs_without_comm_over_ideal'])}x the ideal, and "
+            f"{fmt(f['dbs_over_sgd_without_comm'])}x S-SGD's "
+            f"{fmt(f['sgd_epoch_without_comm_seconds'])} s.",
+            f"- Barrier wait: the largest is {fmt(f['barrier_wait_ms_per_step'])} ms per step, "
+            f"about one CFS period of the 1/8-core worker (8 ms), consistent with a worker that "
+            f"has used its quota sleeping to the end of the period.",
+            f"- Accuracy: {f['test_samples']} test images give a standard error of "
+            f"{fmt(f['accuracy_standard_error_pp'])} pp; the two DBS runs (undisturbed and "
+            f"disturbed, so with different splits) "
+            + (f"ended {fmt(f['dbs_run_to_run_accuracy_pp'])} pp apart."
+               if "dbs_run_to_run_accuracy_pp" in f else "were not compared.")]
+
+
 def markdown(f, results, runs, written):
     lines = ["# dbs heterogeneity benchmark", ""]
     c = results["config"]
@@ -301,45 +358,14 @@ def markdown(f, results, runs, written):
                   f"DBS: {', '.join(fmt(s) for s in f['dbs_disturbed_compute_spread'])}; S-SGD: "
                   f"{', '.join(fmt(s) for s in f['sgd_disturbed_compute_spread'])}."]
     if "simulation" in results:
-        with open(os.path.join(out_dir_of(results), results["simulation"]["json"])) as fh:
-            sim = json.load(fh)
-        lines += ["", "## Beyond one machine (simulation)", "",
-                  "The real scheduler and allocator on a simulated clock, replaying the measured "
-                  "standalone speeds (repeated to n workers) and the measured per-step "
-                  f"communication ({fmt(results['simulation']['measured_step_comm_ms'])} ms with "
-                  f"{f['workers']} workers, modelled as "
-                  f"{fmt(results['simulation']['comm_per_worker_ms'])} ms per worker at the "
-                  "server); per-worker batch fixed, so the global batch grows with n.", "",
-                  "| workers | global batch | ideal s | S-SGD s | DBS s | DBS / S-SGD | comm per step ms |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in sim:
-            lines.append(f"| {r['workers']} | {r['global_batch']} | {fmt(r['ideal_epoch_seconds'])} "
-                         f"| {fmt(r['sgd_epoch_seconds'])} | {fmt(r['dbs_epoch_seconds'])} | "
-                         f"{fmt(r['dbs_over_sgd'])} | {fmt(1000 * r['step_comm_seconds'])} |")
-        f["simulation"] = sim
+        lines += simulation_lines(f, results)
     if "midepoch_replan_delay_steps" in f:
         lines += ["", "## Mid-epoch re-planning", "",
-                  f"Worker {results['midepoch_disturbance']['worker']} slowed 3x from global step "
+                  f"Worker {results['midepoch_disturbance']['worker']} slowed from global step "
                   f"{results['midepoch_disturbance']['from_global_step'] + 1} (the middle of an "
                   f"epoch), DBS with a {f['midepoch_window']}-step re-planning window: re-planned "
                   f"after {fmt(f['midepoch_replan_delay_steps'])} slowed steps."]
-    lines += ["", "## Why the misses (measured)", "",
-              f"- Per-step communication: the worker that arrives last at a step only "
-              f"communicates, and spent {fmt(1000 * f['step_comm_seconds'])} ms per step in server "
-              f"calls; {f['steps_per_epoch']} steps make {fmt(f['steps_per_epoch'] * f['step_comm_seconds'])} s "
-              f"of every epoch that no batch split can move (the 1/8-core worker's gRPC work is "
-              f"throttled too). Without it DBS takes {fmt(f['dbs_epoch_without_comm_seconds'])} s, "
-              f"{fmt(f['dbs_without_comm_over_ideal'])}x the ideal, and "
-              f"{fmt(f['dbs_over_sgd_without_comm'])}x S-SGD's "
-              f"{fmt(f['sgd_epoch_without_comm_seconds'])} s.",
-              f"- Barrier wait: the largest is {fmt(f['barrier_wait_ms_per_step'])} ms per step, "
-              f"about one CFS period of the 1/8-core worker (8 ms), consistent with a worker that "
-              f"has used its quota sleeping to the end of the period.",
-              f"- Accuracy: {f['test_samples']} test images give a standard error of "
-              f"{fmt(f['accuracy_standard_error_pp'])} pp; the two DBS runs (undisturbed and "
-              f"disturbed, so with different splits) "
-              + (f"ended {fmt(f['dbs_run_to_run_accuracy_pp'])} pp apart."
-                 if "dbs_run_to_run_accuracy_pp" in f else "were not compared.")]
+    lines += misses_lines(f)
     lines += ["", "## Targets", "", "| figure | target (at most) | measured | verdict |",
               "| --- | --- | --- | --- |"]
     for key, limit, value, verdict in verdicts(f):

@@ -240,7 +240,7 @@ def run_grid(args):
     return 1 if problems else 0
 
 
-def main(argv=None):
+def build_parser():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true",
@@ -300,7 +300,51 @@ def main(argv=None):
     ap.add_argument("--ps_bin", default="")
     ap.add_argument("--worker_bin", default="")
     ap.add_argument("--simulator_bin", default="")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def run_disturbances(bench, args):
+    """The disturbed runs: a fixed window of slow epochs (or random ones), then a worker slowed
+    from the middle of an epoch with DBS re-planning within epochs."""
+    if args.random_disturb > 0:
+        per_worker = hetero.random_disturbances(args.workers, args.epochs, args.random_disturb,
+                                                args.disturb_factor, 2, args.seed)
+        windows = ",".join(f"{k}:{w.split(':')[0][1:]}:{w.split(':')[1]}:{w.split(':')[2]}"
+                           for k, ws in enumerate(per_worker) for w in ws.split(";") if w)
+    else:
+        windows = (f"{args.disturb_worker}:{args.disturb_from}:{args.disturb_to}:"
+                   f"{args.disturb_factor:g}")
+    bench.results["disturbance"] = windows
+    if windows:
+        bench.run_dbs("sgd_disturbed", "fixed", windows)
+        bench.run_dbs("dbs_disturbed", "dbs", windows)
+    # Mid-epoch: the same worker slowed from the middle of an epoch, DBS re-planning within
+    # epochs (a window of --replan_window steps).
+    steps = -(-(args.train_limit or 60000) // args.global_batch)
+    first = steps * args.disturb_from + steps // 2
+    mid = f"{args.disturb_worker}:s{first}:{first + 100000}:{args.disturb_factor:g}"
+    bench.results["midepoch_disturbance"] = {"worker": args.disturb_worker,
+                                             "from_global_step": first,
+                                             "steps_per_epoch": steps,
+                                             "window": args.replan_window}
+    bench.run_dbs("dbs_replan", "dbs", mid, extra=[f"--replan_window_steps={args.replan_window}"])
+
+
+def write_report(bench):
+    """results.json, the report and its consistency checks; the exit status."""
+    with open(os.path.join(bench.out, "results.json"), "w") as f:
+        json.dump(bench.results, f, indent=2)
+    figures = report.build(bench.out)
+    problems = report.check(bench.out)
+    print(report.console_table(figures))
+    log(f"report: {os.path.join(bench.out, 'report.md')}")
+    for p in problems:
+        log(f"INCONSISTENT: {p}")
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.grid:
         return run_grid(args)
     if args.small:
@@ -322,45 +366,13 @@ def main(argv=None):
     if not args.skip_ddp:
         bench.run_ddp("ddp")
     if not args.skip_disturbance:
-        if args.random_disturb > 0:
-            per_worker = hetero.random_disturbances(args.workers, args.epochs, args.random_disturb,
-                                                    args.disturb_factor, 2, args.seed)
-            windows = ",".join(f"{k}:{w.split(':')[0][1:]}:{w.split(':')[1]}:{w.split(':')[2]}"
-                               for k, ws in enumerate(per_worker) for w in ws.split(";") if w)
-        else:
-            windows = (f"{args.disturb_worker}:{args.disturb_from}:{args.disturb_to}:"
-                       f"{args.disturb_factor:g}")
-        bench.results["disturbance"] = windows
-        if windows:
-            bench.run_dbs("sgd_disturbed", "fixed", windows)
-            bench.run_dbs("dbs_disturbed", "dbs", windows)
-        # Mid-epoch: the same worker slowed 3x from the middle of an epoch, DBS re-planning
-        # within epochs (a window of --replan_window steps).
-        steps = -(-(args.train_limit or 60000) // args.global_batch)
-        start = steps * args.disturb_from + steps // 2
-        mid = f"{args.disturb_worker}:s{start}:{start + 100000}:{args.disturb_factor:g}"
-        bench.results["midepoch_disturbance"] = {"worker": args.disturb_worker,
-                                                 "from_global_step": start,
-                                                 "steps_per_epoch": steps,
-                                                 "window": args.replan_window}
-        bench.run_dbs("dbs_replan", "dbs", mid,
-                      extra=[f"--replan_window_steps={args.replan_window}"])
+        run_disturbances(bench, args)
     if os.access(bench.simulator, os.X_OK):
         bench.simulate()
     else:
         log(f"{bench.simulator} not built: skipping the simulation (bazel build //bench:all)")
     bench.results["bench_seconds"] = time.time() - start
-    with open(os.path.join(bench.out, "results.json"), "w") as f:
-        json.dump(bench.results, f, indent=2)
-    figures = report.build(bench.out)
-    problems = report.check(bench.out)
-    print(report.console_table(figures))
-    log(f"report: {os.path.join(bench.out, 'report.md')}")
-    if problems:
-        for p in problems:
-            log(f"INCONSISTENT: {p}")
-        return 1
-    return 0
+    return write_report(bench)
 
 
 if __name__ == "__main__":
