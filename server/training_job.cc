@@ -31,6 +31,14 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobConfig
   });
   job->aggregator_->SetFailureHook([raw](const absl::Status& s) { raw->Abort(s); });
   job->aggregator_->SetFaultyHook([raw](const FaultyPush& f) { raw->OnFaultyPush(f); });
+  if (!config.checkpoint_dir.empty()) {
+    job->writer_ = std::make_unique<CheckpointWriter>(
+        [dir = config.checkpoint_dir](const JobState& st) { return WriteCheckpoint(dir, st); },
+        [raw](const absl::StatusOr<std::string>& path, absl::Duration took) {
+          raw->OnCheckpointWritten(path, took);
+        },
+        clock);
+  }
   return job;
 }
 
@@ -69,9 +77,7 @@ void TrainingJob::OnEpochCompleted(const EpochRecord& record) {
   }
   LOG(INFO) << EpochLine(Run(), record);
   if (!config_.checkpoint_dir.empty()) {
-    const absl::Status saved = SaveCheckpoint();
-    if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
-    shards_.Checkpointed(record.epoch, saved.ok());  // the followers wait for it
+    shards_.Checkpointed(record.epoch, TakeCheckpoint(/*may_skip=*/false));  // followers wait
   }
   if (!audit.ok()) {
     LOG(ERROR) << "sample audit of epoch " << record.epoch + 1 << " failed: " << audit.missing
@@ -250,6 +256,7 @@ void TrainingJob::OnJobFinished(const absl::Status& status) {
 
 absl::Status TrainingJob::Wait() {
   finished_.WaitForNotification();
+  if (writer_ != nullptr) writer_->Flush();
   absl::MutexLock lock(&mu_);
   return final_status_;
 }
@@ -276,12 +283,12 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
     {
       absl::MutexLock lock(&mu_);
       due = ++steps_since_checkpoint_ >= config_.checkpoint_every_steps;
-      if (due) steps_since_checkpoint_ = 0;
     }
-    if (due) {
-      const absl::Status saved = SaveCheckpoint();
-      if (!saved.ok()) LOG(ERROR) << "checkpoint failed: " << saved;
-      *checkpointed = saved.ok();
+    // One the writer is not ready for is taken at the next step.
+    if (due && TakeCheckpoint(/*may_skip=*/true)) {
+      *checkpointed = true;
+      absl::MutexLock lock(&mu_);
+      steps_since_checkpoint_ = 0;
     }
   }
   return change;
@@ -357,9 +364,7 @@ void TrainingJob::Abort(const absl::Status& status) {
   OnJobFinished(status);
 }
 
-absl::Status TrainingJob::SaveCheckpoint() {
-  if (config_.checkpoint_dir.empty()) return absl::OkStatus();
-  absl::MutexLock writer(&checkpoint_mu_);
+absl::StatusOr<std::optional<JobState>> TrainingJob::CaptureState() {
   JobState st;
   st.config = config_.scheduler;
   st.policy = PolicyName(config_.policy);
@@ -372,18 +377,42 @@ absl::Status TrainingJob::SaveCheckpoint() {
     absl::MutexLock lock(&mu_);
     st.audits = audits_;
   }
-  if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return absl::OkStatus();
+  if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return std::nullopt;
   if (st.aggregator.store.torn) {
     return absl::FailedPreconditionError(
         "a step was half applied when the job stopped; the newest checkpoint on disk is the one "
         "to restore");
   }
-  const absl::Time started = clock_->Now();
-  absl::StatusOr<std::string> path = WriteCheckpoint(config_.checkpoint_dir, st);
-  if (observer_ != nullptr) observer_->OnCheckpoint(clock_->Now() - started, path.ok());
-  if (!path.ok()) return path.status();
-  VLOG(1) << "checkpoint " << *path;
-  return absl::OkStatus();
+  return st;
+}
+
+absl::Status TrainingJob::SaveCheckpoint() {
+  if (writer_ == nullptr) return absl::OkStatus();
+  DBS_ASSIGN_OR_RETURN(std::optional<JobState> st, CaptureState());
+  if (!st.has_value()) return absl::OkStatus();
+  return writer_->WriteNow(*st).status();
+}
+
+bool TrainingJob::TakeCheckpoint(bool may_skip) {
+  if (may_skip && writer_->Busy()) return false;
+  absl::StatusOr<std::optional<JobState>> st = CaptureState();
+  if (!st.ok()) {
+    LOG(ERROR) << "checkpoint failed: " << st.status();
+    return false;
+  }
+  if (!st->has_value()) return false;
+  writer_->Queue(**std::move(st));
+  return true;
+}
+
+void TrainingJob::OnCheckpointWritten(const absl::StatusOr<std::string>& path,
+                                      absl::Duration took) {
+  if (observer_ != nullptr) observer_->OnCheckpoint(took, path.ok());
+  if (!path.ok()) {
+    LOG(ERROR) << "checkpoint failed: " << path.status();
+  } else {
+    VLOG(1) << "checkpoint " << *path;
+  }
 }
 
 absl::Status TrainingJob::CheckRestorable(const JobState& st, bool allow_other_settings) const {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "server/checkpoint.h"
+#include "server/checkpoint_writer.h"
 #include "server/job_config.h"
 #include "server/job_observer.h"
 #include "server/liveness_monitor.h"
@@ -43,7 +44,8 @@ class TrainingJob : public SchedulerListener {
   ParameterStore* store() { return store_.get(); }
   StepAggregator* aggregator() { return aggregator_.get(); }
 
-  // Blocks until the job has finished or been aborted; returns how it ended.
+  // Blocks until the job has finished or been aborted, and its checkpoints are written; returns
+  // how it ended.
   absl::Status Wait();
   // Waits at most `timeout`; true when the job has ended.
   bool WaitFor(absl::Duration timeout);
@@ -91,7 +93,9 @@ class TrainingJob : public SchedulerListener {
   // A sharded job's follower: continues from its own checkpoint `state` with the leader's
   // `quotas` for the checkpoint's epoch (the scheduler stays idle).
   absl::Status RestoreShard(const JobState& state, StepQuotas quotas, bool allow_other_settings);
-  // Writes a checkpoint now (no-op without a checkpoint directory).
+  // Writes a checkpoint now, after those taken before it (no-op without a checkpoint
+  // directory). The job's own checkpoints, at its steps and epochs, are written on a thread of
+  // their own (CheckpointWriter).
   absl::Status SaveCheckpoint();
   // Where `worker_id` should continue, and the parameters to continue from. After a sharded
   // job's restore it also readmits the worker's pushes (AdmitPush).
@@ -143,7 +147,12 @@ class TrainingJob : public SchedulerListener {
   LivenessMonitor liveness_;  // thread-safe itself
   ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Mutex checkpoint_mu_;  // one writer at a time
+  // The job's state now for a checkpoint; nullopt before there is anything to keep.
+  absl::StatusOr<std::optional<JobState>> CaptureState();
+  // Takes a checkpoint now and queues it for the writer; whether it did. With `may_skip`, not
+  // while the one before waits to be written.
+  bool TakeCheckpoint(bool may_skip);
+  void OnCheckpointWritten(const absl::StatusOr<std::string>& path, absl::Duration took);
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   bool finish_claimed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<int> leavers_ ABSL_GUARDED_BY(mu_);  // left while training ran
@@ -159,6 +168,8 @@ class TrainingJob : public SchedulerListener {
   RemovedHook removed_hook_;
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
   absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Last: destroyed first, writing what is queued while the rest of the job is still there.
+  std::unique_ptr<CheckpointWriter> writer_;  // with a checkpoint directory
 };
 
 }  // namespace dbs

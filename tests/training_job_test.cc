@@ -314,6 +314,8 @@ TEST(MidEpochReplanTest, ACheckpointOfTheReplanningStepHoldsTheNewPlan) {
   }
   ASSERT_TRUE(revision.has_value()) << "re-planned after step 4";
   ASSERT_EQ(revision->from_step, 5);
+  job->Abort(absl::CancelledError("done"));
+  EXPECT_THAT(job->Wait(), StatusCodeIs(absl::StatusCode::kCancelled));  // checkpoints written
   std::vector<std::string> refused;
   absl::StatusOr<JobState> saved = LoadNewestCheckpoint(config.checkpoint_dir, &refused);
   ASSERT_THAT(saved, IsOk()) << saved.status();
@@ -321,7 +323,6 @@ TEST(MidEpochReplanTest, ACheckpointOfTheReplanningStepHoldsTheNewPlan) {
   const EpochRecord& rec = saved->scheduler.records.at(0);
   EXPECT_EQ(rec.revision, revision->revision);
   EXPECT_EQ(rec.layout.at(1)[5], revision->steps[0]) << "worker 1's next step, as it was told";
-  job->Abort(absl::CancelledError("done"));
 }
 
 // Both workers compute 1 s per step at batch 2; worker 1's answers and pushes take another
