@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -51,10 +52,6 @@ struct EpochRecord {
   std::map<int, std::map<int, BatchTime>> step_times;
   int num_steps = 0;  // as revised
   int revision = 0;
-  // In order; not restored from a checkpoint. Re-plans beyond the first
-  // kMaxDecisionsPerEpoch - 1 of an epoch are only counted, so a long epoch's record stays small.
-  std::vector<PlanDecision> decisions;
-  int decisions_left_out = 0;
   bool complete = false;
 
   // Samples a worker is (now) to train on in the epoch.
@@ -66,8 +63,22 @@ struct EpochRecord {
 // not report the epoch.
 std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id);
 
-// Decisions an epoch's record keeps (its plan and the first re-plans).
+// Decisions the run's summary keeps of an epoch (its plan and the first re-plans).
 inline constexpr int kMaxDecisionsPerEpoch = 64;
+
+// An epoch's decisions, in order, as the run's summary keeps them: re-plans beyond the first
+// kMaxDecisionsPerEpoch - 1 are only counted, so a long epoch's entry stays small.
+struct EpochDecisions {
+  std::vector<PlanDecision> kept;
+  int left_out = 0;
+  void Add(PlanDecision decision) {
+    if (static_cast<int>(kept.size()) < kMaxDecisionsPerEpoch) {
+      kept.push_back(std::move(decision));
+    } else {
+      ++left_out;
+    }
+  }
+};
 
 // The batch a worker ran most often in `steps`.
 int MostFrequentBatch(const StepRanges& steps);

@@ -156,9 +156,13 @@ json EpochJson(const RunInfo& run, const EpochRecord& r) {
   e["compute_seconds_max_over_min"] = ComputeSpread(r).ratio();
   e["workers"] = EpochWorkers(r);
   json decisions = json::array();
-  for (const PlanDecision& d : r.decisions) decisions.push_back(DecisionJson(d));
+  int left_out = 0;
+  if (auto d = run.decisions.find(r.epoch); d != run.decisions.end()) {
+    for (const PlanDecision& p : d->second.kept) decisions.push_back(DecisionJson(p));
+    left_out = d->second.left_out;
+  }
   e["decisions"] = std::move(decisions);
-  e["decisions_left_out"] = r.decisions_left_out;
+  e["decisions_left_out"] = left_out;
   return e;
 }
 

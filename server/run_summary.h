@@ -49,8 +49,9 @@ struct RunInfo {
   SchedulerConfig scheduler;
   std::vector<WorkerRegistration> workers;  // by id
   std::vector<EpochRecord> epochs;
-  std::map<int, EpochLoss> losses;    // by epoch
-  std::map<int, SampleAudit> audits;  // by epoch
+  std::map<int, EpochLoss> losses;          // by epoch
+  std::map<int, SampleAudit> audits;        // by epoch
+  std::map<int, EpochDecisions> decisions;  // by epoch: the share policy's (not checkpointed)
   std::vector<Quarantine> quarantined;
   int64_t faulty_pushes = 0;  // found by the screen, quarantined or (log mode) only logged
   absl::Time start;

@@ -159,7 +159,7 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
   record.epoch = epoch;
   record.start = clock_->Now();
   record.num_steps = alloc.num_steps;
-  PlanDecision& decision = record.decisions.emplace_back();
+  PlanDecision decision;
   for (int k = 0; k < n; ++k) {
     decision.workers.push_back({active[k],
                                 obs[k].current_batch,
@@ -168,6 +168,7 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
                                 {},
                                 k < static_cast<int>(shares.size()) ? shares[k] : 0.0});
   }
+  if (listener_ != nullptr) listener_->OnPlanDecision(epoch, decision);
   const uint64_t seed = EpochSeed(config_.seed, epoch);
   for (int k = 0; k < n; ++k) {
     const int id = active[k];

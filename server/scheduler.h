@@ -73,6 +73,9 @@ class SchedulerListener {
   // not call back.
   virtual void OnWorkerRegistered(int worker_id, const std::string& token,
                                   const std::string& identity) {}
+  // The share policy decided about `epoch` (its plan, or a re-plan, kept or applied), with the
+  // inputs a replay needs. Called under the scheduler's lock; must not call back.
+  virtual void OnPlanDecision(int epoch, const PlanDecision& decision) {}
 };
 
 class Scheduler {

@@ -82,16 +82,15 @@ absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
   const std::vector<double> shares = policy_->NextShares(obs);
   const bool keep = LargestRemainder(config_.global_batch, shares) ==
                     std::vector<int64_t>(current.begin(), current.end());
-  if (static_cast<int>(rec.decisions.size()) < kMaxDecisionsPerEpoch) {
-    PlanDecision& decision = rec.decisions.emplace_back();
+  if (listener_ != nullptr) {
+    PlanDecision decision;
     decision.from_step = from_step;
     decision.applied = !keep;
     for (size_t k = 0; k < workers.size(); ++k) {
       decision.workers.push_back({workers[k], obs[k].current_batch, obs[k].previous_share, true,
                                   obs[k].history.back(), k < shares.size() ? shares[k] : 0.0});
     }
-  } else {
-    ++rec.decisions_left_out;
+    listener_->OnPlanDecision(epoch, decision);
   }
   if (keep) return absl::FailedPreconditionError("the policy keeps the current split");
   for (size_t k = 0; k < workers.size(); ++k) rec.plans[workers[k]].share = shares[k];

@@ -215,6 +215,11 @@ void TrainingJob::OnWorkerRegistered(int worker_id, const std::string& token,
   shards_.Registered(worker_id, token, identity);
 }
 
+void TrainingJob::OnPlanDecision(int epoch, const PlanDecision& decision) {
+  absl::MutexLock lock(&decisions_mu_);
+  decisions_[epoch].Add(decision);
+}
+
 void TrainingJob::OnWorkerLeft(int worker_id) {
   absl::MutexLock lock(&mu_);
   leavers_.insert(worker_id);
@@ -577,6 +582,10 @@ RunInfo TrainingJob::Run() const {
   run.workers = scheduler_->Workers();
   run.epochs = scheduler_->History();
   for (const EpochRecord& r : run.epochs) run.losses[r.epoch] = aggregator_->LossOf(r.epoch);
+  {
+    absl::MutexLock lock(&decisions_mu_);
+    run.decisions = decisions_;
+  }
   run.start = start_;
   absl::MutexLock lock(&mu_);
   run.audits = audits_;

@@ -120,6 +120,7 @@ class TrainingJob : public SchedulerListener {
   absl::Status CanRegister() override;
   void OnWorkerRegistered(int worker_id, const std::string& token,
                           const std::string& identity) override;
+  void OnPlanDecision(int epoch, const PlanDecision& decision) override;
 
  private:
   TrainingJob(const JobConfig& config, const Clock* clock, std::string optimizer_description);
@@ -165,6 +166,9 @@ class TrainingJob : public SchedulerListener {
   absl::Notification finished_;
   JobObserver* observer_ = nullptr;
   ShardCoordinator shards_;  // thread-safe itself
+  // The share policy's decisions, for the run's summary (told under the scheduler's lock).
+  mutable absl::Mutex decisions_mu_;
+  std::map<int, EpochDecisions> decisions_ ABSL_GUARDED_BY(decisions_mu_);
   RemovedHook removed_hook_;
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
   absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

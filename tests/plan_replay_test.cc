@@ -23,12 +23,17 @@ namespace {
 
 using nlohmann::json;
 
-class NoListener : public SchedulerListener {
+// Keeps the share policy's decisions, as TrainingJob does for the run's summary.
+class DecisionListener : public SchedulerListener {
  public:
   void OnEpochPlanned(int, int, const std::map<int, WorkerPlan>&) override {}
   void OnEpochCompleted(const EpochRecord&) override {}
   void OnJobFinished(const absl::Status&) override {}
   void OnWorkerLeft(int) override {}
+  void OnPlanDecision(int epoch, const PlanDecision& decision) override {
+    decisions[epoch].Add(decision);
+  }
+  std::map<int, EpochDecisions> decisions;
 };
 
 // A job driven through a real Scheduler: three workers whose step takes overhead + batch / speed
@@ -110,6 +115,7 @@ class RecordedJob {
     run.scheduler = scheduler_->config();
     run.workers = scheduler_->Workers();
     run.epochs = scheduler_->History();
+    run.decisions = listener_.decisions;
     return json::parse(BuildSummary(run).dump());
   }
 
@@ -119,7 +125,7 @@ class RecordedJob {
  private:
   PolicyConfig pc_;
   FakeClock clock_;
-  NoListener listener_;
+  DecisionListener listener_;
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t seed_ = 11;
 };
@@ -248,7 +254,7 @@ TEST(PlanReplayTest, AnEpochKeepsABoundedNumberOfDecisions) {
   c.epochs = 1;
   c.global_batch = 64;
   FakeClock clock;
-  NoListener listener;
+  DecisionListener listener;
   PolicyConfig pc;
   pc.kind = PolicyKind::kFixed;
   pc.global_batch = 64;
@@ -266,12 +272,12 @@ TEST(PlanReplayTest, AnEpochKeepsABoundedNumberOfDecisions) {
     EXPECT_THAT(s.Rebalance(0, step, {{0, window}, {1, window}}),
                 StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   }
-  const EpochRecord r = s.History()[0];
-  ASSERT_EQ(r.decisions.size(), static_cast<size_t>(kMaxDecisionsPerEpoch));
-  EXPECT_EQ(r.decisions_left_out, asked - (kMaxDecisionsPerEpoch - 1));
-  EXPECT_EQ(r.decisions.front().from_step, 0);
-  EXPECT_EQ(r.decisions.back().from_step, kMaxDecisionsPerEpoch - 1);
-  EXPECT_FALSE(r.decisions.back().applied);
+  const EpochDecisions& r = listener.decisions[0];
+  ASSERT_EQ(r.kept.size(), static_cast<size_t>(kMaxDecisionsPerEpoch));
+  EXPECT_EQ(r.left_out, asked - (kMaxDecisionsPerEpoch - 1));
+  EXPECT_EQ(r.kept.front().from_step, 0);
+  EXPECT_EQ(r.kept.back().from_step, kMaxDecisionsPerEpoch - 1);
+  EXPECT_FALSE(r.kept.back().applied);
 }
 
 TEST(PlanReplayTest, MalformedSummariesAreRefusedByField) {
