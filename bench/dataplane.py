@@ -88,6 +88,10 @@ def run_dbs(args, n, variant):
                    "--max_message_mb=2047", "--stall_timeout_s=600", "--worker_timeout_s=600"]
         ps_argv.append(f"--wire_dtype={wire_dtype}")
         ps_argv.append(f"--deterministic={'false' if 'arrival' in modes else 'true'}")
+        every = next((int(m[len("ckpt"):]) for m in modes if m.startswith("ckpt")), 0)
+        if every:
+            ps_argv += [f"--checkpoint_dir={os.path.join(tmp, 'ckpt')}",
+                        f"--checkpoint_every_steps={every}"]
         procs = []
         try:
             leader, port = start_ps(
@@ -234,8 +238,10 @@ def main():
                    help="comma-separated wire dtypes (fp32, bf16, fp16), each over the socket "
                         "and summed in worker order (deterministic, the default), or with "
                         "/arrival summed on arrival, /shm pushed through memory shared with "
-                        "dbs_ps, /Kshards split across K dbs_ps processes; modes combine "
-                        "(bf16/shm/2shards); default: " + DEFAULT_VARIANTS)
+                        "dbs_ps, /Kshards split across K dbs_ps processes, /ckptN with a "
+                        "checkpoint every N steps (what checkpointing costs a step: compare "
+                        "the mean step); modes combine (bf16/shm/2shards); default: "
+                        + DEFAULT_VARIANTS)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--warmup", type=int, default=60,
                    help="untimed steps first: at 10M parameters the server's heap grows for "
@@ -261,9 +267,9 @@ def main():
         wire, *modes = v.split("/")
         kinds = [re.sub(r"[0-9]+", "", m) for m in modes]
         if wire not in ("fp32", "bf16", "fp16") or len(set(kinds)) < len(kinds) or not all(
-                re.fullmatch(r"arrival|shm|[1-9][0-9]*shards", m) for m in modes):
+                re.fullmatch(r"arrival|shm|[1-9][0-9]*shards|ckpt[1-9][0-9]*", m) for m in modes):
             sys.exit(f"unknown variant '{v}': a wire dtype (fp32, bf16, fp16), optionally with "
-                     "/arrival, /shm and /Kshards, each at most once (bf16/shm/2shards)")
+                     "/arrival, /shm, /Kshards and /ckptN, each at most once (bf16/shm/2shards)")
     os.makedirs(args.out_dir, exist_ok=True)
     results = {}
     total = len(sizes) * args.rounds
@@ -280,7 +286,8 @@ def main():
                     entry["gloo"].append(gloo)
                 d = entry["dbs"][-1]
                 print(f"[{done + 1}/{total}] {n:>10,} params {dtype} round {rnd + 1}: dbs "
-                      f"{d['step_ms_median']:.1f} ms/step (server CPU "
+                      f"{d['step_ms_median']:.1f} ms/step (mean {d['wall_ms_per_step']:.1f}, "
+                      f"longest {d['step_ms_max']:.1f}; server CPU "
                       f"{d['server_cpu_ms_per_step']:.1f} ms, "
                       f"{d['server_faults_per_step']:.0f} faults, "
                       f"{d['server_faults_per_step_second_half']:.0f} in the second half)"
