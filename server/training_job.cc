@@ -134,7 +134,7 @@ bool TrainingJob::RemoveAtStep(const StepProgress& p, const std::set<int>& dead,
   shards_.Removed(p.epoch, p.step, dead, &removal->later_quotas);
   aggregator_->CompleteEviction(*std::move(removal));
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&step_mu_);
     replan_.Reset();
   }
   return true;
@@ -271,7 +271,7 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
     const absl::Time now = clock_->Now();
     absl::Duration wall;
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&step_mu_);
       wall = last_step_end_ == absl::InfinitePast() ? absl::ZeroDuration() : now - last_step_end_;
       last_step_end_ = stats.last_of_epoch ? absl::InfinitePast() : now;
     }
@@ -286,13 +286,13 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
   if (!config_.checkpoint_dir.empty()) {
     bool due = false;
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&step_mu_);
       due = ++steps_since_checkpoint_ >= config_.checkpoint_every_steps;
     }
     // One the writer is not ready for is taken at the next step.
     if (due && TakeCheckpoint(/*may_skip=*/true)) {
       *checkpointed = true;
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&step_mu_);
       steps_since_checkpoint_ = 0;
     }
   }
@@ -311,7 +311,7 @@ std::optional<PlanChange> TrainingJob::Replan(const StepStats& stats) {
   if (stats.last_of_epoch) return std::nullopt;
   std::optional<ReplanTrigger> trigger;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&step_mu_);
     trigger = replan_.Add(stats.epoch, step_times);
   }
   if (!trigger.has_value()) return std::nullopt;

@@ -133,11 +133,15 @@ class TrainingJob : public SchedulerListener {
   std::unique_ptr<StepAggregator> aggregator_;
   std::unique_ptr<Scheduler> scheduler_;
 
+  // The job's record (how it ended, audits, quarantines, leavers).
   mutable absl::Mutex mu_;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::map<int, SampleAudit> audits_ ABSL_GUARDED_BY(mu_);
   std::vector<Quarantine> quarantined_ ABSL_GUARDED_BY(mu_);
   int64_t faulty_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the step hook keeps between steps (the re-plan window, the checkpoint counter, the
+  // last step's end); a leaf lock.
+  absl::Mutex step_mu_;
   // After every step: record its times, re-plan the rest of the epoch when the window says so,
   // then checkpoint when due (so that the checkpoint holds the re-plan).
   std::optional<PlanChange> OnStep(const StepStats& stats, bool* checkpointed);
@@ -146,8 +150,8 @@ class TrainingJob : public SchedulerListener {
   // The checks of Restore that do not depend on the job's role.
   absl::Status CheckRestorable(const JobState& state, bool allow_other_settings) const;
   LivenessMonitor liveness_;  // thread-safe itself
-  ReplanWindow replan_ ABSL_GUARDED_BY(mu_);
-  int steps_since_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
+  ReplanWindow replan_ ABSL_GUARDED_BY(step_mu_);
+  int steps_since_checkpoint_ ABSL_GUARDED_BY(step_mu_) = 0;
   // The job's state now for a checkpoint; nullopt before there is anything to keep.
   absl::StatusOr<std::optional<JobState>> CaptureState();
   // Takes a checkpoint now and queues it for the writer; whether it did. With `may_skip`, not
@@ -171,7 +175,7 @@ class TrainingJob : public SchedulerListener {
   std::map<int, EpochDecisions> decisions_ ABSL_GUARDED_BY(decisions_mu_);
   RemovedHook removed_hook_;
   // When the previous step of the epoch completed (InfinitePast at an epoch's start).
-  absl::Time last_step_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_step_end_ ABSL_GUARDED_BY(step_mu_) = absl::InfinitePast();
   // Last: destroyed first, writing what is queued while the rest of the job is still there.
   std::unique_ptr<CheckpointWriter> writer_;  // with a checkpoint directory
 };
