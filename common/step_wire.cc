@@ -161,11 +161,6 @@ absl::Status ParsePushRequest(const Segments& message, v1::PushGradientRequest* 
   return absl::OkStatus();
 }
 
-size_t ValuesFieldSize(int64_t version, size_t count, WireDtype dtype) {
-  const size_t inner = FlatInnerSize(version, count, dtype);
-  return 1 + CodedOutputStream::VarintSize64(inner) + inner;
-}
-
 size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint8_t* out) {
   uint8_t* const start = out;
   const size_t bytes = count * BytesPerValue(dtype);
@@ -186,12 +181,6 @@ size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint
     out = CodedOutputStream::WriteVarint64ToArray(bytes, out);
   }
   return static_cast<size_t>(out - start);
-}
-
-void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> values,
-                      uint8_t* out) {
-  out += WriteValuesFieldHead(version, dtype, values.size(), out);
-  EncodeValues(values, dtype, out);
 }
 
 size_t GradientFieldSize(size_t count, WireDtype dtype) {

@@ -49,13 +49,9 @@ absl::Status ParsePushRequest(const Segments& message, v1::PushGradientRequest* 
                               WirePayload* gradient);
 
 // The bytes of PushGradientReply field `values` (a FlatParameters holding `count` values of
-// `dtype` at `version`), tag and length included: written once per step and appended to every
-// worker's reply.
-size_t ValuesFieldSize(int64_t version, size_t count, WireDtype dtype);
-void WriteValuesField(int64_t version, WireDtype dtype, absl::Span<const float> values,
-                      uint8_t* out);
-// The same field's bytes before its `count` values (which follow them, encoded by
-// EncodeValues); returns how many there are.
+// `dtype` at `version`) before the values, tag and length included: written once per step, and
+// with the values (which follow them, encoded by EncodeValues) appended to every worker's reply;
+// returns how many there are.
 size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint8_t* out);
 
 // The bytes of PushGradientRequest field `gradient` (tag and length included).

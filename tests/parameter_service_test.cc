@@ -28,6 +28,7 @@
 #include "server/training_job.h"
 #include "tests/loopback_server.h"
 #include "tests/push_once.h"
+#include "tests/values_field.h"
 
 namespace dbs {
 namespace {
@@ -274,9 +275,7 @@ std::string Bytes(const ValuesField& f) {
 }
 
 std::string Expected(const ParameterSnapshot& snap, WireDtype dtype) {
-  std::string out(ValuesFieldSize(snap.version, snap.values->size(), dtype), '\0');
-  WriteValuesField(snap.version, dtype, *snap.values, reinterpret_cast<uint8_t*>(out.data()));
-  return out;
+  return ValuesFieldBytes(snap.version, dtype, *snap.values);
 }
 
 // fp32 answers send the parameters from the store's snapshot itself: only the field's head is

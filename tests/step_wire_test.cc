@@ -17,6 +17,7 @@
 #include "common/wire_values.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/values_field.h"
 
 namespace dbs {
 namespace {
@@ -266,8 +267,7 @@ TEST(StepWireTest, TheSharedValuesFieldIsWhatProtobufWouldWrite) {
       head.set_global_loss(0.75);
       head.set_global_samples(64);
       head.mutable_revision()->set_from_step(6);
-      std::string field(ValuesFieldSize(version, values.size(), dtype), '\0');
-      WriteValuesField(version, dtype, values, reinterpret_cast<uint8_t*>(field.data()));
+      const std::string field = ValuesFieldBytes(version, dtype, values);
       const std::string ours = head.SerializeAsString() + field;
 
       v1::PushGradientReply full = head;
@@ -300,9 +300,7 @@ TEST(StepWireTest, AReplyWithoutOrWithTheWrongParametersLeavesTheModelAlone) {
   EXPECT_THAT(
       ParsePushReply(Split(head.SerializeAsString(), 2), &got, absl::MakeSpan(params), &version),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no parameters")));
-  std::string field(ValuesFieldSize(3, 3, WireDtype::kFp32), '\0');
-  WriteValuesField(3, WireDtype::kFp32, std::vector<float>{1, 2, 3},
-                   reinterpret_cast<uint8_t*>(field.data()));
+  const std::string field = ValuesFieldBytes(3, WireDtype::kFp32, std::vector<float>{1, 2, 3});
   EXPECT_THAT(ParsePushReply(Split(head.SerializeAsString() + field, 2), &got,
                              absl::MakeSpan(params), &version),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not the model's 2 values")));

@@ -12,6 +12,7 @@
 #include "proto/dbs.pb.h"
 #include "server/checkpoint.h"
 #include "server/training_job.h"
+#include "tests/values_field.h"
 
 namespace {
 
@@ -47,8 +48,7 @@ int main(int argc, char** argv) {
     reply.set_step(3);
     reply.set_global_samples(16);
     bytes = reply.SerializeAsString();
-    field.assign(dbs::ValuesFieldSize(7, values.size(), dtype), '\0');
-    dbs::WriteValuesField(7, dtype, values, reinterpret_cast<uint8_t*>(field.data()));
+    field = dbs::ValuesFieldBytes(7, dtype, values);
     Write(dir + "/step_wire/reply_" + dbs::WireDtypeName(dtype),
           std::string("\x02\x0a", 2) + bytes + field);
   }
