@@ -75,72 +75,35 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::Snapshot() const {
 
 absl::StatusOr<ParameterSnapshot> ParameterStore::ApplyGradient(
     absl::Span<float> sum, absl::Span<const GradientScale> scales) {
-  const size_t n = static_cast<size_t>(num_elements());
-  if (registered() && (sum.size() != n || scales.empty() || scales.back().end != n)) {
+  absl::MutexLock lock(&mu_);
+  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
+  const size_t n = values_->size();
+  if (sum.size() != n || scales.empty() || scales.back().end != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradient holds ", sum.size(), " floats; the model has ", n));
   }
-  DBS_RETURN_IF_ERROR(BeginUpdate().status());
-  UpdateRange(sum, scales, sum.size());
-  return EndUpdate();
-}
-
-absl::StatusOr<int64_t> ParameterStore::BeginUpdate() {
-  absl::MutexLock lock(&mu_);
-  if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
-  if (update_.has_value()) return absl::FailedPreconditionError("an update is already open");
-  const size_t n = values_->size();
-  Update u;
-  // The values before the step: what Snapshot serves until the update ends, and what stays
+  // The values before the step stay what Snapshot serves until the update ends, and what stays
   // should the update make a value non-finite.
-  u.before = values_;
-  u.after = next_ != nullptr ? std::move(next_) : FreeBufferLocked(n, version_ + 1);
+  const std::shared_ptr<const ValueBuffer> before = values_;
+  std::shared_ptr<ValueBuffer> after =
+      next_ != nullptr ? std::move(next_) : FreeBufferLocked(n, version_ + 1);
   next_.reset();
-  u.bad = n;
-  update_ = std::move(u);
-  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, update_->after);
+  if (sink_ != nullptr) sink_->BeginUpdate(version_ + 1, after);
   optimizer_->Begin(n);
-  return version_ + 1;
-}
-
-bool ParameterStore::UpdateRange(absl::Span<float> sum, absl::Span<const GradientScale> scales,
-                                 size_t to) {
-  absl::MutexLock lock(&mu_);
-  if (!update_.has_value()) return false;
-  const size_t n = values_->size();
-  to = std::min(to, n);
-  if (sum.size() == n && to > update_->done && !scales.empty() && scales.back().end >= to) {
-    UpdatePassLocked(sum, scales, update_->done, to);
-    update_->done = to;
-  }
-  return update_->bad == n;
-}
-
-absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
-  absl::MutexLock lock(&mu_);
-  if (!update_.has_value()) return absl::FailedPreconditionError("no update is open");
-  const size_t n = values_->size();
-  Update u = std::move(*update_);
-  update_.reset();
+  const size_t bad = UpdatePassLocked(sum, scales, *before, after.get());
   optimizer_->End();
-  if (u.done < n) {  // a caller's bug, not a peer's: the update is void
-    torn_ = true;
-    if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
-    return absl::InternalError(
-        absl::StrCat("the update ended after ", u.done, " of ", n, " values"));
-  }
-  if (u.bad < n) {
+  if (bad < n) {
     // Keep the last finite parameters (what checkpoints and workers see: the update never
     // touched them); the optimizer's state has moved, so the job must end.
     if (sink_ != nullptr) sink_->EndUpdate(false, ParameterSnapshot{});
     return absl::DataLossError(absl::StrCat(
-        "the update of parameter version ", version_ + 1, " made element ", u.bad,
+        "the update of parameter version ", version_ + 1, " made element ", bad,
         " non-finite (the gradients were finite but too large for this learning rate); the "
         "parameters of version ",
         version_, " are kept"));
   }
   ++version_;
-  PublishLocked(std::move(u.after));
+  PublishLocked(std::move(after));
   const ParameterSnapshot snapshot{version_, values_};
   if (sink_ != nullptr) sink_->EndUpdate(true, snapshot);
   return snapshot;
@@ -149,34 +112,29 @@ absl::StatusOr<ParameterSnapshot> ParameterStore::EndUpdate() {
 absl::StatusOr<absl::Span<float>> ParameterStore::ReserveNextBuffer() {
   absl::MutexLock lock(&mu_);
   if (layout_.empty()) return absl::FailedPreconditionError("no model registered yet");
-  if (update_.has_value()) return absl::FailedPreconditionError("an update is open");
   if (next_ == nullptr) next_ = FreeBufferLocked(values_->size(), version_ + 1);
   return absl::MakeSpan(*next_);
 }
 
-bool ParameterStore::updating() const {
-  absl::MutexLock lock(&mu_);
-  return update_.has_value();
-}
-
-void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales,
-                                      size_t from, size_t to) {
-  const size_t n = values_->size();
+size_t ParameterStore::UpdatePassLocked(absl::Span<float> sum,
+                                        absl::Span<const GradientScale> scales,
+                                        const ValueBuffer& before_values, ValueBuffer* after) {
+  const size_t n = before_values.size();
+  size_t bad = n;
   const std::vector<std::pair<size_t, size_t>> buffers = BufferRanges(layout_);
   // One pass, block by block, each block in the cache from its scaling to its snapshot.
   constexpr size_t kBlock = 4096;
   float* const g = sum.data();
-  const float* const before = update_->before->data();
-  float* const p = update_->after->data();
+  const float* const before = before_values.data();
+  float* const p = after->data();
   // The block's scaled gradient, in the L1 cache: the sum may lie where the new values go.
   std::vector<float>& grad = block_;
   grad.resize(kBlock);
   const bool in_place = g == p;
   size_t scale = 0, buffer = 0;
-  while (buffer < buffers.size() && buffers[buffer].second <= from) ++buffer;
-  for (size_t a = from; a < to;) {
+  for (size_t a = 0; a < n;) {
     while (scales[scale].end <= a) ++scale;
-    const size_t b = std::min({to, a + kBlock, scales[scale].end});
+    const size_t b = std::min({n, a + kBlock, scales[scale].end});
     const float factor = scales[scale].factor;
     float* const gb = grad.data();  // gb[i - a] is value i's
     for (size_t i = a; i < b; ++i) gb[i - a] = g[i] * factor;
@@ -191,10 +149,11 @@ void ParameterStore::UpdatePassLocked(absl::Span<float> sum, absl::Span<const Gr
     }
     int finite = 1;
     for (size_t i = a; i < b; ++i) finite &= std::fabs(p[i]) <= FLT_MAX;  // NaN fails too
-    if (finite == 0 && update_->bad == n) update_->bad = a + FirstNonFinite(p + a, b - a);
+    if (finite == 0 && bad == n) bad = a + FirstNonFinite(p + a, b - a);
     if (sink_ != nullptr) sink_->WriteUpdate(a, absl::MakeConstSpan(p + a, b - a));
     a = b;
   }
+  return bad;
 }
 
 void ParameterStore::SetUpdateSink(UpdateSink* sink) {
@@ -271,7 +230,6 @@ StoreState ParameterStore::SaveState() const {
   if (values_) s.values = std::vector<float>(values_->begin(), values_->end());
   s.version = version_;
   s.optimizer = optimizer_->SaveState();
-  s.torn = torn_;
   return s;
 }
 
@@ -284,14 +242,12 @@ absl::Status ParameterStore::LoadState(const StoreState& s) {
   DBS_RETURN_IF_ERROR(optimizer_->LoadState(s.optimizer, s.values.size()));
   // Let go of what the state replaces first: its buffers may be the new version's.
   values_.reset();
-  update_.reset();
   next_.reset();
   std::shared_ptr<ValueBuffer> values = FreeBufferLocked(s.values.size(), s.version);
   std::copy(s.values.begin(), s.values.end(), values->begin());
   layout_ = s.layout;
   version_ = s.version;
   PublishLocked(std::move(values));
-  torn_ = false;
   return absl::OkStatus();
 }
 

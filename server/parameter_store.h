@@ -1,16 +1,14 @@
 // ParameterStore: the job's model parameters and the optimizer that updates them.
 //
 // The first Register fixes the layout and initial values; later ones must match and receive the
-// stored values. ApplyGradient (or BeginUpdate, UpdateRange..., EndUpdate) runs the optimizer once
-// and bumps the version. Snapshots are immutable and shared, so replies can be built without
-// holding the lock. Thread-safe.
+// stored values. ApplyGradient runs the optimizer once and bumps the version. Snapshots are
+// immutable and shared, so replies can be built without holding the lock. Thread-safe.
 #ifndef DBS_SERVER_PARAMETER_STORE_H_
 #define DBS_SERVER_PARAMETER_STORE_H_
 
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,9 +38,6 @@ struct StoreState {
   std::vector<float> values;
   int64_t version = 0;
   OptimizerState optimizer;
-  // An update ended half done: the optimizer's state mixes two steps, so this must not be
-  // checkpointed.
-  bool torn = false;
 };
 
 // Receives each update's new values as ApplyGradient produces them, block by block and in
@@ -101,32 +96,14 @@ class ParameterStore {
   absl::StatusOr<ParameterSnapshot> ApplyGradient(absl::Span<float> sum,
                                                   absl::Span<const GradientScale> scales);
 
-  // ApplyGradient's parts: BeginUpdate, then UpdateRange for consecutive ranges up to the
-  // model's end, then EndUpdate, which returns what ApplyGradient would have, bit for bit. Until
-  // EndUpdate, Snapshot and the sink's finished versions stay the previous version; SaveState
-  // must not be called.
-  // FAILED_PRECONDITION before Register or while an update is open.
-  // Returns the version the update makes.
-  absl::StatusOr<int64_t> BeginUpdate();
-  // Updates values [done so far, `to`) with `sum` (the model's size, zeroed there) scaled by
-  // `scales` (whose entries cover at least up to `to`). False once a value has become non-finite
-  // (EndUpdate then fails): the values from there on must not be sent. `sum` may be the
-  // reserved next buffer (ReserveNextBuffer) that this update writes into: each block's sum is
-  // then read before the block's new values overwrite it.
-  bool UpdateRange(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t to);
-
   // The buffer the next update will write its new values into, reserved for it from now on,
   // so that a step's running sum can lie there rather than in a model-sized buffer of its own
-  // (one model's size less memory): the caller sums into it and passes it to UpdateRange as
+  // (one model's size less memory): the caller sums into it and passes it to ApplyGradient as
   // `sum`. Its contents are stale (the caller zeroes what it sums into). The same buffer until
   // the update that takes it ends, or LoadState; the span is void after any of
   // those. FAILED_PRECONDITION before Register or while an update is open (the open update has
   // taken it already).
   absl::StatusOr<absl::Span<float>> ReserveNextBuffer();
-  // Every value updated: publishes the new version; DATA_LOSS (parameters as before) when the
-  // update made one of them non-finite.
-  absl::StatusOr<ParameterSnapshot> EndUpdate();
-  bool updating() const;
 
   // A consistent copy of the parameters, their version and the optimizer's state.
   StoreState SaveState() const;
@@ -148,12 +125,13 @@ class ParameterStore {
 
  private:
   ParameterSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The update's pass over values [from, to): the values before it copied into the new
-  // snapshot, the optimizer step there with the scaled `sum` (left zeroed, unless it is the new
-  // snapshot itself, which the new values overwrite), the new values handed to the sink.
-  // Records the first value that became non-finite in `update_->bad`.
-  void UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales, size_t from,
-                        size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The update's pass over the model from `before` into `after`: the values before it copied
+  // into the new snapshot, the optimizer step there with the scaled `sum` (left zeroed, unless
+  // it is the new snapshot itself, which the new values overwrite), the new values handed to the
+  // sink. Returns the first value that became non-finite, or the model's size.
+  size_t UpdatePassLocked(absl::Span<float> sum, absl::Span<const GradientScale> scales,
+                          const ValueBuffer& before, ValueBuffer* after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A snapshot buffer of `size` values for `version` that nobody else holds (its contents are
   // stale): the snapshot memory's buffer for it if free, a pooled one otherwise.
   std::shared_ptr<ValueBuffer> FreeBufferLocked(size_t size, int64_t version)
@@ -178,19 +156,9 @@ class ParameterStore {
   SnapshotMemory* memory_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::array<std::shared_ptr<ValueBuffer>, 2> fixed_ ABSL_GUARDED_BY(mu_);
   size_t fixed_size_ ABSL_GUARDED_BY(mu_) = 0;
-  // The open update (BeginUpdate .. EndUpdate).
-  struct Update {
-    // What the update starts from, and what stays published should it fail.
-    std::shared_ptr<const ValueBuffer> before;
-    std::shared_ptr<ValueBuffer> after;
-    size_t done = 0;  // values updated
-    size_t bad = 0;   // the first non-finite value, or the model's size
-  };
-  std::optional<Update> update_ ABSL_GUARDED_BY(mu_);
-  // The buffer reserved for the next update (ReserveNextBuffer); BeginUpdate takes it.
+  // The buffer reserved for the next update (ReserveNextBuffer); ApplyGradient takes it.
   std::shared_ptr<ValueBuffer> next_ ABSL_GUARDED_BY(mu_);
   std::vector<float> block_ ABSL_GUARDED_BY(mu_);  // UpdatePassLocked's scaled gradient
-  bool torn_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dbs

@@ -369,7 +369,7 @@ void TrainingJob::Abort(const absl::Status& status) {
   OnJobFinished(status);
 }
 
-absl::StatusOr<std::optional<JobState>> TrainingJob::CaptureState() {
+std::optional<JobState> TrainingJob::CaptureState() {
   JobState st;
   st.config = config_.scheduler;
   st.policy = PolicyName(config_.policy);
@@ -383,30 +383,21 @@ absl::StatusOr<std::optional<JobState>> TrainingJob::CaptureState() {
     st.audits = audits_;
   }
   if (st.aggregator.epoch < 0 || st.aggregator.store.layout.empty()) return std::nullopt;
-  if (st.aggregator.store.torn) {
-    return absl::FailedPreconditionError(
-        "a step was half applied when the job stopped; the newest checkpoint on disk is the one "
-        "to restore");
-  }
   return st;
 }
 
 absl::Status TrainingJob::SaveCheckpoint() {
   if (writer_ == nullptr) return absl::OkStatus();
-  DBS_ASSIGN_OR_RETURN(std::optional<JobState> st, CaptureState());
+  const std::optional<JobState> st = CaptureState();
   if (!st.has_value()) return absl::OkStatus();
   return writer_->WriteNow(*st).status();
 }
 
 bool TrainingJob::TakeCheckpoint(bool may_skip) {
   if (may_skip && writer_->Busy()) return false;
-  absl::StatusOr<std::optional<JobState>> st = CaptureState();
-  if (!st.ok()) {
-    LOG(ERROR) << "checkpoint failed: " << st.status();
-    return false;
-  }
-  if (!st->has_value()) return false;
-  writer_->Queue(**std::move(st));
+  std::optional<JobState> st = CaptureState();
+  if (!st.has_value()) return false;
+  writer_->Queue(*std::move(st));
   return true;
 }
 

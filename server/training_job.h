@@ -153,7 +153,7 @@ class TrainingJob : public SchedulerListener {
   ReplanWindow replan_ ABSL_GUARDED_BY(step_mu_);
   int steps_since_checkpoint_ ABSL_GUARDED_BY(step_mu_) = 0;
   // The job's state now for a checkpoint; nullopt before there is anything to keep.
-  absl::StatusOr<std::optional<JobState>> CaptureState();
+  std::optional<JobState> CaptureState();
   // Takes a checkpoint now and queues it for the writer; whether it did. With `may_skip`, not
   // while the one before waits to be written.
   bool TakeCheckpoint(bool may_skip);
