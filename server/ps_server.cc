@@ -331,6 +331,12 @@ absl::Status PsServer::RestoreShard(int64_t version, int epoch, int step,
 
 namespace {
 
+// The store's parameter version, 0 before any model is registered.
+int64_t ParameterVersion(const ParameterStore* store) {
+  const absl::StatusOr<ParameterSnapshot> snap = store->Snapshot();
+  return snap.ok() ? snap->version : 0;
+}
+
 CheckpointAt PositionOf(const JobState& st) {
   return {st.aggregator.store.version, st.aggregator.epoch, st.aggregator.step};
 }
@@ -491,7 +497,7 @@ absl::Status PsServer::RunFollower(std::ostream& out) {
   }
   out << "dbs_ps shard " << config_.shard << "/" << config_.num_shards << ": "
       << (result.ok() ? "the job finished" : absl::StrCat("the job ended: ", result.message()))
-      << "; parameter version " << job_->aggregator()->SaveState().store.version << "\n"
+      << "; parameter version " << ParameterVersion(job_->store()) << "\n"
       << std::flush;
   // The workers have their last answers: the leader ends the job only after every report.
   job_->Abort(absl::UnavailableError("dbs_ps is shutting down"));

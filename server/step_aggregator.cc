@@ -12,59 +12,63 @@ namespace dbs {
 
 StepAggregator::StepAggregator(ParameterStore* store, const Clock* clock, AggregatorOptions options)
     : store_(store),
-      clock_(clock),
       options_(options),
       screen_(options.screen),
-      reduction_(store, options.deterministic) {}
+      reduction_(store, options.deterministic),
+      stats_(clock) {}
+
+void StepAggregator::AwaitNotCompletingLocked() const {
+  mu_.Await(absl::Condition(
+      +[](const bool* completing) { return !*completing; }, &completing_));
+}
+
+void StepAggregator::RestartReductionLocked() {
+  ++round_;
+  handed_ = 0;
+  absl::MutexLock lock(&reduction_mu_);
+  reduction_.Restart();
+  reduction_round_ = round_;
+  taken_ = 0;
+}
 
 void StepAggregator::BeginEpoch(int epoch, StepQuotas quotas) {
   std::vector<Done> orphans;
   {
     absl::MutexLock lock(&mu_);
+    AwaitNotCompletingLocked();
     // Cannot happen while reports wait for the steps (TrainingJob::CanReport); if it did, the
     // pushes still waiting are answered with an error rather than crashing the server.
     if (!pending_.empty()) {
       LOG(ERROR) << "epoch " << epoch << " begun while step " << step_ << " of epoch " << epoch_
                  << " had " << pending_.size() << " pushes waiting; they are refused";
       TakePendingLocked(&orphans);
-      stats_ = StepStats();
     }
-    reduction_.Restart();
-    losses_.clear();
-    BeginEpochLocked(epoch, std::move(quotas));
+    RestartReductionLocked();
+    epoch_ = epoch;
+    step_ = 0;
+    quotas_ = std::move(quotas);
     // The plans go out now: each worker's first push of the epoch is timed from here.
-    if (clock_ != nullptr) {
-      released_ = clock_->Now();
-      released_epoch_ = epoch;
-      released_step_ = -1;
-    }
+    absl::MutexLock stats(&stats_mu_);
+    stats_.BeginEpoch(epoch);
   }
   for (Done& d : orphans) {
     d(absl::FailedPreconditionError("the epoch ended while this push waited for its step"));
   }
 }
 
-void StepAggregator::BeginEpochLocked(int epoch, StepQuotas quotas) {
-  epoch_ = epoch;
-  step_ = 0;
-  quotas_ = std::move(quotas);
-  samples_ = 0;
-  epoch_loss_[epoch];
-}
-
-void StepAggregator::TakePendingLocked(std::vector<Done>* to_run) {
+void StepAggregator::TakePendingLocked(std::vector<Done>* to_run,
+                                       const std::map<int, absl::Status>& refused) {
   for (auto& [id, p] : pending_) {
     if (!p.done) continue;
-    auto refused = refused_.find(id);
-    if (refused == refused_.end()) {
+    auto why = refused.find(id);
+    if (why == refused.end()) {
       to_run->push_back(std::move(p.done));
     } else {
-      to_run->push_back([done = std::move(p.done), why = refused->second.answer](
-                            const absl::StatusOr<StepResult>&) { done(why); });
+      to_run->push_back([done = std::move(p.done), answer = why->second](
+                            const absl::StatusOr<StepResult>&) { done(answer); });
     }
   }
   pending_.clear();
-  refused_.clear();
   for (auto& [id, s] : suspects_) {
     if (s.pending.done) to_run->push_back(std::move(s.pending.done));
   }
@@ -144,12 +148,6 @@ absl::Status StepAggregator::ValidateHeader(const GradientPush& push) const {
   return absl::OkStatus();
 }
 
-absl::Status StepAggregator::TakeGradientLocked(const GradientPush& push, BlockSquares blocks) {
-  if (push.num_samples <= 0) return absl::OkStatus();
-  return reduction_.Take(push.worker_id, push.num_samples, push.gradient.shared(),
-                         std::move(blocks));
-}
-
 uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
   // The values are checked before the lock, so pushes arriving together check in parallel. A
   // retry's gradient is not used (the first push's was counted), whatever it holds.
@@ -178,8 +176,6 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
       TakeNewPushLocked(push, std::move(checked), std::move(done), &out);
     }
   }
-  TellFaulty(out.faulty, &out.refusals);
-  if (out.waiting != 0) return out.waiting;
   if (retry_ticket != 0) {
     if (superseded) {
       superseded(
@@ -188,10 +184,17 @@ uint64_t StepAggregator::Push(const GradientPush& push, Done done) {
     }
     return retry_ticket;
   }
-  if (out.completed) AfterStep(out.stats, &out.result);
-  TellFaulty(out.changed, &out.refusals);
-  for (Done& d : out.to_run) d(out.result);
-  return 0;
+  Settle(&out);
+  const uint64_t waiting = out.waiting;
+  Answer(&out);
+  return waiting;
+}
+
+void StepAggregator::Answer(PushOutcome* out) {
+  TellFaulty(out->faulty, &out->refusals);
+  if (out->completion.has_value()) AfterStep(out->stats, &out->result);
+  TellFaulty(out->changed, &out->refusals);
+  for (Done& d : out->to_run) d(out->result);
 }
 
 StepAggregator::Pending* StepAggregator::PendingOfLocked(int worker) {
@@ -224,30 +227,24 @@ void StepAggregator::TakeNewPushLocked(const GradientPush& push, CheckedGradient
   const absl::Status suspicion =
       valid.ok() && screened && checked.status.ok() ? screen_.Judge(norm) : absl::OkStatus();
   if (valid.ok()) valid = checked.status;
-  if (valid.ok() && suspicion.ok()) valid = TakeGradientLocked(push, std::move(checked.blocks));
   if (!valid.ok()) {
     out->result = valid;
     out->to_run.push_back(std::move(done));
     return;
   }
-  uint64_t mine = 0;
+  const uint64_t mine = ++last_ticket_;
   if (!suspicion.ok()) {
-    suspects_[push.worker_id] = Suspect{push, Pending{std::move(done), ++last_ticket_}, norm,
-                                        suspicion, std::move(checked.blocks)};
-    mine = last_ticket_;
+    suspects_[push.worker_id] =
+        Suspect{push, Pending{std::move(done), mine}, norm, suspicion, std::move(checked.blocks)};
   } else {
     // A push summed (a log-only outlier too) is part of what the job's gradients have been.
     if (screened) screen_.Accepted(norm);
-    AcceptLocked(push, std::move(done));
-    mine = last_ticket_;
-    ReduceReadyLocked();
+    AcceptLocked(push, Pending{std::move(done), mine}, std::move(checked.blocks), out);
   }
   if (screened) step_norms_[push.worker_id] = norm;
-  ResolveSuspectsLocked(&out->faulty, &out->refusals);
+  ResolveSuspectsLocked(out);
   if (!pending_.empty() && pending_.size() == quotas_[step_].size()) {
-    out->stats = TakeStepStatsLocked();
-    out->completed = true;
-    CompleteStepLocked(&out->to_run, &out->result, &out->changed);
+    BeginCompletionLocked(out);
     return;
   }
   out->waiting = mine;
@@ -259,7 +256,7 @@ absl::Status StepAggregator::Quarantined(int worker, int epoch, int step, const 
       " is faulty (", why.message(), "); the job goes on without it"));
 }
 
-void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals) {
+void StepAggregator::ResolveSuspectsLocked(PushOutcome* out) {
   if (suspects_.empty() || step_ >= static_cast<int>(quotas_.size()) ||
       pending_.size() + suspects_.size() < quotas_[step_].size()) {
     return;
@@ -281,21 +278,17 @@ void StepAggregator::ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refu
       }
     }
     if (verdict.ok() || !evict) {
-      if (!verdict.ok()) faulty->push_back(FaultyPush{id, epoch_, step_, verdict, false});
-      const uint64_t ticket = s.pending.ticket;
-      AcceptLocked(s.push, std::move(s.pending.done));
-      pending_[id].ticket = ticket;
+      if (!verdict.ok()) out->faulty.push_back(FaultyPush{id, epoch_, step_, verdict, false});
       screen_.Accepted(s.norm);
-      const absl::Status taken = TakeGradientLocked(s.push, std::move(s.blocks));
-      if (!taken.ok()) LOG(ERROR) << "worker " << id << "'s held push: " << taken;
+      AcceptLocked(s.push, std::move(s.pending), std::move(s.blocks), out);
     } else {
-      faulty->push_back(FaultyPush{id, epoch_, step_, verdict, true});
+      out->faulty.push_back(FaultyPush{id, epoch_, step_, verdict, true});
       step_norms_.erase(id);
-      refusals->emplace_back(std::move(s.pending.done), Quarantined(id, epoch_, step_, verdict));
+      out->refusals.emplace_back(std::move(s.pending.done),
+                                 Quarantined(id, epoch_, step_, verdict));
     }
   }
   suspects_.clear();
-  ReduceReadyLocked();
 }
 
 void StepAggregator::TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals) {
@@ -334,40 +327,22 @@ void StepAggregator::AfterStep(const StepStats& stats, absl::StatusOr<StepResult
   }
   // The answers go out now: each worker's next push measures its cycle from here (the hook's
   // checkpoints and re-plans above are the server's time, not the workers').
-  MarkReleased(stats.epoch, stats.step);
+  absl::MutexLock lock(&stats_mu_);
+  stats_.Released(stats.epoch, stats.step);
 }
 
-void StepAggregator::AcceptLocked(const GradientPush& push, Done done) {
-  samples_ += push.num_samples;
-  losses_[push.worker_id] = push.loss_sum;
-  ++accepted_pushes_;
-  pending_[push.worker_id] = Pending{std::move(done), ++last_ticket_};
-  accepted_[epoch_].insert({push.worker_id, step_});
-  stats_.workers[push.worker_id] = {push.num_samples, push.compute_seconds};
-  if (clock_ != nullptr && released_epoch_ == epoch_ && released_step_ == step_ - 1) {
-    const double cycle = absl::ToDoubleSeconds(clock_->Now() - released_);
-    stats_.cycle[push.worker_id] = cycle;
+void StepAggregator::AcceptLocked(const GradientPush& push, Pending pending, BlockSquares blocks,
+                                  PushOutcome* out) {
+  pending_[push.worker_id] = std::move(pending);
+  if (push.num_samples > 0) {
+    out->handoffs.push_back(Handoff{round_, push.worker_id, push.num_samples,
+                                    push.gradient.shared(), std::move(blocks)});
+    out->quota = quotas_[step_];
+    ++handed_;
   }
-}
-
-StepStats StepAggregator::TakeStepStatsLocked() {
-  StepStats stats;
-  stats.epoch = epoch_;
-  stats.step = step_;
-  stats.workers = std::move(stats_.workers);
-  stats_.workers.clear();
-  stats.cycle = std::move(stats_.cycle);
-  stats_.cycle.clear();
-  stats.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
-  return stats;
-}
-
-void StepAggregator::MarkReleased(int epoch, int step) {
-  if (clock_ == nullptr) return;
-  absl::MutexLock lock(&mu_);
-  released_ = clock_->Now();
-  released_epoch_ = epoch;
-  released_step_ = step;
+  absl::MutexLock lock(&stats_mu_);
+  stats_.Accepted(push.worker_id, epoch_, step_, push.num_samples, push.loss_sum,
+                  push.compute_seconds);
 }
 
 bool StepAggregator::CancelWait(uint64_t ticket) {
@@ -387,87 +362,121 @@ bool StepAggregator::CancelWait(uint64_t ticket) {
   return false;
 }
 
-void StepAggregator::ReduceReadyLocked() {
-  if (step_ >= static_cast<int>(quotas_.size())) return;
-  for (auto& [id, added] : reduction_.ReduceReady(quotas_[step_])) {
-    // A push checked before the lock whose values then changed (its sender's shared memory):
-    // the step completes with every other worker's values, and the push is refused when it
-    // does; under kEvict its worker is quarantined from the next step on.
-    const absl::Status why = absl::InvalidArgumentError(absl::StrCat(
-        "the gradient in shared memory changed after it was checked: ", added.message()));
-    const bool evict = options_.screen.mode == FaultyGradients::kEvict;
-    if (!evict) {
-      LOG(WARNING) << "worker " << id << "'s push of epoch " << epoch_ + 1 << " step " << step_ + 1
-                   << " is refused: " << why.message();
-    }
-    refused_.emplace(id, Refused{evict ? Quarantined(id, epoch_, step_, why) : why, why, evict});
-  }
-}
-
-bool StepAggregator::MeanScalesLocked(std::vector<GradientScale>* scales) {
-  // The step's workers' samples (each push's samples are its quota; once the step completes,
-  // they are the samples pushed).
-  int64_t samples = 0;
-  for (const auto& [id, q] : quotas_[step_]) samples += q;
-  if (samples == 0) return false;
-  scales->push_back({ModelSize(), 1.0f / static_cast<float>(samples)});
-  return true;
-}
-
 size_t StepAggregator::ModelSize() const { return static_cast<size_t>(store_->num_elements()); }
 
-void StepAggregator::CompleteStepLocked(std::vector<Done>* to_run,
-                                        absl::StatusOr<StepResult>* result,
-                                        std::vector<FaultyPush>* changed) {
-  // Every worker of the step has pushed (or was evicted): apply the sample-weighted mean.
-  ReduceReadyLocked();
-  double loss_sum = 0.0;
-  for (const auto& [id, loss] : losses_) loss_sum += loss;  // in worker order: repeatable
-  StepResult r;
-  r.epoch = epoch_;
-  r.step = step_;
-  r.global_samples = samples_;
-  r.global_loss = samples_ > 0 ? loss_sum / samples_ : 0.0;
-  r.revisions = std::move(revisions_);
-  revisions_.reset();
-  // The mean and the update in one pass, which leaves the sum cleared for the next step.
-  std::vector<GradientScale> scales;
-  const bool update = MeanScalesLocked(&scales);
+void StepAggregator::BeginCompletionLocked(PushOutcome* out) {
+  completing_ = true;
+  Completion c;
+  c.round = round_;
+  c.gradients = handed_;
+  c.quota = quotas_[step_];
+  c.last_of_epoch = step_ + 1 >= static_cast<int>(quotas_.size());
+  // The step's workers' samples (each push's samples are its quota; once the step completes,
+  // they are the samples pushed): the sum over them is the step's sample-weighted mean.
+  int64_t samples = 0;
+  for (const auto& [id, q] : c.quota) samples += q;
+  if (samples > 0) c.scales.push_back({ModelSize(), 1.0f / static_cast<float>(samples)});
+  out->completion = std::move(c);
+}
+
+void StepAggregator::Settle(PushOutcome* out) {
+  if (!out->handoffs.empty()) {
+    absl::MutexLock lock(&reduction_mu_);
+    for (Handoff& h : out->handoffs) {
+      if (h.round != reduction_round_) continue;  // the step was abandoned meanwhile
+      if (!reduction_.has_quota()) reduction_.SetQuota(out->quota);
+      const absl::Status taken =
+          reduction_.Take(h.worker, h.samples, std::move(h.gradient), std::move(h.blocks));
+      if (!taken.ok()) LOG(ERROR) << "worker " << h.worker << "'s push: " << taken;
+      ++taken_;
+    }
+    reduction_.ReduceReady();
+  }
+  if (!out->completion.has_value()) return;
+  std::map<int, absl::Status> changed;
+  absl::StatusOr<ParameterSnapshot> snap = ApplyStep(*out->completion, &changed);
+  absl::MutexLock lock(&mu_);
+  FinishStepLocked(*out->completion, std::move(snap), std::move(changed), out);
+}
+
+absl::StatusOr<ParameterSnapshot> StepAggregator::ApplyStep(const Completion& c,
+                                                            std::map<int, absl::Status>* changed) {
+  absl::MutexLock lock(&reduction_mu_);
+  // Another push of the step may still be handing its gradient over.
+  auto all_taken = [this, &c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reduction_mu_) {
+    return reduction_round_ != c.round || taken_ >= c.gradients;
+  };
+  reduction_mu_.Await(absl::Condition(&all_taken));
+  if (reduction_round_ != c.round) return absl::AbortedError("the step was abandoned");
+  // An eviction may have shrunk the step since its gradients' quota was set.
+  reduction_.SetQuota(c.quota);
+  reduction_.ReduceReady();
+  *changed = reduction_.TakeChanged();
   absl::StatusOr<ParameterSnapshot> snap;
-  if (!update) {
+  if (c.scales.empty()) {
     snap = store_->Snapshot();
   } else {
+    // The mean and the update in one pass, which leaves the sum cleared for the next step.
     absl::StatusOr<absl::Span<float>> sum = reduction_.TakeSum();
-    snap = sum.ok() ? store_->ApplyGradient(*sum, scales) : sum.status();
+    snap = sum.ok() ? store_->ApplyGradient(*sum, c.scales) : sum.status();
+  }
+  reduction_.Restart();  // without an update nothing was summed: the buffer stays reserved
+  reduction_round_ = c.round + 1;
+  taken_ = 0;
+  return snap;
+}
+
+void StepAggregator::FinishStepLocked(const Completion& c, absl::StatusOr<ParameterSnapshot> snap,
+                                      std::map<int, absl::Status> changed, PushOutcome* out) {
+  ++round_;  // the reduction's, which ApplyStep began
+  handed_ = 0;
+  completing_ = false;
+  // A push checked on arrival whose values then changed (its sender's shared memory): the step
+  // completed with every other worker's values, and the push is refused now; under kEvict its
+  // worker is quarantined from the next step on.
+  const bool evict = options_.screen.mode == FaultyGradients::kEvict;
+  std::map<int, absl::Status> refused;
+  for (const auto& [id, added] : changed) {
+    const absl::Status why = absl::InvalidArgumentError(absl::StrCat(
+        "the gradient in shared memory changed after it was checked: ", added.message()));
+    if (evict) {
+      refused[id] = Quarantined(id, epoch_, step_, why);
+      out->changed.push_back(FaultyPush{id, epoch_, step_, why, true, true});
+    } else {
+      LOG(WARNING) << "worker " << id << "'s push of epoch " << epoch_ + 1 << " step " << step_ + 1
+                   << " is refused: " << why.message();
+      refused[id] = why;
+    }
+  }
+  {
+    absl::MutexLock lock(&stats_mu_);
+    out->stats = stats_.EndStep(epoch_, step_, c.last_of_epoch, snap.ok());
   }
   if (snap.ok()) {
-    r.parameters = *snap;
-    *result = r;
-    EpochLoss& el = epoch_loss_[epoch_];
-    el.loss_sum += loss_sum;
-    el.samples += samples_;
-    el.steps_completed += 1;
-    last_ = r;
+    StepResult r;
+    r.epoch = epoch_;
+    r.step = step_;
+    r.global_samples = out->stats.samples;
+    r.global_loss = r.global_samples > 0 ? out->stats.loss_sum / r.global_samples : 0.0;
+    r.revisions = std::move(revisions_);
+    r.parameters = *std::move(snap);
+    out->result = r;
+    last_ = std::move(r);
     last_participants_.clear();
     for (const auto& [id, unused] : pending_) {
-      if (refused_.count(id) == 0) last_participants_[id] = 1;
+      if (refused.count(id) == 0) last_participants_.insert(id);
     }
   } else {
-    *result = snap.status();
+    out->result = snap.status();
   }
-  for (const auto& [id, r] : refused_) {
-    if (r.quarantine) changed->push_back(FaultyPush{id, epoch_, step_, r.why, true, true});
-  }
-  TakePendingLocked(to_run);
-  reduction_.Restart();  // without an update nothing was summed: the buffer stays reserved
-  losses_.clear();
-  samples_ = 0;
+  revisions_.reset();
+  TakePendingLocked(&out->to_run, refused);
   ++step_;
 }
 
 bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
   absl::MutexLock lock(&mu_);
-  if (!aborted_.ok() || epoch != epoch_ || step != step_ ||
+  if (!aborted_.ok() || completing_ || epoch != epoch_ || step != step_ ||
       step_ >= static_cast<int>(quotas_.size()) || dead.empty()) {
     return false;
   }
@@ -479,29 +488,30 @@ bool StepAggregator::Evict(int epoch, int step, const std::set<int>& dead) {
 }
 
 void StepAggregator::CompleteEviction(PlanChange change) {
-  std::vector<FaultyPush> faulty, changed;
-  Refusals refusals;
-  std::vector<Done> to_run;
-  absl::StatusOr<StepResult> result;
-  bool completed = false;
+  PushOutcome out;
   {
     absl::MutexLock lock(&mu_);
+    if (completing_ || step_ >= static_cast<int>(quotas_.size())) {
+      LOG(ERROR) << "an eviction's re-plan arrived with no step to complete; ignored";
+      return;
+    }
     // An evicted worker had not pushed the step (Evict): nothing of it was summed.
     for (int id : evicted_) quotas_[step_].erase(id);
     quotas_.resize(static_cast<size_t>(step_) + 1);
     for (auto& q : change.later_quotas) quotas_.push_back(std::move(q));
     revisions_ = std::make_shared<const std::map<int, PlanRevision>>(std::move(change.revisions));
-    ReduceReadyLocked();  // an evicted worker may have been the one the sum waited for
-    ResolveSuspectsLocked(&faulty, &refusals);
-    if (pending_.size() >= quotas_[step_].size()) {  // else the survivors are still pushing
-      CompleteStepLocked(&to_run, &result, &changed);
-      completed = true;
+    {
+      // An evicted worker may have been the one the sum waited for.
+      absl::MutexLock reduction(&reduction_mu_);
+      if (reduction_.has_quota()) reduction_.SetQuota(quotas_[step_]);
     }
+    out.quota = quotas_[step_];
+    ResolveSuspectsLocked(&out);
+    // Otherwise the survivors are still pushing.
+    if (pending_.size() >= quotas_[step_].size()) BeginCompletionLocked(&out);
   }
-  TellFaulty(faulty, &refusals);
-  if (!completed) return;
-  TellFaulty(changed, &refusals);
-  for (Done& d : to_run) d(result);
+  Settle(&out);
+  Answer(&out);
 }
 
 bool StepAggregator::ReviseFrom(int epoch, int step, StepQuotas later_quotas) {
@@ -517,19 +527,20 @@ bool StepAggregator::ReviseFrom(int epoch, int step, StepQuotas later_quotas) {
 }
 
 std::set<std::pair<int, int>> StepAggregator::AcceptedPushes(int epoch) const {
-  absl::MutexLock lock(&mu_);
-  auto it = accepted_.find(epoch);
-  return it == accepted_.end() ? std::set<std::pair<int, int>>{} : it->second;
+  absl::MutexLock lock(&stats_mu_);
+  return stats_.AcceptedPushes(epoch);
 }
 
 void StepAggregator::Abort(const absl::Status& status) {
   std::vector<Done> to_run;
   {
     absl::MutexLock lock(&mu_);
+    AwaitNotCompletingLocked();
     if (aborted_.ok()) aborted_ = status;
     TakePendingLocked(&to_run);
-    reduction_.Restart();
-    losses_.clear();
+    RestartReductionLocked();
+    absl::MutexLock stats(&stats_mu_);
+    stats_.DropStep();
   }
   for (Done& d : to_run) d(status);
 }
@@ -546,48 +557,57 @@ StepProgress StepAggregator::Progress() const {
   p.epoch = epoch_;
   p.step = step_;
   p.num_steps = static_cast<int>(quotas_.size());
-  p.accepted_pushes = accepted_pushes_;
   p.pushed = static_cast<int>(pending_.size());
   if (step_ < p.num_steps) {
     for (const auto& [id, quota] : quotas_[step_]) {
       if (pending_.count(id) == 0) p.waiting_for.push_back(id);
     }
   }
+  absl::MutexLock stats(&stats_mu_);
+  p.accepted_pushes = stats_.accepted_pushes();
   return p;
 }
 
 StepAggregator::State StepAggregator::SaveState() const {
   absl::MutexLock lock(&mu_);
+  // A step being applied is taken whole: the position and the values always agree.
+  AwaitNotCompletingLocked();
   State s;
   s.epoch = epoch_;
   s.step = step_;
-  s.losses = epoch_loss_;
-  auto it = accepted_.find(epoch_);
-  if (it != accepted_.end()) s.accepted = it->second;
-  s.store = store_->SaveState();  // under our lock: no step can complete meanwhile
+  {
+    absl::MutexLock stats(&stats_mu_);
+    s.losses = stats_.losses();
+    s.accepted = stats_.AcceptedPushes(epoch_);
+  }
+  s.store = store_->SaveState();  // under the barrier's lock: no step can complete meanwhile
   return s;
 }
 
 void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   absl::MutexLock lock(&mu_);
+  AwaitNotCompletingLocked();
   epoch_ = s.epoch;
   step_ = s.step;
   quotas_ = std::move(quotas);
-  epoch_loss_ = s.losses;
-  accepted_.clear();
-  accepted_[s.epoch] = s.accepted;
   pending_.clear();
-  reduction_.Reset();  // the store's LoadState dropped its reservation
-  losses_.clear();
-  samples_ = 0;
   last_.reset();
   evicted_.clear();
+  ++round_;
+  handed_ = 0;
+  {
+    absl::MutexLock reduction(&reduction_mu_);
+    reduction_.Reset();  // the store's LoadState dropped its reservation
+    reduction_round_ = round_;
+    taken_ = 0;
+  }
+  absl::MutexLock stats(&stats_mu_);
+  stats_.Restore(s.epoch, s.losses, s.accepted);
 }
 
 EpochLoss StepAggregator::LossOf(int epoch) const {
-  absl::MutexLock lock(&mu_);
-  auto it = epoch_loss_.find(epoch);
-  return it == epoch_loss_.end() ? EpochLoss{} : it->second;
+  absl::MutexLock lock(&stats_mu_);
+  return stats_.LossOf(epoch);
 }
 
 }  // namespace dbs

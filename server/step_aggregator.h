@@ -10,6 +10,14 @@
 // step that is not the current one, or a sample count that differs from the plan leaves the step
 // as it was. A duplicate push of the pending step or of the step just completed is not counted
 // again and gets the same result, so pushes may be retried. Thread-safe.
+//
+// Three locks, taken in this order and never the other way: the barrier's (who has pushed which
+// step, the plan's quotas, the waiting answers), the reduction's (the step's sum; the store's
+// update runs under it, so the store's lock comes after it) and the statistics' (losses,
+// timings, the audit). The barrier's is held only for bookkeeping: a push's gradient is summed,
+// and a complete step applied, with it released, so status reports, the liveness monitor and
+// the next push's checks never wait for a model-sized pass. Callbacks and hooks run with no
+// lock held.
 #ifndef DBS_SERVER_STEP_AGGREGATOR_H_
 #define DBS_SERVER_STEP_AGGREGATOR_H_
 
@@ -33,6 +41,7 @@
 #include "server/gradient_sum.h"
 #include "server/parameter_store.h"
 #include "server/step_reduction.h"
+#include "server/step_statistics.h"
 
 namespace dbs {
 
@@ -47,14 +56,6 @@ struct StepResult {
   std::shared_ptr<const std::map<int, PlanRevision>> revisions;
 };
 
-// Loss totals of an epoch.
-struct EpochLoss {
-  double loss_sum = 0.0;
-  int64_t samples = 0;
-  int steps_completed = 0;
-  double mean() const { return samples > 0 ? loss_sum / samples : 0.0; }
-};
-
 // Where the step barrier stands, for stall detection and status reports.
 struct StepProgress {
   int epoch = -1;
@@ -63,21 +64,6 @@ struct StepProgress {
   int64_t accepted_pushes = 0;   // pushes counted so far, over the whole job
   std::vector<int> waiting_for;  // workers of the current step that have not pushed yet
   int pushed = 0;                // workers of the current step that have pushed
-};
-
-// What each worker reported with its push of a completed step.
-struct StepStats {
-  int epoch = 0;
-  int step = 0;
-  bool last_of_epoch = false;  // nothing is left to re-plan
-  // id -> (samples, compute seconds as the worker reported them).
-  std::map<int, std::pair<int64_t, double>> workers;
-  // id -> the worker's step as the server observed it: from the previous step's answers (the
-  // epoch's plans, for its first step) going out to this push arriving. It holds the worker's
-  // compute, its decoding and encoding, both transfers and its share of the answers'
-  // serialisation, none of the wait for other workers. Absent without a clock (see the
-  // constructor) and for a step the server did not see begin (the first after a restore).
-  std::map<int, double> cycle;
 };
 
 // A push's gradient: the received message's payload (held, not copied), or, for tests and
@@ -230,70 +216,133 @@ class StepAggregator {
     Done done;  // empty once withdrawn
     uint64_t ticket = 0;
   };
+  // What Push found before the lock: the gradient's check, whether a value (not its shape)
+  // failed it, the sum of its squared values, and its blocks' when its sender can still
+  // write them.
+  struct CheckedGradient {
+    absl::Status status;
+    bool bad_values = false;
+    double sum_squares = 0.0;
+    BlockSquares blocks;
+  };
+  // An accepted push's gradient on its way to the reduction, handed over once the barrier's
+  // lock is released; void once the reduction has begun another `round`.
+  struct Handoff {
+    uint64_t round = 0;
+    int worker = 0;
+    int samples = 0;
+    std::shared_ptr<const WirePayload> gradient;
+    BlockSquares blocks;
+  };
+  using Refusals = std::vector<std::pair<Done, absl::Status>>;
+  // A complete step to apply, decided under the barrier's lock and applied outside it.
+  struct Completion {
+    uint64_t round = 0;
+    int64_t gradients = 0;              // handed over this round: the sum waits for them all
+    std::map<int, int> quota;           // the step's workers, for the sum's order
+    std::vector<GradientScale> scales;  // empty: nothing to apply (no samples)
+    bool last_of_epoch = false;
+  };
+  // What a push (or an eviction) leads to, acted on once the barrier's lock is released.
+  struct PushOutcome {
+    std::vector<Handoff> handoffs;
+    std::map<int, int> quota;  // the step's, for the handoffs
+    std::optional<Completion> completion;
+    std::vector<FaultyPush> faulty;
+    Refusals refusals;
+    std::vector<Done> to_run;  // answered with `result`
+    absl::StatusOr<StepResult> result;
+    StepStats stats;       // of the completed step
+    uint64_t waiting = 0;  // the push waits: its ticket
+    // Pushes refused as the completed step summed them: told after AfterStep, so that their
+    // workers' removal from the next step follows any re-plan of it.
+    std::vector<FaultyPush> changed;
+  };
 
   absl::Status Validate(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validate without the gradient's size.
   absl::Status ValidateHeader(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsRetryLocked(const GradientPush& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves every waiting answer into `to_run` and forgets the pending pushes.
-  void TakePendingLocked(std::vector<Done>* to_run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a valid push (its sum already added): its loss, its place in the wait, its timing.
-  void AcceptLocked(const GradientPush& push, Done done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The complete step's statistics for the hook; the next step's start empty.
-  StepStats TakeStepStatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The answers of (epoch, step) go out now (a no-op without a clock).
-  void MarkReleased(int epoch, int step) ABSL_LOCKS_EXCLUDED(mu_);
-  // After a step completed, before its answers go out: the failure hook, or the step hook (and
-  // the re-plan it returns), then MarkReleased.
-  void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  struct CheckedGradient;
   // Checks a push's gradient values (size, finite, at most kMaxAbsGradient) into `*checked`;
   // no lock needed.
   void CheckGradient(const GradientPush& push, CheckedGradient* checked) const;
-  // A valid push's gradient becomes the step's, to be summed in its turn, with the squares of
-  // its blocks when its sender can still write it. Changes nothing on error.
-  absl::Status TakeGradientLocked(const GradientPush& push, BlockSquares blocks)
+  // Moves every waiting answer into `to_run` (answered with the refusal in `refused`, where one
+  // is) and forgets the pending pushes.
+  void TakePendingLocked(std::vector<Done>* to_run, const std::map<int, absl::Status>& refused = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sums the gradients whose turn has come (at once, or in worker order:
-  // AggregatorOptions::deterministic); values of a sender's shared memory are checked again as
-  // they are summed, and a push whose values changed is refused when the step completes.
-  void ReduceReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BeginEpochLocked(int epoch, StepQuotas quotas) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What turns the step's sum into its sample-weighted mean: one over the samples summed; false
-  // when the step has no samples at all.
-  bool MeanScalesLocked(std::vector<GradientScale>* scales) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a valid push: its place in the wait, its statistics, and its gradient into `out` to
+  // be handed to the reduction.
+  void AcceptLocked(const GradientPush& push, Pending pending, BlockSquares blocks,
+                    PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pending (or held) push of `worker` at the current step, or null.
+  Pending* PendingOfLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push with a value no GPU computes under kEvict: its refusal, its worker into `faulty`.
+  absl::Status ScreenLocked(const GradientPush& push, const CheckedGradient& checked,
+                            std::vector<FaultyPush>* faulty) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push that is neither a retry nor of the step just completed: refused, held as a suspect,
+  // or accepted, and the step's completion begun when it was the last one.
+  void TakeNewPushLocked(const GradientPush& push, CheckedGradient checked, Done done,
+                         PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every push of the step is in (pending or suspect): each suspect is accepted or
+  // refused (into `out`'s refusals, its worker into `out->faulty` for the hook).
+  void ResolveSuspectsLocked(PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every worker of the step has pushed (or was evicted): the step's completion into `out`.
+  void BeginCompletionLocked(PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `out`'s gradients to the reduction and sums what is ready; then, when the step is
+  // complete, applies it and answers into `out`. Called with no lock held.
+  void Settle(PushOutcome* out) ABSL_LOCKS_EXCLUDED(mu_, reduction_mu_, stats_mu_);
+  // The step's sum applied to the store (or its parameters, with nothing to apply); the
+  // pushes whose values changed as they were summed into `changed`.
+  absl::StatusOr<ParameterSnapshot> ApplyStep(const Completion& c,
+                                              std::map<int, absl::Status>* changed)
+      ABSL_LOCKS_EXCLUDED(mu_, reduction_mu_);
+  // The step's result and answers once it has been applied; the barrier moves to the next step.
+  void FinishStepLocked(const Completion& c, absl::StatusOr<ParameterSnapshot> snap,
+                        std::map<int, absl::Status> changed, PushOutcome* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no step is being applied (a restore, a new epoch or an abort must not cut into
+  // one).
+  void AwaitNotCompletingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the reduction over (round_ + 1), forgetting what it held.
+  void RestartReductionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a step completed, before its answers go out: the failure hook, or the step hook (and
+  // the re-plan it returns), then the answers' release time.
+  void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The refusal of a quarantined worker's push.
+  static absl::Status Quarantined(int worker, int epoch, int step, const absl::Status& why);
+  // Logs each faulty push, tells the hook, then answers the refused pushes. Outside the locks.
+  void TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals);
+  // Answers what `out` holds once the step (if any) is settled: the faulty pushes, the step hook,
+  // the refusals and the waiting pushes.
+  void Answer(PushOutcome* out);
   size_t ModelSize() const;  // the registered model's values
-  // Applies the step once every participant has pushed; returns the callbacks to run, and in
-  // `changed` the workers to quarantine whose push was refused as it was summed.
-  void CompleteStepLocked(std::vector<Done>* to_run, absl::StatusOr<StepResult>* result,
-                          std::vector<FaultyPush>* changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterStore* const store_;
-  const Clock* const clock_;
   const AggregatorOptions options_;
   StepHook hook_;
   FailureHook failure_hook_;
   FaultyHook faulty_hook_;
-  mutable absl::Mutex mu_;
+
+  // The barrier.
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(reduction_mu_, stats_mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   int epoch_ ABSL_GUARDED_BY(mu_) = -1;
   int step_ ABSL_GUARDED_BY(mu_) = 0;
   StepQuotas quotas_ ABSL_GUARDED_BY(mu_);
   std::set<int> evicted_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const std::map<int, PlanRevision>> revisions_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::set<std::pair<int, int>>> accepted_ ABSL_GUARDED_BY(mu_);
-  StepStats stats_ ABSL_GUARDED_BY(mu_);  // of the step being collected
   std::map<int, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  // Workers of the step whose push was refused as it was summed (values in their shared
-  // memory changed after the check): answered with the refusal when the step completes, and
-  // quarantined from the next step on under kEvict.
-  struct Refused {
-    absl::Status answer;
-    absl::Status why;
-    bool quarantine = false;
-  };
-  std::map<int, Refused> refused_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
+  std::set<int> last_participants_ ABSL_GUARDED_BY(mu_);  // of last_
+  // The reduction's round that the current step's gradients go to, and how many went.
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t handed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every push of the step is in and the step is being applied, outside this lock: the step
+  // does not change until it is done.
+  bool completing_ ABSL_GUARDED_BY(mu_) = false;
   GradientScreen screen_ ABSL_GUARDED_BY(mu_);
   // The screen's suspects of the step: pushes whose norm is far above the job's recent
   // ones, held (not summed, not pending) until every push of the step is in, then judged
@@ -308,61 +357,16 @@ class StepAggregator {
   };
   std::map<int, Suspect> suspects_ ABSL_GUARDED_BY(mu_);
   std::map<int, PushNorm> step_norms_ ABSL_GUARDED_BY(mu_);  // the step's screened norms
-  using Refusals = std::vector<std::pair<Done, absl::Status>>;
-  // Once every push of the step is in (pending or suspect): each suspect is summed (pending) or
-  // refused (into `refusals`, its worker into `faulty` for the hook).
-  void ResolveSuspectsLocked(std::vector<FaultyPush>* faulty, Refusals* refusals)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What Push found before the lock: the gradient's check, whether a value (not its shape)
-  // failed it, the sum of its squared values, and its blocks' when its sender can still
-  // write them.
-  struct CheckedGradient {
-    absl::Status status;
-    bool bad_values = false;
-    double sum_squares = 0.0;
-    BlockSquares blocks;
-  };
-  // What a push leads to, acted on once the lock is released.
-  struct PushOutcome {
-    std::vector<FaultyPush> faulty;
-    Refusals refusals;
-    std::vector<Done> to_run;  // answered with `result`
-    absl::StatusOr<StepResult> result;
-    StepStats stats;
-    bool completed = false;  // the push completed the step (AfterStep runs)
-    uint64_t waiting = 0;    // the push waits: its ticket
-    // Pushes refused as the completed step summed them: told after AfterStep, so that their
-    // workers' removal from the next step follows any re-plan of it.
-    std::vector<FaultyPush> changed;
-  };
-  // The pending (or held) push of `worker` at the current step, or null.
-  Pending* PendingOfLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A push with a value no GPU computes under kEvict: its refusal, its worker into `faulty`.
-  absl::Status ScreenLocked(const GradientPush& push, const CheckedGradient& checked,
-                            std::vector<FaultyPush>* faulty) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A push that is neither a retry nor of the step just completed: refused, held as a suspect,
-  // or accepted, and the step completed when it was the last one.
-  void TakeNewPushLocked(const GradientPush& push, CheckedGradient checked, Done done,
-                         PushOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The refusal of a quarantined worker's push.
-  static absl::Status Quarantined(int worker, int epoch, int step, const absl::Status& why);
-  // Logs each faulty push, tells the hook, then answers the refused pushes. Outside the lock.
-  void TellFaulty(const std::vector<FaultyPush>& faulty, Refusals* refusals);
-  uint64_t last_ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  // The step's sum, and each gradient until its turn to be added.
-  StepReduction reduction_ ABSL_GUARDED_BY(mu_);
-  // The accepted pushes' loss sums, added in worker order when the step completes.
-  std::map<int, double> losses_ ABSL_GUARDED_BY(mu_);
-  int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<StepResult> last_ ABSL_GUARDED_BY(mu_);
-  std::map<int, int> last_participants_ ABSL_GUARDED_BY(mu_);  // worker -> 1, of last_
-  std::map<int, EpochLoss> epoch_loss_ ABSL_GUARDED_BY(mu_);
-  // When the answers of (released_epoch_, released_step_) went out (step -1: the epoch's plans).
-  absl::Time released_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int released_epoch_ ABSL_GUARDED_BY(mu_) = -1;
-  int released_step_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t accepted_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The reduction: the step's sum, and each gradient until its turn to be added.
+  absl::Mutex reduction_mu_ ABSL_ACQUIRED_AFTER(mu_) ABSL_ACQUIRED_BEFORE(stats_mu_);
+  StepReduction reduction_ ABSL_GUARDED_BY(reduction_mu_);
+  uint64_t reduction_round_ ABSL_GUARDED_BY(reduction_mu_) = 0;
+  int64_t taken_ ABSL_GUARDED_BY(reduction_mu_) = 0;  // gradients handed over this round
+
+  // The statistics.
+  mutable absl::Mutex stats_mu_ ABSL_ACQUIRED_AFTER(mu_, reduction_mu_);
+  StepStatistics stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace dbs

@@ -37,7 +37,7 @@ absl::Status StepReduction::SumUpTo(int id, Incoming* in, size_t hi) {
   if (in->gradient == nullptr || in->summed >= hi) return absl::OkStatus();
   const size_t model = ModelSize();
   float* const sum = SumBuffer(hi);
-  // Its values were checked before the aggregator's lock: they are summed without a second
+  // Its values were checked as they arrived: they are summed without a second
   // pass over them, unless their sender can still write them (shared memory): those are read
   // once each, checked again and summed, each block against its squares.
   const bool writable = in->gradient->writable_by_sender;
@@ -54,9 +54,8 @@ absl::Status StepReduction::SumUpTo(int id, Incoming* in, size_t hi) {
   return added;
 }
 
-std::vector<std::pair<int, absl::Status>> StepReduction::ReduceReady(
-    const std::map<int, int>& quota) {
-  std::vector<std::pair<int, absl::Status>> changed;
+void StepReduction::ReduceReady() {
+  const std::map<int, int>& quota = quota_;
   const size_t model = ModelSize();
   // What a worker has to add: its whole gradient once it has arrived, nothing before.
   auto incoming = [this](int id) -> Incoming* {
@@ -81,13 +80,13 @@ std::vector<std::pair<int, absl::Status>> StepReduction::ReduceReady(
       }
       floor = std::min(floor, q == 0 ? model : summed(id));
     }
-    if (start == model) return changed;
+    if (start == model) return;
     const size_t window_end = std::min(model, start + kReduceWindow);
     floor = model;
     for (const auto& [id, q] : quota) {
       if (Incoming* in = incoming(id); in != nullptr) {
         absl::Status added = SumUpTo(id, in, std::min(window_end, deterministic_ ? floor : model));
-        if (!added.ok()) changed.emplace_back(id, std::move(added));
+        if (!added.ok()) changed_.emplace(id, std::move(added));
       }
       floor = std::min(floor, q == 0 ? model : summed(id));
     }
@@ -105,7 +104,9 @@ absl::StatusOr<absl::Span<float>> StepReduction::TakeSum() {
 }
 
 void StepReduction::Restart() {
+  quota_.clear();
   incoming_.clear();
+  changed_.clear();
   zeroed_ = 0;
 }
 

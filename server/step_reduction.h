@@ -2,7 +2,8 @@
 // as it was received until its turn, then added window by window, in worker order (bit-identical
 // sums whatever order the pushes arrive in) or on arrival. The sum lies in the buffer the store's
 // next update writes the new parameters into (ParameterStore::ReserveNextBuffer), so the server
-// holds no model-sized sum of its own. Not thread-safe: the StepAggregator's lock guards it.
+// holds no model-sized sum of its own. Not thread-safe: the StepAggregator guards it with a lock
+// of its own, which it never takes while holding the store's.
 #ifndef DBS_SERVER_STEP_REDUCTION_H_
 #define DBS_SERVER_STEP_REDUCTION_H_
 
@@ -26,22 +27,28 @@ class StepReduction {
   StepReduction(ParameterStore* store, bool deterministic)
       : store_(store), deterministic_(deterministic) {}
 
+  // The step's workers (id -> samples, ascending ids): the order of the sum, and whose
+  // gradients it waits for. Set with the step's first gradient; an eviction shrinks it.
+  void SetQuota(const std::map<int, int>& quota) { quota_ = quota; }
+  bool has_quota() const { return !quota_.empty(); }
   // Worker `id`'s checked gradient of `samples` samples becomes the step's, to be summed in its
   // turn, with its blocks' squares when its sender can still write it (shared memory). INTERNAL
   // when the worker already has one this step.
   absl::Status Take(int id, int samples, std::shared_ptr<const WirePayload> gradient,
                     BlockSquares blocks);
 
-  // Sums the gradients whose turn has come, for a step of `quota` (worker id -> samples). Values
-  // of a sender's shared memory are checked again as they are summed; a gradient whose values
-  // changed after its check is left out from the changed block on, and returned with why.
-  std::vector<std::pair<int, absl::Status>> ReduceReady(const std::map<int, int>& quota);
+  // Sums the gradients whose turn has come. Values of a sender's shared memory are checked
+  // again as they are summed; a gradient whose values changed after its check is left out from
+  // the changed block on, and kept with why for TakeChanged.
+  void ReduceReady();
+  // The step's gradients left out by ReduceReady, by worker, and why.
+  std::map<int, absl::Status> TakeChanged() { return std::move(changed_); }
 
   // The whole sum (values no push reached are zeroed), to be handed to the store's update;
   // INTERNAL when the store has no model. The next step's sum starts anew.
   absl::StatusOr<absl::Span<float>> TakeSum();
 
-  // Forgets the step's gradients; the sum starts again (its buffer stays reserved).
+  // Forgets the step's gradients and quota; the sum starts again (its buffer stays reserved).
   void Restart();
   // Forgets the sum's buffer too (the store's LoadState dropped its reservation).
   void Reset();
@@ -66,7 +73,9 @@ class StepReduction {
 
   ParameterStore* const store_;
   const bool deterministic_;
+  std::map<int, int> quota_;
   std::map<int, Incoming> incoming_;
+  std::map<int, absl::Status> changed_;
   // Values [0, zeroed_) of sum_ are zeroed or summed; the rest is stale.
   absl::Span<float> sum_;
   size_t zeroed_ = 0;
