@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +27,14 @@ enum class WireDtype { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
 
 // 4 or 2.
 size_t BytesPerValue(WireDtype dtype);
+// True where fp32 values travel as they lie in memory (a little-endian machine).
+constexpr bool Fp32IsWireOrder() {
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  return true;
+#else
+  return false;
+#endif
+}
 // "fp32", "bf16", "fp16".
 const char* WireDtypeName(WireDtype dtype);
 absl::StatusOr<WireDtype> ParseWireDtype(absl::string_view name);

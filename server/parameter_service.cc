@@ -63,12 +63,6 @@ grpc::ServerUnaryReactor* ParameterServiceImpl::AttachSharedMemory(grpc::Callbac
       });
 }
 
-namespace {
-// The names of the memory files, which the opening side checks (SharedRegion::Open).
-constexpr char kGradientRegion[] = "dbs-gradient";
-constexpr char kParameterRegion[] = "dbs-parameters";
-}  // namespace
-
 absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerContext* ctx,
                                                         const v1::AttachSharedMemoryRequest& req,
                                                         v1::AttachSharedMemoryReply* reply) {
@@ -79,28 +73,13 @@ absl::Status ParameterServiceImpl::DoAttachSharedMemory(grpc::CallbackServerCont
         "over gRPC");
   }
   if (!store_->registered()) return absl::FailedPreconditionError("register the model first");
-  const size_t count = static_cast<size_t>(TotalElements(store_->layout()));
-  const size_t bytes = count * BytesPerValue(wire_dtype_);
-  if (req.gradient().bytes() != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a gradient region of ", req.gradient().bytes(),
-                                                   " bytes; the model's ", count, " values in ",
-                                                   WireDtypeName(wire_dtype_), " take ", bytes));
-  }
   RegionLocation where;
   where.pid = req.gradient().pid();
   where.fd = req.gradient().fd();
   where.bytes = req.gradient().bytes();
-  DBS_ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region,
-                       SharedRegion::Open(where, kGradientRegion));
-  absl::MutexLock lock(&shm_mu_);
-  // Made at registration as the store's snapshot buffers (CreateSnapshotBuffers), or not at all.
-  if (slots_ == nullptr || slots_->count() != count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this dbs_ps keeps no parameters in shared memory (", no_slots_, "): push over gRPC"));
-  }
-  gradients_[req.worker_id()] = std::move(region);
-  TellSharingLocked();
-  const RegionLocation slots = slots_region_->location();
+  DBS_ASSIGN_OR_RETURN(
+      const RegionLocation slots,
+      shm_.Attach(req.worker_id(), where, static_cast<size_t>(TotalElements(store_->layout()))));
   reply->mutable_parameters()->set_pid(slots.pid);
   reply->mutable_parameters()->set_fd(slots.fd);
   reply->mutable_parameters()->set_bytes(slots.bytes);
@@ -113,106 +92,12 @@ void ParameterServiceImpl::Registered() {
 
 void ParameterServiceImpl::ServeSharedMemory(bool on) {
   shared_memory_ = on;
-  store_->SetSnapshotMemory(on ? this : nullptr);
-}
-
-std::array<std::shared_ptr<ValueBuffer>, 2> ParameterServiceImpl::CreateSnapshotBuffers(
-    size_t count) {
-  absl::MutexLock lock(&shm_mu_);
-  // A former model size's slots (a restored checkpoint of another model) go once nothing holds
-  // them; the workers attached to them attach again.
-  gradients_.clear();
-  TellSharingLocked();
-  slots_.reset();
-  slots_region_.reset();
-  if (!Fp32IsWireOrder()) {
-    // The slots hold the values as they lie in memory, which a worker reads as the wire's.
-    no_slots_ = "this machine's floats are not little-endian";
-    return {};
-  }
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-      SharedRegion::Create(kParameterRegion, ParameterSlots::RegionBytes(count));
-  if (!region.ok()) {  // the snapshots stay on the heap, the answers go over gRPC
-    no_slots_ = std::string(region.status().message());
-    return {};
-  }
-  slots_region_ = std::move(*region);
-  slots_ = std::make_unique<ParameterSlots>(slots_region_.get(), count);
-  slots_->Clear();
-  std::array<std::shared_ptr<ValueBuffer>, 2> buffers;
-  for (int i = 0; i < 2; ++i) {
-    buffers[i] = std::make_shared<ValueBuffer>(slots_->Fp32Slot(i), count, slots_region_);
-  }
-  return buffers;
-}
-
-void ParameterServiceImpl::SnapshotWriting(int index) {
-  absl::MutexLock lock(&shm_mu_);
-  if (slots_ != nullptr) slots_->MarkEmpty(index);
-}
-
-void ParameterServiceImpl::SnapshotPublished(int index, int64_t version) {
-  absl::MutexLock lock(&shm_mu_);
-  if (slots_ != nullptr && version % 2 == index) slots_->MarkHolds(version);
-}
-
-void ParameterServiceImpl::DropSharedMemory(const std::set<int>& workers) {
-  absl::MutexLock lock(&shm_mu_);
-  for (int id : workers) gradients_.erase(id);
-  TellSharingLocked();
-}
-
-void ParameterServiceImpl::TellSharingLocked() {
-  if (hooks_.observer != nullptr) {
-    hooks_.observer->OnSharedMemoryWorkers(static_cast<int>(gradients_.size()));
-  }
-}
-
-int ParameterServiceImpl::shared_memory_workers() const {
-  absl::MutexLock lock(&shm_mu_);
-  return static_cast<int>(gradients_.size());
-}
-
-absl::StatusOr<std::shared_ptr<const WirePayload>> ParameterServiceImpl::SharedGradient(
-    const v1::PushGradientRequest& header, const WirePayload& carried) {
-  if (carried.bytes > 0) {
-    return absl::InvalidArgumentError(
-        "a push with its gradient in shared memory carries no gradient bytes");
-  }
-  if (header.num_samples() == 0) return std::make_shared<const WirePayload>();
-  if (static_cast<WireDtype>(header.wire_dtype()) != wire_dtype_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the gradient is in ", WireDtypeName(static_cast<WireDtype>(header.wire_dtype())),
-        "; this job's wire dtype is ", WireDtypeName(wire_dtype_)));
-  }
-  std::shared_ptr<const SharedRegion> region;
-  {
-    absl::MutexLock lock(&shm_mu_);
-    auto it = gradients_.find(header.worker_id());
-    if (it != gradients_.end()) region = it->second;
-  }
-  if (region == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", header.worker_id(),
-                     " has no shared memory attached here: attach it, or send the gradient"));
-  }
-  auto payload = std::make_shared<WirePayload>();
-  payload->dtype = wire_dtype_;
-  payload->bytes = region->size();
-  payload->segments.emplace_back(region->data(), region->size());
-  payload->keepalive = std::move(region);
-  payload->writable_by_sender = true;
-  return payload;
-}
-
-bool ParameterServiceImpl::SharesSlotOf(int64_t version, int worker) const {
-  absl::MutexLock lock(&shm_mu_);
-  return slots_ != nullptr && gradients_.count(worker) > 0 && slots_->Holds(version);
+  store_->SetSnapshotMemory(on ? &shm_ : nullptr);
 }
 
 ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, int worker,
                                                bool shared) {
-  if (shared && SharesSlotOf(snap.version, worker)) {
+  if (shared && shm_.SharesSlotOf(snap.version, worker)) {
     v1::PushGradientReply field;
     v1::FlatParameters* values = field.mutable_values();
     values->set_version(snap.version);
@@ -223,8 +108,8 @@ ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, in
   // A version that is not in its slot lies elsewhere (the slot was held when its update began)
   // and goes over gRPC.
   if (shared && hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
-  grpc_answers_.store(true, std::memory_order_relaxed);
-  return ValuesOf(snap);
+  answers_.AnsweredOverGrpc();
+  return answers_.ValuesOf(snap);
 }
 
 namespace {
@@ -299,7 +184,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   }
   if (snap.ok()) {
     reply->head.set_version(snap->version);
-    reply->values = ValuesOf(*snap);
+    reply->values = answers_.ValuesOf(*snap);
     if (model_accepted_hook_) model_accepted_hook_(req->worker_id());
   }
   return Answer(reactor, snap.status());
@@ -313,88 +198,9 @@ void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) {
     reply->head.set_version(snap->version);
-    reply->values = ValuesOf(*snap);
+    reply->values = answers_.ValuesOf(*snap);
   }
   return Answer(reactor, snap.status());
-}
-
-void ParameterServiceImpl::ReleaseValuesLocked() {
-  // Once gRPC has sent the last answer of the version let go here (every worker that pushes the
-  // next step has received it), its buffer goes back to the pool (or, where the answers were
-  // the snapshot itself, to the store's), and the next version reuses it.
-  values_ = ValuesField{};
-  values_of_ = ParameterSnapshot{};
-}
-
-bool ParameterServiceImpl::ValuesAreTheSnapshot() const {
-  return wire_dtype_ == WireDtype::kFp32 && Fp32IsWireOrder();
-}
-
-ValuesField ParameterServiceImpl::NewField(int64_t version,
-                                           std::shared_ptr<const ValueBuffer> values,
-                                           uint8_t** encode_to) {
-  const size_t count = values->size();
-  uint8_t head[64];
-  const size_t n = WriteValuesFieldHead(version, wire_dtype_, count, head);
-  if (ValuesAreTheSnapshot()) {
-    *encode_to = nullptr;
-    return ValuesField{grpc::Slice(head, n), SliceOfValues(std::move(values))};
-  }
-  // A buffer of its own for the body, not a sub-slice of a buffer with the head: gRPC copies a
-  // sub-slice of a few bytes at once, before the values are encoded into the buffer.
-  return ValuesField{grpc::Slice(head, n),
-                     pool_->Acquire(count * BytesPerValue(wire_dtype_), encode_to)};
-}
-
-ValuesField ParameterServiceImpl::ValuesOf(const ParameterSnapshot& snap) {
-  absl::MutexLock lock(&values_mu_);
-  if (values_of_.values != snap.values || values_of_.version != snap.version) {
-    ReleaseValuesLocked();
-    uint8_t* encode_to = nullptr;
-    values_ = NewField(snap.version, snap.values, &encode_to);
-    if (encode_to != nullptr) EncodeValues(*snap.values, wire_dtype_, encode_to);
-    values_of_ = snap;  // holds the snapshot: its buffer is not reused while cached
-  }
-  return values_;
-}
-
-void ParameterServiceImpl::BeginUpdate(int64_t version, std::shared_ptr<const ValueBuffer> after) {
-  bool shared = false;
-  {
-    absl::MutexLock lock(&values_mu_);
-    ReleaseValuesLocked();
-    absl::MutexLock shm(&shm_mu_);
-    shared = slots_ != nullptr && !gradients_.empty();
-  }
-  // Where every answer of the last version came from the slots, this one's are not serialized
-  // for gRPC as the update runs (in 16 bits that is a pass over the model and a buffer of its
-  // own): an answer over gRPC after all serializes them on first use (ValuesOf). The buffers
-  // kept for such encodings go too (the registration's, in a job whose workers all share
-  // memory), so that a job that sends nothing over gRPC keeps no encoded copy of the model.
-  const bool for_grpc = grpc_answers_.exchange(false) || !shared;
-  if (for_grpc) {
-    // In fp32 the answers send the new values from the buffer the update writes them into
-    // (the store does not reuse it while a slice holds it). Otherwise WriteUpdate encodes them
-    // into the field's own buffer.
-    updating_ = NewField(version, std::move(after), &updating_values_);
-  } else if (pool_->DropFree() > 0 && freed_memory_hook_) {
-    freed_memory_hook_();
-  }
-}
-
-void ParameterServiceImpl::WriteUpdate(size_t offset, absl::Span<const float> values) {
-  if (updating_values_ == nullptr) return;  // the field's body is the update's buffer
-  EncodeValues(values, wire_dtype_, updating_values_ + offset * BytesPerValue(wire_dtype_));
-}
-
-void ParameterServiceImpl::EndUpdate(bool ok, const ParameterSnapshot& snapshot) {
-  ValuesField done = std::move(updating_);
-  updating_ = ValuesField{};
-  updating_values_ = nullptr;
-  if (!ok || done.size() == 0) return;  // not serialized for gRPC (BeginUpdate): ValuesOf will
-  absl::MutexLock lock(&values_mu_);
-  values_ = std::move(done);
-  values_of_ = snapshot;
 }
 
 absl::Status ParameterServiceImpl::CheckPushHeader(grpc::CallbackServerContext* ctx,
@@ -439,7 +245,10 @@ absl::StatusOr<GradientPush> ParameterServiceImpl::AcceptPush(grpc::CallbackServ
   DBS_RETURN_IF_ERROR(CheckPushHeader(ctx, request, &push));
   std::shared_ptr<const WirePayload> gradient = request.gradient;
   if (request.header.gradient_in_shared_memory()) {
-    DBS_ASSIGN_OR_RETURN(gradient, SharedGradient(request.header, *request.gradient));
+    DBS_ASSIGN_OR_RETURN(gradient,
+                         shm_.Gradient(request.header.worker_id(), request.header.num_samples(),
+                                       static_cast<WireDtype>(request.header.wire_dtype()),
+                                       request.gradient->bytes));
   }
   if (gradient->bytes > 0 || push.num_samples > 0) push.gradient = std::move(gradient);
   return push;

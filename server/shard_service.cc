@@ -107,7 +107,8 @@ class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEve
     if (finished_) return;
     ShardEventData e;
     std::weak_ptr<State> weak = state_;
-    const bool ready = log_->Next(shard_, next_, &e, [weak] {
+    // `s` is the reactor's own state_ (the analysis cannot see that the two locks are one).
+    const bool ready = log_->Next(shard_, next_, &e, [weak]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       std::shared_ptr<State> s = weak.lock();
       if (s == nullptr) return;
       absl::MutexLock lock(&s->mu);

@@ -133,14 +133,6 @@ bool EncodeShared(const google::protobuf::MessageLite& head, const ValuesField& 
   return true;
 }
 
-bool Fp32IsWireOrder() {
-#ifdef ABSL_IS_LITTLE_ENDIAN
-  return true;
-#else
-  return false;
-#endif
-}
-
 grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values) {
   const float* data = values->data();
   const size_t bytes = values->size() * sizeof(float);

@@ -75,9 +75,6 @@ struct ValuesField {
   size_t size() const { return head.size() + body.size(); }
 };
 
-// True where fp32 values travel as they lie in memory (a little-endian machine).
-bool Fp32IsWireOrder();
-
 // A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
 // sub-slice): no copy.
 grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values);
