@@ -92,15 +92,32 @@ double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epo
   return config.workers[i].StepSeconds(batch, epoch) * DisturbanceFactor(config, i, epoch);
 }
 
+double BurstFactor(const SimulationConfig& config, int i, double seconds) {
+  double f = 1.0;
+  for (const Burst& b : config.bursts) {
+    if (b.worker == i && seconds >= b.start_seconds && seconds < b.end_seconds()) f *= b.factor;
+  }
+  return f;
+}
+
 std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
+  return BestSplit(config, epoch, {});
+}
+
+std::vector<int> BestSplit(const SimulationConfig& config, int epoch,
+                           const std::vector<double>& factors) {
   const int n = static_cast<int>(config.workers.size());
   const int B = config.global_batch;
+  // Worker i's step at `batch`, slowed by its factor.
+  auto step_seconds = [&](int i, int batch) {
+    return TrueStepSeconds(config, i, batch, epoch) * (factors.empty() ? 1.0 : factors[i]);
+  };
   // The largest batch of worker i whose step fits in tau.
   auto cap = [&](int i, double tau) {
     int lo = 0, hi = B;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (TrueStepSeconds(config, i, mid, epoch) <= tau) {
+      if (step_seconds(i, mid) <= tau) {
         lo = mid;
       } else {
         hi = mid - 1;
@@ -114,7 +131,7 @@ std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
     return total >= B;
   };
   double hi = 0.0;
-  for (int i = 0; i < n; ++i) hi = std::max(hi, TrueStepSeconds(config, i, B, epoch));
+  for (int i = 0; i < n; ++i) hi = std::max(hi, step_seconds(i, B));
   double lo = 0.0;
   for (int k = 0; k < 100; ++k) {
     const double mid = 0.5 * (lo + hi);
@@ -131,8 +148,7 @@ std::vector<int> BestSplit(const SimulationConfig& config, int epoch) {
   while (total > B) {
     int k = -1;
     for (int i = 0; i < n; ++i) {
-      if (split[i] > 0 && (k < 0 || TrueStepSeconds(config, i, split[i], epoch) >
-                                        TrueStepSeconds(config, k, split[k], epoch))) {
+      if (split[i] > 0 && (k < 0 || step_seconds(i, split[i]) > step_seconds(k, split[k]))) {
         k = i;
       }
     }
@@ -334,6 +350,12 @@ absl::Status ValidateSimulation(const SimulationConfig& config) {
       return absl::InvalidArgumentError("bad disturbance");
     }
   }
+  for (const Burst& b : config.bursts) {
+    if (b.worker < 0 || b.worker >= n || !(b.factor > 0) || !(b.seconds >= 0) ||
+        !std::isfinite(b.start_seconds) || !std::isfinite(b.seconds)) {
+      return absl::InvalidArgumentError("bad burst");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -465,12 +487,20 @@ class EpochSimulation {
   std::map<int, std::pair<int64_t, double>> Step(int epoch, const std::vector<int>& batches) {
     double slowest = 0.0;
     std::map<int, std::pair<int64_t, double>> times;
+    const double now = start_ + result_.seconds;
+    StepTrace trace;
+    if (config_.trace_steps) trace.start_seconds = now;
     for (int i = 0; i < n_; ++i) {
       const int b = batches[i];
       const SpeedModel& m = config_.workers[i];
       const bool cfs = m.kind == SpeedModel::Kind::kCfs;
-      double t = cfs ? m.WorkSeconds(b, epoch) * DisturbanceFactor(config_, i, epoch)
-                     : TrueStepSeconds(config_, i, b, epoch);
+      const double burst = BurstFactor(config_, i, now);
+      double t = cfs ? m.WorkSeconds(b, epoch) * DisturbanceFactor(config_, i, epoch) * burst
+                     : TrueStepSeconds(config_, i, b, epoch) * burst;
+      if (config_.trace_steps) {
+        trace.batches.push_back(b);
+        trace.seconds.push_back(TrueStepSeconds(config_, i, b, epoch) * burst);
+      }
       const double sigma = m.noise;
       if (sigma > 0 && t > 0) t *= std::exp(sigma * normal_(rng_) - 0.5 * sigma * sigma);
       double reported = t;
@@ -486,6 +516,7 @@ class EpochSimulation {
       times[i] = {b, reported};
     }
     result_.seconds += slowest + comm_seconds_;
+    if (config_.trace_steps) result_.trace.push_back(std::move(trace));
     return times;
   }
 
@@ -540,6 +571,65 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config) {
     DBS_RETURN_IF_ERROR(sim.Report(epoch));
   }
   return result;
+}
+
+double RunSeconds(const SimulationResult& result) {
+  double seconds = 0.0;
+  for (const EpochResult& e : result.epochs) seconds += e.seconds;
+  return seconds;
+}
+
+namespace {
+
+// Steps from the first that starts at or after `from` until the step is rebalanced (see
+// BurstOutcome); -1 when it never is within the run.
+int StepsToRebalance(const SimulationConfig& config, const SimulationResult& result, double from,
+                     double tolerance) {
+  const int n = static_cast<int>(config.workers.size());
+  // The best split's slowest step, by epoch and the bursts' factors.
+  std::map<std::pair<int, std::vector<double>>, double> best;
+  int steps = -1;
+  for (size_t e = 0; e < result.epochs.size(); ++e) {
+    const int epoch = static_cast<int>(e);
+    for (const StepTrace& t : result.epochs[e].trace) {
+      if (t.start_seconds < from) continue;
+      ++steps;
+      std::vector<double> factors(n);
+      for (int j = 0; j < n; ++j) factors[j] = BurstFactor(config, j, t.start_seconds);
+      auto it = best.find({epoch, factors});
+      if (it == best.end()) {
+        const std::vector<int> split = BestSplit(config, epoch, factors);
+        double slowest = 0.0;
+        for (int j = 0; j < n; ++j) {
+          slowest = std::max(slowest, TrueStepSeconds(config, j, split[j], epoch) * factors[j]);
+        }
+        it = best.emplace(std::make_pair(epoch, factors), slowest).first;
+      }
+      const double slowest = *std::max_element(t.seconds.begin(), t.seconds.end());
+      if (slowest <= (1.0 + tolerance) * it->second) return steps;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+BurstOutcome AnalyzeBurst(const SimulationConfig& config, const SimulationResult& result,
+                          const Burst& burst, double tolerance) {
+  BurstOutcome out;
+  out.steps_from_start = StepsToRebalance(config, result, burst.start_seconds, tolerance);
+  out.steps_from_end = StepsToRebalance(config, result, burst.end_seconds(), tolerance);
+  // The worker's share of the throughput where every step takes the same time: its share of the
+  // best split's batch, in the epoch the burst starts in.
+  int epoch = 0;
+  for (double t = 0.0; epoch + 1 < static_cast<int>(result.epochs.size()); ++epoch) {
+    t += result.epochs[epoch].seconds;
+    if (t > burst.start_seconds) break;
+  }
+  const std::vector<int> split = BestSplit(config, epoch);
+  const double share = static_cast<double>(split[burst.worker]) / config.global_batch;
+  out.capacity_seconds = burst.seconds * share * (1.0 - 1.0 / burst.factor);
+  return out;
 }
 
 }  // namespace dbs

@@ -14,7 +14,8 @@
 //           speed and looks many times faster than the worker can sustain (quota of a core).
 //           Its true step time (for the best split) is the sustainable one: work / quota.
 // On top: per-step noise (lognormal, relative standard deviation `noise`), a slow drift of speed
-// per epoch, and disturbances (a worker slowed f-fold for a range of epochs).
+// per epoch, disturbances (a worker slowed f-fold for a range of epochs) and bursts (a worker
+// slowed f-fold for some seconds of the run, as when an unrelated task lands on its machine).
 // A cfs worker reports what dbs_worker reports under a CPU limit (SimulationConfig::
 // cpu_limit_aware): the larger of its step's time and its CPU time over the quota.
 // Every step also costs a communication time c = c0 + c1 * n that every worker pays. A step takes
@@ -64,6 +65,16 @@ struct Disturbance {
   double factor = 1.0;
 };
 
+// Worker `worker` is `factor` times slower for `seconds` from `start_seconds` of the run: every
+// step that starts inside the burst is slowed. Bursts on one worker that overlap multiply.
+struct Burst {
+  int worker = 0;
+  double start_seconds = 0.0;
+  double seconds = 0.0;
+  double factor = 1.0;
+  double end_seconds() const { return start_seconds + seconds; }
+};
+
 struct SimulationConfig {
   std::vector<SpeedModel> workers;
   double comm_base_seconds = 0.0;        // c0
@@ -73,6 +84,8 @@ struct SimulationConfig {
   int epochs = 5;
   PolicyKind policy = PolicyKind::kDbs;
   std::vector<Disturbance> disturbances;
+  std::vector<Burst> bursts;
+  bool trace_steps = false;      // keep every step (EpochResult::trace)
   int replan_window_steps = -1;  // mid-epoch re-planning: -1 the policy's default, 0 off
   double replan_threshold = kDefaultReplanThreshold;
   double noise_margin = kDefaultNoiseMargin;  // dbs: see BalancingOptions
@@ -85,12 +98,20 @@ struct SimulationConfig {
   static SimulationConfig Linear(const std::vector<double>& speeds);
 };
 
+// One step as it ran.
+struct StepTrace {
+  double start_seconds = 0.0;   // of the run
+  std::vector<int> batches;     // each worker's
+  std::vector<double> seconds;  // each worker's noise-free step time, disturbances and bursts in
+};
+
 struct EpochResult {
   double seconds = 0.0;              // wall time, noise and communication included
   std::vector<int> batches;          // each worker's batch (at most steps)
   std::vector<double> step_seconds;  // each worker's noise-free step time at that batch
   double best_step_seconds = 0.0;    // slowest step of the best integer split of B
   int replans = 0;                   // mid-epoch re-plans
+  std::vector<StepTrace> trace;      // with SimulationConfig::trace_steps
   // Slowest over fastest step time among workers with a non-zero batch.
   double Spread() const;
   // Slowest step over the best split's slowest step (1: optimal).
@@ -111,9 +132,31 @@ struct SimulationResult {
 
 absl::StatusOr<SimulationResult> Simulate(const SimulationConfig& config);
 
+// How a run (simulated with trace_steps) took one of its bursts.
+struct BurstOutcome {
+  // Steps from the first step that starts inside the burst (after it: the first that starts
+  // after its end) to the first step that is rebalanced: its slowest worker's step within
+  // `tolerance` of the slowest of the best split for the speeds of that moment. 0: at once; -1:
+  // not within the run.
+  int steps_from_start = -1;
+  int steps_from_end = -1;
+  // The capacity the burst removed, in seconds of the whole cluster: its length times the
+  // worker's share of the cluster's throughput at the best split (its share of the global
+  // batch) times 1 - 1/factor. An ideal controller, re-balancing at once, loses about this.
+  double capacity_seconds = 0.0;
+};
+BurstOutcome AnalyzeBurst(const SimulationConfig& config, const SimulationResult& result,
+                          const Burst& burst, double tolerance = 0.10);
+// The run's wall time (every epoch's, noise and communication included).
+double RunSeconds(const SimulationResult& result);
+
 // The best split of `global_batch` into integer batches for the true per-worker step-time
 // functions in `epoch` (disturbances included): the one whose slowest step is fastest.
 std::vector<int> BestSplit(const SimulationConfig& config, int epoch);
+// The same with each worker's step time multiplied by its entry of `factors` (the bursts of a
+// moment; empty: none).
+std::vector<int> BestSplit(const SimulationConfig& config, int epoch,
+                           const std::vector<double>& factors);
 // The slowest step time of that split.
 double BestStepSeconds(const SimulationConfig& config, int epoch);
 // A random cluster for property tests: 4-64 workers, each linear, quota or GPU-like, with speeds
@@ -133,6 +176,8 @@ SimulationConfig RandomCfsCluster(uint64_t seed, bool kernel_default_periods,
 
 // The true step time of worker `i` at `batch` in `epoch`, disturbances included.
 double TrueStepSeconds(const SimulationConfig& config, int i, int batch, int epoch);
+// The factor by which the bursts slow worker `i` at `seconds` of the run (1: none).
+double BurstFactor(const SimulationConfig& config, int i, double seconds);
 
 }  // namespace dbs
 

@@ -11,20 +11,23 @@
 #      exactness_test, their jobs in cluster_test; faulty_worker_test: its screen and quarantine
 #      are under ASan in step_aggregator_test and hardening_test); and with
 #      simulation_test's property tests on their first 60 random clusters instead of 300 (the
-#      same code paths at a fifth of the time); cluster_test skips its cases that judge the
-#      share policy's decisions (policy_outcome); only the tests and what they need are built;
+#      same code paths at a fifth of the time), and burst_test's on 10 instead of 50; cluster_test
+#      skips its cases that judge the share policy's decisions (policy_outcome); only the tests
+#      and what they need are built;
 #   2. the domain and adapter tests (every C++ test that does not need libtorch) under
 #      ThreadSanitizer (--config=tsan), with tests/tsan's canary first: it proves the build
 #      reports a real race and sees Debian's uninstrumented Abseil locks (docs/security.md).
-#      simulation_test is left out: it runs on one thread and takes minutes under TSan.
+#      simulation_test and burst_test are left out: they run on one thread and take minutes
+#      under TSan.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-bazel test --config=asan --build_tests_only --test_env=SIMULATION_TEST_CLUSTERS=60 -- //... \
+bazel test --config=asan --build_tests_only --test_env=SIMULATION_TEST_CLUSTERS=60 \
+  --test_env=BURST_TEST_CLUSTERS=10 -- //... \
   -//tests:bench_small_test -//tests:compose_test -//tests:deploy_test -//tests:torchscript_test \
   -//tests:data_formats_test -//tests:observability_test -//tests:faulty_worker_test || status=1
 tsan_tests=$(bazel query 'kind(cc_test, //tests:*) except rdeps(//tests:*, @system//:torch)
-                          except //tests:simulation_test' 2>/dev/null)
+                          except //tests:simulation_test except //tests:burst_test' 2>/dev/null)
 if [[ -z $tsan_tests ]]; then
   echo "run_sanitizers: bazel query found no tests for ThreadSanitizer" >&2
   exit 1

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
+#include <optional>
 
 namespace dbs {
 namespace {
@@ -92,6 +94,52 @@ Level LevelAgainst(const std::vector<std::pair<int, Weighted>>& kept,
   return level;
 }
 
+// The curve through `points` (their weights as given), pooled and made non-decreasing.
+StepTimeModel PoolOf(const std::vector<std::pair<int, Weighted>>& points,
+                     const StepTimeModelOptions& options) {
+  std::vector<Weighted> pts;
+  for (const auto& [unused, p] : points) pts.push_back(p);
+  return StepTimeModel::FromKnots(
+      Isotonic(std::move(pts), options.relative_noise, options.significance), options);
+}
+
+// A measurement (`group`) at batches none measured before, against the curve `now`: the ratio
+// of its time to the curve's when that is a change of speed, which it is when
+//   - time falls as the batch grows: it is slower by more than `threshold` than the curve at
+//     the next batch measured above it, or faster than at the next one below (no shape does
+//     that, so the worker's speed moved: a task landed on its machine, or left it);
+//   - or the curve as it was before the last change (`before`, empty when there was none)
+//     explains it within `threshold` while `now` does not: the change reversed (a burst ended).
+std::optional<double> ShiftAtNewBatches(const std::vector<Weighted>& group,
+                                        const StepTimeModel& now, const StepTimeModel& before,
+                                        double threshold) {
+  if (now.empty()) return std::nullopt;
+  double measured = 0.0, predicted = 0.0, predicted_before = 0.0;
+  bool against_shape = false;
+  const auto& knots = now.knots();
+  for (const Weighted& p : group) {
+    measured += p.weight * p.seconds;
+    predicted += p.weight * now.Predict(p.batch);
+    if (!before.empty()) predicted_before += p.weight * before.Predict(p.batch);
+    auto above = std::lower_bound(knots.begin(), knots.end(), std::make_pair(p.batch, 0.0));
+    if (above != knots.end() && p.seconds > (1.0 + threshold) * above->second) {
+      against_shape = true;
+    }
+    if (above != knots.begin() && p.seconds * (1.0 + threshold) < std::prev(above)->second) {
+      against_shape = true;
+    }
+  }
+  if (!(measured > 0) || !(predicted > 0)) return std::nullopt;
+  const double ratio = measured / predicted;
+  const double limit = std::log1p(threshold);
+  if (std::abs(std::log(ratio)) <= limit) return std::nullopt;
+  if (against_shape) return ratio;
+  if (predicted_before > 0 && std::abs(std::log(measured / predicted_before)) <= limit) {
+    return ratio;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
@@ -104,35 +152,49 @@ StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
   std::vector<std::pair<int, Weighted>> kept;  // (sequence, point)
   model.last_change_ = by_sequence.begin()->first;
   auto pooled = [&](int now) {
-    std::vector<Weighted> pts;
-    for (const auto& [seq, p] : kept) {
-      Weighted w = p;
-      w.weight *= std::ldexp(1.0, -std::min(60, now - seq));  // half as much per measurement
-      pts.push_back(w);
-    }
-    return FromKnots(Isotonic(std::move(pts), options.relative_noise, options.significance),
-                     options);
+    std::vector<std::pair<int, Weighted>> pts = kept;
+    // Half as much per measurement.
+    for (auto& [seq, p] : pts) p.weight *= std::ldexp(1.0, -std::min(60, now - seq));
+    return PoolOf(pts, options);
   };
+  // The points as they stood before the last change of speed, to tell when it reverses.
+  std::vector<std::pair<int, Weighted>> before_change;
   for (const auto& [seq, group] : by_sequence) {
     if (!kept.empty()) {
+      const StepTimeModel now = pooled(seq);
       // Where this measurement repeats batches already measured, a large deviation is a change
       // of speed, not of shape: move the whole curve.
-      const Level level = LevelAgainst(kept, group, seq, pooled(seq));
+      const Level level = LevelAgainst(kept, group, seq, now);
+      double scale = 1.0;
+      bool change = false;
       if (level.measured > 0 && level.predicted > 0) {
         // A change of speed moves the whole curve to the new level at once. Short of that, the
         // level moves by the new measurement's share of the evidence (its steps against the
         // recency-weighted steps measured there before), so slow drifts are followed and a
         // short, noisy window does not move the curve by its noise.
         const double ratio = level.measured / level.predicted;
-        double scale = ratio;
-        if (std::abs(std::log(ratio)) > std::log1p(options.change_threshold)) {
-          model.last_change_ = seq;
-        } else {
-          scale =
-              (level.old_weight + level.new_weight * ratio) / (level.old_weight + level.new_weight);
+        change = std::abs(std::log(ratio)) > std::log1p(options.change_threshold);
+        scale = change ? ratio
+                       : (level.old_weight + level.new_weight * ratio) /
+                             (level.old_weight + level.new_weight);
+      } else {
+        // Only batches not measured before: the curve may bend there, so a deviation is read as
+        // a change of speed only where the shape cannot explain it.
+        std::vector<std::pair<int, Weighted>> reference = before_change;
+        for (auto& [k_seq, p] : reference) p.weight *= std::ldexp(1.0, -std::min(60, seq - k_seq));
+        std::optional<double> ratio = ShiftAtNewBatches(
+            group, now, before_change.empty() ? StepTimeModel() : PoolOf(reference, options),
+            options.change_threshold);
+        if (ratio.has_value()) {
+          change = true;
+          scale = *ratio;
         }
-        for (auto& [unused, p] : kept) p.seconds *= scale;
       }
+      if (change) {
+        model.last_change_ = seq;
+        before_change = kept;
+      }
+      for (auto& [unused, p] : kept) p.seconds *= scale;
     }
     for (const Weighted& p : group) kept.push_back({seq, p});
   }

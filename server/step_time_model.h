@@ -13,8 +13,12 @@
 //      level at once and the change is recorded (last_change()). A smaller one moves the level by
 //      the new measurement's share of the evidence (its steps against the recency-weighted steps
 //      measured there before), so a slow drift is followed and a short, noisy window moves it
-//      little. Between measured batches a deviation says nothing: the curve is unknown there and
-//      may bend (a quota's knee can double the time in one sample);
+//      little. At batches not measured before the curve is unknown and may bend (a quota's knee
+//      can double the time in one sample), so a deviation there is a change of speed only where
+//      no shape explains it: time falling as the batch grows (slower than at a larger measured
+//      batch, or faster than at a smaller one, by more than `change_threshold`), or a change
+//      that reverses (the curve as it was before the last change explains the measurement
+//      within `change_threshold` and the current one does not: a burst of contention ended);
 //   2. pooling: points at the same batch are averaged, weighted by their step counts and by
 //      recency (each older measurement counts half as much as the next);
 //   3. isotonic regression (pool adjacent violators), so time never falls as the batch grows,

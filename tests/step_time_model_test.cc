@@ -120,6 +120,47 @@ TEST(StepTimeModelTest, AChangeOfSpeedMovesTheWholeCurve) {
   EXPECT_NEAR(after.Predict(32), 3 * 0.116, 1e-12) << "the shape is kept";
 }
 
+TEST(StepTimeModelTest, SlowerAtASmallerBatchIsAChangeOfSpeedNotAShape) {
+  // 1 ms per sample at 32 and 16; then, at 12 (never measured), 36 ms a step: more than 16
+  // samples took. No curve does that: the worker was slowed, here 3x.
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 32, 10, 0.32}, {1, 16, 10, 0.16}, {2, 12, 8, 8 * 0.036}});
+  EXPECT_EQ(m.last_change(), 2);
+  EXPECT_NEAR(m.Predict(12), 0.036, 1e-9);
+  EXPECT_NEAR(m.Predict(32), 3 * 0.032, 1e-9) << "the whole curve moved";
+  // Faster at a larger batch than at a smaller one: sped up.
+  const StepTimeModel faster =
+      StepTimeModel::Fit({{0, 16, 10, 0.16}, {1, 8, 10, 0.08}, {2, 24, 8, 8 * 0.006}});
+  EXPECT_EQ(faster.last_change(), 2);
+  EXPECT_NEAR(faster.Predict(8), 0.002, 1e-9);
+}
+
+TEST(StepTimeModelTest, AKneeAboveTheMeasuredRangeIsAShapeNotAChange) {
+  // Full speed (1 ms per sample) at 16 and 20; at 32, beyond a quota's knee, 8 ms per sample
+  // more: far above the extrapolation, yet no smaller batch was slower, and there was no change
+  // before to revert to.
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 16, 10, 0.16}, {1, 20, 10, 0.20}, {2, 32, 10, 10 * 0.116}});
+  EXPECT_EQ(m.last_change(), 0);
+  EXPECT_NEAR(m.Predict(32), 0.116, 1e-9);
+  EXPECT_NEAR(m.Predict(16), 0.016, 1e-9);
+}
+
+TEST(StepTimeModelTest, AChangeThatReversesAtANewBatchIsFollowedAtOnce) {
+  // 1 ms per sample at 32; slowed 4x (measured at 32), moved to 8, where it is back to full
+  // speed (the burst ended): the curve from before the change explains it, the slowed one does
+  // not, so the whole curve moves back rather than keeping the slowed points.
+  const StepTimeModel m =
+      StepTimeModel::Fit({{0, 32, 40, 40 * 0.032}, {1, 32, 8, 8 * 0.128}, {2, 8, 8, 8 * 0.008}});
+  EXPECT_EQ(m.last_change(), 2);
+  EXPECT_NEAR(m.Predict(8), 0.008, 1e-9);
+  EXPECT_NEAR(m.Predict(32), 0.032, 1e-9);
+  // Without the change before, the same point at a new, smaller batch is only a shape.
+  const StepTimeModel shape = StepTimeModel::Fit({{0, 32, 40, 40 * 0.128}, {1, 8, 8, 8 * 0.008}});
+  EXPECT_EQ(shape.last_change(), 0);
+  EXPECT_NEAR(shape.Predict(32), 0.128, 1e-9);
+}
+
 TEST(StepTimeModelTest, SmallDeviationsMoveTheLevelByTheirShareOfTheEvidence) {
   // 5% slower at 16 in a measurement as long as the first: the level moves about halfway
   // (the first counts half as much for being older).
