@@ -159,10 +159,16 @@ std::vector<int> BestSplit(const SimulationConfig& config, int epoch,
 }
 
 double BestStepSeconds(const SimulationConfig& config, int epoch) {
-  const std::vector<int> split = BestSplit(config, epoch);
+  return BestStepSeconds(config, epoch, {});
+}
+
+double BestStepSeconds(const SimulationConfig& config, int epoch,
+                       const std::vector<double>& factors) {
+  const std::vector<int> split = BestSplit(config, epoch, factors);
   double slowest = 0.0;
   for (size_t i = 0; i < split.size(); ++i) {
-    slowest = std::max(slowest, TrueStepSeconds(config, static_cast<int>(i), split[i], epoch));
+    slowest = std::max(slowest, TrueStepSeconds(config, static_cast<int>(i), split[i], epoch) *
+                                    (factors.empty() ? 1.0 : factors[i]));
   }
   return slowest;
 }
@@ -598,12 +604,8 @@ int StepsToRebalance(const SimulationConfig& config, const SimulationResult& res
       for (int j = 0; j < n; ++j) factors[j] = BurstFactor(config, j, t.start_seconds);
       auto it = best.find({epoch, factors});
       if (it == best.end()) {
-        const std::vector<int> split = BestSplit(config, epoch, factors);
-        double slowest = 0.0;
-        for (int j = 0; j < n; ++j) {
-          slowest = std::max(slowest, TrueStepSeconds(config, j, split[j], epoch) * factors[j]);
-        }
-        it = best.emplace(std::make_pair(epoch, factors), slowest).first;
+        it = best.emplace(std::make_pair(epoch, factors), BestStepSeconds(config, epoch, factors))
+                 .first;
       }
       const double slowest = *std::max_element(t.seconds.begin(), t.seconds.end());
       if (slowest <= (1.0 + tolerance) * it->second) return steps;

@@ -159,6 +159,8 @@ std::vector<int> BestSplit(const SimulationConfig& config, int epoch,
                            const std::vector<double>& factors);
 // The slowest step time of that split.
 double BestStepSeconds(const SimulationConfig& config, int epoch);
+double BestStepSeconds(const SimulationConfig& config, int epoch,
+                       const std::vector<double>& factors);
 // A random cluster for property tests: 4-64 workers, each linear, quota or GPU-like, with speeds
 // at the equal split spread over up to 1:10, noise on half the clusters, drift on a third; the
 // global batch is 32 per worker, doubled (up to 4 times) until every worker's best batch is 16 or

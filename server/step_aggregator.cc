@@ -22,11 +22,15 @@ void StepAggregator::AwaitNotCompletingLocked() const {
       +[](const bool* completing) { return !*completing; }, &completing_));
 }
 
-void StepAggregator::RestartReductionLocked() {
+void StepAggregator::RestartReductionLocked(bool drop_buffer) {
   ++round_;
   handed_ = 0;
   absl::MutexLock lock(&reduction_mu_);
-  reduction_.Restart();
+  if (drop_buffer) {
+    reduction_.Reset();
+  } else {
+    reduction_.Restart();
+  }
   reduction_round_ = round_;
   taken_ = 0;
 }
@@ -524,14 +528,7 @@ void StepAggregator::LoadState(const State& s, StepQuotas quotas) {
   pending_.clear();
   last_.reset();
   evicted_.clear();
-  ++round_;
-  handed_ = 0;
-  {
-    absl::MutexLock reduction(&reduction_mu_);
-    reduction_.Reset();  // the store's LoadState dropped its reservation
-    reduction_round_ = round_;
-    taken_ = 0;
-  }
+  RestartReductionLocked(/*drop_buffer=*/true);  // the store's LoadState dropped its reservation
   absl::MutexLock stats(&stats_mu_);
   stats_.Restore(s.epoch, s.losses, s.accepted);
 }

@@ -304,8 +304,9 @@ class StepAggregator {
   // Waits until no step is being applied (a restore, a new epoch or an abort must not cut into
   // one).
   void AwaitNotCompletingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the reduction over (round_ + 1), forgetting what it held.
-  void RestartReductionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the reduction over (round_ + 1), forgetting what it held; with `drop_buffer` its sum's
+  // buffer too (the store's LoadState dropped its reservation).
+  void RestartReductionLocked(bool drop_buffer = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a step completed, before its answers go out: the failure hook, or the step hook (and
   // the re-plan it returns), then the answers' release time.
   void AfterStep(const StepStats& stats, absl::StatusOr<StepResult>* result)

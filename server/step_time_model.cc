@@ -94,11 +94,15 @@ Level LevelAgainst(const std::vector<std::pair<int, Weighted>>& kept,
   return level;
 }
 
-// The curve through `points` (their weights as given), pooled and made non-decreasing.
-StepTimeModel PoolOf(const std::vector<std::pair<int, Weighted>>& points,
-                     const StepTimeModelOptions& options) {
+// The curve through `points` as of measurement `now`: each point weighing half as much per
+// measurement it is older, pooled and made non-decreasing.
+StepTimeModel CurveAt(const std::vector<std::pair<int, Weighted>>& points, int now,
+                      const StepTimeModelOptions& options) {
   std::vector<Weighted> pts;
-  for (const auto& [unused, p] : points) pts.push_back(p);
+  for (const auto& [seq, p] : points) {
+    pts.push_back(p);
+    pts.back().weight *= std::ldexp(1.0, -std::min(60, now - seq));
+  }
   return StepTimeModel::FromKnots(
       Isotonic(std::move(pts), options.relative_noise, options.significance), options);
 }
@@ -140,67 +144,62 @@ std::optional<double> ShiftAtNewBatches(const std::vector<Weighted>& group,
   return std::nullopt;
 }
 
+// How measurement `group` (sequence `seq`) moves the points kept so far (`kept`; `before_change`:
+// as they stood before the last change of speed): the factor to scale them by, and whether it is
+// a change of speed.
+struct Move {
+  double scale = 1.0;
+  bool change = false;
+};
+Move MoveOf(const std::vector<std::pair<int, Weighted>>& kept,
+            const std::vector<std::pair<int, Weighted>>& before_change,
+            const std::vector<Weighted>& group, int seq, const StepTimeModelOptions& options) {
+  const StepTimeModel now = CurveAt(kept, seq, options);
+  // Where this measurement repeats batches already measured, a large deviation is a change of
+  // speed, not of shape: the whole curve moves to the new level at once. Short of that, the
+  // level moves by the new measurement's share of the evidence (its steps against the
+  // recency-weighted steps measured there before), so slow drifts are followed and a short,
+  // noisy window does not move the curve by its noise.
+  const Level level = LevelAgainst(kept, group, seq, now);
+  if (level.measured > 0 && level.predicted > 0) {
+    const double ratio = level.measured / level.predicted;
+    if (std::abs(std::log(ratio)) > std::log1p(options.change_threshold)) return {ratio, true};
+    return {(level.old_weight + level.new_weight * ratio) / (level.old_weight + level.new_weight),
+            false};
+  }
+  // Only batches not measured before: the curve may bend there, so a deviation is read as a
+  // change of speed only where the shape cannot explain it.
+  const std::optional<double> ratio = ShiftAtNewBatches(
+      group, now, before_change.empty() ? StepTimeModel() : CurveAt(before_change, seq, options),
+      options.change_threshold);
+  if (ratio.has_value()) return {*ratio, true};
+  return {};
+}
+
 }  // namespace
 
 StepTimeModel StepTimeModel::Fit(absl::Span<const StepTimePoint> points,
                                  const StepTimeModelOptions& options) {
   // Measurements oldest first.
   const std::map<int, std::vector<Weighted>> by_sequence = BySequence(points);
-  StepTimeModel model;
-  if (by_sequence.empty()) return model;
-  const int newest = by_sequence.rbegin()->first;
+  if (by_sequence.empty()) return StepTimeModel();
+  int last_change = by_sequence.begin()->first;
   std::vector<std::pair<int, Weighted>> kept;  // (sequence, point)
-  model.last_change_ = by_sequence.begin()->first;
-  auto pooled = [&](int now) {
-    std::vector<std::pair<int, Weighted>> pts = kept;
-    // Half as much per measurement.
-    for (auto& [seq, p] : pts) p.weight *= std::ldexp(1.0, -std::min(60, now - seq));
-    return PoolOf(pts, options);
-  };
   // The points as they stood before the last change of speed, to tell when it reverses.
   std::vector<std::pair<int, Weighted>> before_change;
   for (const auto& [seq, group] : by_sequence) {
     if (!kept.empty()) {
-      const StepTimeModel now = pooled(seq);
-      // Where this measurement repeats batches already measured, a large deviation is a change
-      // of speed, not of shape: move the whole curve.
-      const Level level = LevelAgainst(kept, group, seq, now);
-      double scale = 1.0;
-      bool change = false;
-      if (level.measured > 0 && level.predicted > 0) {
-        // A change of speed moves the whole curve to the new level at once. Short of that, the
-        // level moves by the new measurement's share of the evidence (its steps against the
-        // recency-weighted steps measured there before), so slow drifts are followed and a
-        // short, noisy window does not move the curve by its noise.
-        const double ratio = level.measured / level.predicted;
-        change = std::abs(std::log(ratio)) > std::log1p(options.change_threshold);
-        scale = change ? ratio
-                       : (level.old_weight + level.new_weight * ratio) /
-                             (level.old_weight + level.new_weight);
-      } else {
-        // Only batches not measured before: the curve may bend there, so a deviation is read as
-        // a change of speed only where the shape cannot explain it.
-        std::vector<std::pair<int, Weighted>> reference = before_change;
-        for (auto& [k_seq, p] : reference) p.weight *= std::ldexp(1.0, -std::min(60, seq - k_seq));
-        std::optional<double> ratio = ShiftAtNewBatches(
-            group, now, before_change.empty() ? StepTimeModel() : PoolOf(reference, options),
-            options.change_threshold);
-        if (ratio.has_value()) {
-          change = true;
-          scale = *ratio;
-        }
-      }
-      if (change) {
-        model.last_change_ = seq;
+      const Move move = MoveOf(kept, before_change, group, seq, options);
+      if (move.change) {
+        last_change = seq;
         before_change = kept;
       }
-      for (auto& [unused, p] : kept) p.seconds *= scale;
+      for (auto& [unused, p] : kept) p.seconds *= move.scale;
     }
     for (const Weighted& p : group) kept.push_back({seq, p});
   }
-  const int change = model.last_change_;
-  model = pooled(newest);
-  model.last_change_ = change;
+  StepTimeModel model = CurveAt(kept, by_sequence.rbegin()->first, options);
+  model.last_change_ = last_change;
   return model;
 }
 

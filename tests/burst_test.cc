@@ -5,27 +5,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/simulation.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/clusters_to_check.h"
 
 namespace dbs {
 namespace {
-
-// Clusters per kind of burst; BURST_TEST_CLUSTERS=N checks the first N seeds instead.
-int ClustersToCheck() {
-  const char* text = std::getenv("BURST_TEST_CLUSTERS");
-  int n = 0;
-  if (text == nullptr || !absl::SimpleAtoi(text, &n) || n < 5) return 50;
-  return n;
-}
 
 enum class Target { kFastest, kSlowest, kMiddle, kOverlapping };
 
@@ -181,7 +172,8 @@ TEST(BurstTest, ABurstSlowsItsStepsAndTheReplanRebalancesThem) {
 // at the median; and where it hits the slowest worker it costs DBS less than it costs the fixed
 // split, whose pace that worker sets.
 TEST(BurstTest, RandomClustersRebalanceAfterEveryBurst) {
-  const int clusters = ClustersToCheck();
+  // BURST_TEST_CLUSTERS=N checks the first N seeds instead of 50.
+  const int clusters = ClustersToCheck("BURST_TEST_CLUSTERS", 50, 5);
   for (Target target :
        {Target::kFastest, Target::kSlowest, Target::kMiddle, Target::kOverlapping}) {
     const Figures dbs = RunCases(target, PolicyKind::kDbs, clusters);

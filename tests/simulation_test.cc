@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_matchers.h"
 #include "gtest/gtest.h"
+#include "tests/clusters_to_check.h"
 
 namespace dbs {
 namespace {
@@ -252,14 +251,7 @@ bool Converged(const SimulationConfig& c, const SimulationResult& r, int from, d
 // 300 random clusters per property. SIMULATION_TEST_CLUSTERS=N checks the first N seeds instead:
 // deploy/run_sanitizers.sh runs 60 under AddressSanitizer, which looks for memory errors in the
 // same code paths at a fifth of the cost (the arithmetic, and so every result, is the same).
-int ClustersToCheck() {
-  const char* text = std::getenv("SIMULATION_TEST_CLUSTERS");
-  int n = 0;
-  if (text == nullptr || !absl::SimpleAtoi(text, &n) || n < 10) return 300;
-  return n;
-}
-
-const int kClusters = ClustersToCheck();
+const int kClusters = ClustersToCheck("SIMULATION_TEST_CLUSTERS", 300, 10);
 
 // The property: within 3 epochs every worker's step time within 10% of the others' (or
 // as loaded as the best split of whole samples allows) and the slowest within 10% of the best

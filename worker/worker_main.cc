@@ -331,6 +331,26 @@ void SayEmulated(const WorkerConfig& config) {
 
 }  // namespace
 
+// --measure_speed_samples: measures the learner's speed at each of --measure_batches and prints
+// it as JSON (the first batch's at the top level, every batch's in "curve") instead of training.
+int MeasureSpeedAndExit(const WorkerConfig& config, dbs::Learner* learner,
+                        const dbs::Clock* clock) {
+  std::string curve;
+  double first = 0.0;
+  for (int batch : config.measure_batches) {
+    absl::StatusOr<double> speed =
+        dbs::MeasureSpeed(learner, clock, config.measure_speed_samples, batch);
+    if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
+    if (curve.empty()) first = *speed;
+    absl::StrAppend(&curve, curve.empty() ? "" : ", ", "{\"batch\": ", batch,
+                    ", \"samples_per_second\": ", *speed, "}");
+  }
+  std::cout << "{\"samples_per_second\": " << first << ", \"slowdown\": " << config.slowdown.base()
+            << ", \"batch\": " << config.measure_batches.front() << ", \"curve\": [" << curve
+            << "]}" << std::endl;
+  return dbs::kExitOk;
+}
+
 int main(int argc, char** argv) {
   dbs::ParseCommandLine(argc, argv,
                         "dbs_worker: trains a model (built-in or TorchScript) on the data of "
@@ -354,24 +374,7 @@ int main(int argc, char** argv) {
   std::optional<dbs::SlowedLearner> slowed;
   dbs::Learner* trained = EmulateSlowdown(&*config, learner->get(), &clock, &slowed);
 
-  if (config->measure_speed_samples > 0) {
-    // The first batch's speed at the top level; every batch's in 'curve'.
-    std::string curve;
-    double first = 0.0;
-    for (int batch : config->measure_batches) {
-      absl::StatusOr<double> speed =
-          dbs::MeasureSpeed(trained, &clock, config->measure_speed_samples, batch);
-      if (!speed.ok()) return Fail("dbs_worker", speed.status(), dbs::kExitFailed);
-      if (curve.empty()) first = *speed;
-      absl::StrAppend(&curve, curve.empty() ? "" : ", ", "{\"batch\": ", batch,
-                      ", \"samples_per_second\": ", *speed, "}");
-    }
-    std::cout << "{\"samples_per_second\": " << first
-              << ", \"slowdown\": " << config->slowdown.base()
-              << ", \"batch\": " << config->measure_batches.front() << ", \"curve\": [" << curve
-              << "]}" << std::endl;
-    return dbs::kExitOk;
-  }
+  if (config->measure_speed_samples > 0) return MeasureSpeedAndExit(*config, trained, &clock);
 
   std::cout << "[" << config->loop.name << "] " << (*learner)->DescribeData() << std::endl;
   SayEmulated(*config);
