@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -273,6 +274,24 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return out;
 }
 
+// Temporaries of checkpoints that another process (a dbs_ps killed while writing) left in `dir`:
+// ckpt-<seq>.dbs.tmp.<pid>.<n> with a pid other than ours.
+std::vector<std::string> LeftoverTemporaries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  const std::string ours = absl::StrCat(".dbs.tmp.", getpid(), ".");
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (absl::StartsWith(name, "ckpt-") && absl::StrContains(name, ".dbs.tmp.") &&
+        !absl::StrContains(name, ours)) {
+      out.push_back(dir + "/" + name);
+    }
+  }
+  closedir(d);
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobState& state,
@@ -281,6 +300,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobSta
   const auto existing = ListCheckpoints(dir);
   const int64_t seq = existing.empty() ? 1 : existing.front().first + 1;
   const std::string path = absl::StrCat(dir, "/ckpt-", seq, ".dbs");
+  for (const std::string& leftover : LeftoverTemporaries(dir)) std::remove(leftover.c_str());
   DBS_RETURN_IF_ERROR(WriteFileAtomic(path, EncodeCheckpoint(state)));
   for (size_t i = static_cast<size_t>(std::max(0, keep - 1)); i < existing.size(); ++i) {
     std::remove(existing[i].second.c_str());

@@ -39,7 +39,8 @@ std::string EncodeCheckpoint(const JobState& state);
 // DATA_LOSS for a truncated, altered or unknown file; FAILED_PRECONDITION for an older format.
 absl::StatusOr<JobState> DecodeCheckpoint(const std::string& bytes);
 
-// Writes `state` into `dir` as ckpt-<seq>.dbs (seq increasing), keeping the newest `keep`.
+// Writes `state` into `dir` as ckpt-<seq>.dbs (seq increasing), keeping the newest `keep` and
+// removing the half-written temporaries a killed dbs_ps left behind.
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const JobState& state,
                                             int keep = 3);
 

@@ -156,6 +156,28 @@ TEST(CheckpointTest, TruncatedOrAlteredFilesAreRefusedAndThePreviousOneIsUsed) {
               StatusCodeIs(absl::StatusCode::kNotFound));
 }
 
+TEST(CheckpointTest, TheNextWriteRemovesWhatAKilledWriterLeftHalfWritten) {
+  FakeClock clock;
+  auto job = JobAtStep2(&clock);
+  const std::string dir = ::testing::TempDir() + "/leftovers";
+  const JobState state = StateOf(job.get(), Config());
+  ASSERT_THAT(WriteCheckpoint(dir, state), IsOk());
+  // What a dbs_ps killed while writing its second checkpoint leaves (pid 1 is never ours).
+  const std::string leftover = dir + "/ckpt-2.dbs.tmp.1.0";
+  std::ofstream(leftover) << "half a checkpoint";
+  const std::string other = dir + "/notes.txt";
+  std::ofstream(other) << "the user's";
+  std::string path;
+  EXPECT_EQ(LoadNewestCheckpoint(dir, nullptr, &path)->aggregator.step, 2);
+  EXPECT_EQ(path, dir + "/ckpt-1.dbs") << "a temporary is never read as a checkpoint";
+  auto next = WriteCheckpoint(dir, state);
+  ASSERT_THAT(next, IsOk());
+  EXPECT_EQ(*next, dir + "/ckpt-2.dbs");
+  EXPECT_FALSE(std::ifstream(leftover).good()) << "the killed writer's temporary is gone";
+  EXPECT_TRUE(std::ifstream(other).good()) << "files that are not checkpoints are kept";
+  EXPECT_TRUE(std::ifstream(dir + "/ckpt-1.dbs").good());
+}
+
 TEST(CheckpointTest, AnOlderFormatIsRefusedWithAClearMessage) {
   FakeClock clock;
   auto job = JobAtStep2(&clock);

@@ -54,6 +54,16 @@ def alive(pid):
 
 
 # A worker's progress line (`epoch 1/5 step 3/469 | loss ...`): it is training.
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)\.dbs$")
+
+
+def checkpoints(directory):
+    """The complete checkpoints in `directory`, oldest first (a dbs_ps killed while writing one
+    leaves a temporary beside them)."""
+    names = [n for n in os.listdir(directory) if CHECKPOINT_NAME.match(n)]
+    return sorted(names, key=lambda n: int(CHECKPOINT_NAME.match(n).group(1)))
+
+
 PROGRESS_LINE = re.compile(rb"epoch \d+/\d+ step \d+/\d+ ")
 
 
@@ -920,7 +930,7 @@ class ServerRestartTest(ProcessTestCase):
         procs = self.start_restart_workers(port)
         ps.kill()
         ps.wait()
-        files = sorted(os.listdir(ckpt), key=lambda n: int(n[5:-4]))
+        files = checkpoints(ckpt)
         self.assertGreaterEqual(len(files), 2)
         # Damage the newest checkpoint: it must be refused and the one before used.
         newest = os.path.join(ckpt, files[-1])
@@ -935,6 +945,8 @@ class ServerRestartTest(ProcessTestCase):
         self.assertIn(f"refusing checkpoint {newest}: corrupt checkpoint", log)
         self.assertIn(f"restored {os.path.join(ckpt, files[-2])}: epoch 2", log)
         self.check_restarted_job(procs, summary, "resuming at epoch 2", log)
+        left = [n for n in os.listdir(ckpt) if ".tmp." in n]
+        self.assertEqual(left, [], "the restarted dbs_ps removed what the killed one half wrote")
         # The workers that pushed through shared memory attached again to the new dbs_ps.
         for err in self.restarted_worker_errs[:2]:
             self.assertIn("shares memory with this worker", err)
@@ -1004,7 +1016,7 @@ class ShardedRestartTest(ProcessTestCase):
         leader.wait()
         follower.wait()
         for d in self.ckpt:  # epoch 1's end and at least one periodic checkpoint in epoch 2
-            self.assertGreaterEqual(len(os.listdir(d)), 2, d)
+            self.assertGreaterEqual(len(checkpoints(d)), 2, d)
         restarted = self.spawn(self.shard_argv(0, port, port))
         refollower = self.spawn(self.shard_argv(1, fport, port))
         log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
