@@ -177,6 +177,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::RunEpoch() {
   next_log_ = epoch_start_ + config_.log_every;
   outside_cpu_sum_ = 0.0;
   outside_cpu_steps_ = 0;
+  step_losses_.clear();
   for (int step = first_step_; step < num_steps_; ++step) {
     DBS_RETURN_IF_ERROR(StopIfAsked());
     DBS_ASSIGN_OR_RETURN(Next next, TrainStep(step, &timing));
@@ -277,6 +278,7 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::TrainStep(int step, EpochTiming
   timing->compute_seconds += compute + Since(t2);
   timing->wait_seconds += absl::ToDoubleSeconds(t2 - t1);
   timing->samples += b;
+  step_losses_.push_back(pushed->global_loss);
   if (pushed->revised) DBS_RETURN_IF_ERROR(ApplyRevision(pushed->revision, step));
   LogProgress(step, b, pushed->global_loss, *timing);
   return Next::kGoOn;
@@ -368,7 +370,8 @@ absl::StatusOr<TrainingLoop::Next> TrainingLoop::EvaluateAndReport(EpochTiming t
   // An epoch reported again (to a server restarted before it recorded the first report) is
   // one epoch: the newer report replaces the older.
   if (!epochs_.empty() && epochs_.back().timing.epoch == timing.epoch) epochs_.pop_back();
-  epochs_.push_back({plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_});
+  epochs_.push_back(
+      {plan_.batch_size, plan_.share, timing, outside_cpu_sum_, outside_cpu_steps_, step_losses_});
   if (!config_.export_path.empty() && config_.export_every_epochs > 0 &&
       (epoch_ + 1) % config_.export_every_epochs == 0) {
     // A periodic copy: a failure is reported and training goes on.
@@ -478,7 +481,8 @@ absl::Status TrainingLoop::Finish() {
                       {"outside_compute_cpu_seconds", e.outside_cpu_seconds},
                       {"outside_compute_cpu_steps", e.outside_cpu_steps},
                       {"test_samples", e.timing.test_samples},
-                      {"test_correct", e.timing.test_correct}});
+                      {"test_correct", e.timing.test_correct},
+                      {"step_losses", e.step_losses}});
   }
   const nlohmann::json record = {{"worker_id", id_}, {"name", config_.name}, {"epochs", epochs}};
   return WriteFileAtomic(config_.record_path, record.dump(2) + "\n");

@@ -67,6 +67,9 @@ struct EpochLog {
   // communication costs this worker's CPU.
   double outside_cpu_seconds = 0.0;
   int outside_cpu_steps = 0;
+  // The job's mean training loss of each step this worker took part in, in order (the loss
+  // curve, step by step).
+  std::vector<double> step_losses;
 };
 
 class TrainingLoop {
@@ -152,6 +155,7 @@ class TrainingLoop {
   double comm_cpu_ = 0.0;         // the newest whole step's CPU seconds outside its computation
   double outside_cpu_sum_ = 0.0;  // this epoch's comm_cpu_ of every whole step
   int outside_cpu_steps_ = 0;
+  std::vector<double> step_losses_;  // this epoch's
   absl::Time job_start_, epoch_start_, next_log_;
   std::vector<EpochLog> epochs_;
   std::atomic<bool> stop_{false};
