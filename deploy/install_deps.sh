@@ -18,6 +18,7 @@ BUILD_PACKAGES=(
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev dataset-fashion-mnist
   python3-torch python3-numpy python3-matplotlib python3-yaml clang-format openssl
+  python3-grpcio python3-protobuf python3-venv python3-setuptools python3-wheel
   clang libclang-rt-14-dev
   prometheus chromium docker-compose docker.io debootstrap
 )
