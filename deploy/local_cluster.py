@@ -13,6 +13,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,6 +143,16 @@ def build_parser():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--python_workers", type=int, default=0,
+                    help="of --workers, how many (the last ones) are Python workers "
+                         "(python3 -m dbs.worker) beside the dbs_worker processes")
+    ap.add_argument("--python_model", default="",
+                    help="the Python workers' model: cnn, mlp or MODULE:FACTORY (default: "
+                         "--model; a TorchScript file is the C++ workers' only)")
+    ap.add_argument("--python", default="/usr/bin/python3",
+                    help="the interpreter of the Python workers (with python3-torch and "
+                         "python3-grpcio); it imports dbs as installed, else from this "
+                         "checkout (python/ and the stubs of 'bazel build //python:package')")
     ap.add_argument("--slowdown", default="",
                     help="per-worker slowdown factors, comma-separated, or one for all "
                          "(default: the last worker 3x slower, the others 1)")
@@ -318,6 +329,41 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
             if args.corrupt_gradient and i == args.workers - 1 else [])
 
 
+def python_worker_argv(args, servers, i, slowdown, window):
+    """A Python worker's command line: the flags of dbs_worker's that dbs.worker has too."""
+    if window:
+        raise ValueError(f"worker-{i} is a Python worker, which does not emulate slow windows "
+                         "(--disturb, --random_disturb): make it a dbs_worker")
+    return [
+        args.python, "-m", "dbs.worker", f"--server={servers}", f"--name=worker-{i}",
+        f"--model={args.python_model or args.model}", f"--device={args.device}",
+        f"--data={args.data}", f"--data_dir={args.data_dir}",
+        f"--normalize={args.normalize}", f"--train_limit={args.train_limit}",
+        f"--test_limit={args.test_limit}", f"--slowdown={slowdown}",
+        f"--threads={args.threads}", f"--seed={args.seed}",
+        f"--log_every_s={args.log_every_s}",
+        f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
+        f"--init_params={args.init_params}", f"--loss={args.loss}"] + (
+            [f"--export_path={args.export_path}"] if args.export_path and i == 0 else [])
+
+
+def python_package_path(python, out_dir):
+    """'' when `python` imports dbs already (installed), else a folder holding this checkout's
+    package (python/dbs with the stubs bazel generated), for PYTHONPATH."""
+    if subprocess.run([python, "-c", "import dbs.client"], capture_output=True).returncode == 0:
+        return ""
+    stubs = os.path.join(ROOT, "bazel-bin", "python", "dbs", "_proto")
+    if not os.path.isfile(os.path.join(stubs, "dbs_pb2.py")):
+        raise FileNotFoundError(f"{python} cannot import dbs and {stubs} does not exist: run "
+                                "'bazel build //python:package' (or pip install ./python)")
+    package = os.path.join(out_dir, "python", "dbs")
+    shutil.rmtree(os.path.dirname(package), ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "python", "dbs"), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(stubs, os.path.join(package, "_proto"))
+    return os.path.dirname(package)
+
+
 def describe_emulation(slowdowns, windows, quotas, cgroups):
     described = f"slowdown {','.join(f'{s:.3g}' for s in slowdowns)}"
     if any(cgroups):
@@ -375,12 +421,15 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
             everyone.append((f"ps-{i}", shard))
         print(f"local_cluster: dbs_ps on {', '.join(servers)}; starting {args.workers} workers "
               f"({describe_emulation(*emulation)}); logs in {args.out_dir}", flush=True)
+        first_python = args.workers - args.python_workers
         workers = [cluster.start(f"worker-{i}",
                                  worker_argv(args, worker_bin, ",".join(servers), i, slow,
                                              windows[i])
                                  # Under a CPU quota a slow window slows the whole step (its
                                  # time off the CPU is the quota's throttling).
-                                 + [f"--slowdown_of={'wall' if cgroups[i] else 'cpu'}"],
+                                 + [f"--slowdown_of={'wall' if cgroups[i] else 'cpu'}"]
+                                 if i < first_python else
+                                 python_worker_argv(args, ",".join(servers), i, slow, windows[i]),
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
         everyone += [(f"worker-{i}", w) for i, w in enumerate(workers)]
@@ -390,7 +439,7 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
     except KeyboardInterrupt:
         if not failure:
             failure.append("interrupted (Ctrl-C)")
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         failure.append(str(e))
     finally:
         cluster.stop()
@@ -405,6 +454,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error("--workers must be >= 1")
+    if not 0 <= args.python_workers <= args.workers:
+        ap.error("--python_workers must be in [0, --workers]")
     if not 1 <= args.ps_shards <= 64:
         ap.error("--ps_shards must be in [1, 64]")
     if args.fixed_split and args.policy != "fixed":
@@ -417,6 +468,12 @@ def main(argv=None):
         emulation = resolve_emulation(args)
         ps_bin = find_binary(args.ps_bin, args.bin_dir, "server/dbs_ps")
         worker_bin = find_binary(args.worker_bin, args.bin_dir, "worker/dbs_worker")
+        if args.python_workers:
+            os.makedirs(args.out_dir, exist_ok=True)
+            path = python_package_path(args.python, args.out_dir)
+            if path:
+                os.environ["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [path, os.environ.get("PYTHONPATH", "")]))
     except (ValueError, FileNotFoundError) as e:
         print(f"local_cluster: {e}", file=sys.stderr)
         return 2

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install_deps.sh
-bazel build //server:dbs_ps //worker:dbs_worker
+bazel build //server:dbs_ps //worker:dbs_worker //python:package
 exec python3 deploy/local_cluster.py "$@"
