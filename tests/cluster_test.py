@@ -258,6 +258,15 @@ class ProcessTestCase(unittest.TestCase):
         with open(summary) as f:
             return json.load(f), outs
 
+    def restart_job_flags(self, workers):
+        """dbs_ps's flags for a 3-epoch job of `workers` that checkpoints every 10 steps:
+        (flags, its checkpoint folder, its summary's path)."""
+        ckpt = os.path.join(self.tmp, "ckpt")
+        summary = os.path.join(self.tmp, "summary.json")
+        return ([f"--workers={workers}", "--epochs=3", "--global_batch=64",
+                 f"--checkpoint_dir={ckpt}", "--checkpoint_every_steps=10",
+                 f"--summary_path={summary}"], ckpt, summary)
+
     def start_restart_workers(self, server):
         """Three MLP workers for the restart tests; w2 pushes over the socket, the others through
         shared memory with a single dbs_ps. Returns
@@ -921,10 +930,7 @@ class ElasticJoinTest(ProcessTestCase):
 
 class ServerRestartTest(ProcessTestCase):
     def test_killed_server_restores_from_the_newest_valid_checkpoint_and_workers_continue(self):
-        ckpt = os.path.join(self.tmp, "ckpt")
-        summary = os.path.join(self.tmp, "summary.json")
-        flags = ["--workers=3", "--epochs=3", "--global_batch=64", f"--checkpoint_dir={ckpt}",
-                 "--checkpoint_every_steps=10", f"--summary_path={summary}"]
+        flags, ckpt, summary = self.restart_job_flags(3)
         ps, port = self.start_ps(flags)
         # Kill -9 the server in the middle of epoch 2 (both kinds of push resume).
         procs = self.start_restart_workers(port)

@@ -1,0 +1,165 @@
+"""The dbs Python package's parts that must agree with dbs_worker bit for bit (the permutation,
+the plan's steps, the wire dtypes, the layout of a module) and its refusals, without a server.
+Runs under Debian's /usr/bin/python3 (python3-torch, python3-grpcio): it re-executes itself
+there when started by another interpreter."""
+
+import os
+import sys
+
+try:
+    import grpc  # noqa: F401
+    import torch
+except ImportError:
+    if sys.executable != "/usr/bin/python3":
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+import io  # noqa: E402
+import time  # noqa: E402
+import unittest  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "dbs"))
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+
+import dbs  # noqa: E402
+from dbs import client as dbs_client  # noqa: E402
+from dbs import fitting as dbs_fit  # noqa: E402
+from dbs import models  # noqa: E402
+from dbs import wire  # noqa: E402
+from dbs import worker as dbs_worker  # noqa: E402
+from dbs._proto import dbs_pb2 as pb  # noqa: E402
+
+
+class PermutationTest(unittest.TestCase):
+    def test_known_values_are_the_cpp_generators(self):
+        # The values tests/permutation_test.cc pins for common/permutation.cc.
+        self.assertEqual(list(wire.epoch_permutation(10, 123)), [7, 3, 4, 9, 8, 2, 1, 0, 6, 5])
+        self.assertEqual(wire.epoch_seed(1, 0), 13957987245808512451)
+
+    def test_is_a_permutation(self):
+        for n in (0, 1, 2, 1000):
+            self.assertEqual(sorted(wire.epoch_permutation(n, 42)), list(range(n)))
+        self.assertNotEqual(list(wire.epoch_permutation(100, 1)),
+                            list(wire.epoch_permutation(100, 2)))
+
+
+def plan(**fields):
+    ranges = fields.pop("ranges", [])
+    p = pb.EpochPlan(**fields)
+    for b, e in ranges:
+        p.train_ranges.add(begin=b, end=e)
+    return p
+
+
+class PlanTest(unittest.TestCase):
+    def test_batches_consume_the_ranges_in_order(self):
+        p = plan(num_steps=3, batch_size=3, final_batch_size=2, global_batch=8,
+                 ranges=[(0, 4), (10, 14)])
+        self.assertEqual(wire.expand_steps(p), [[(0, 3)], [(3, 4), (10, 12)], [(12, 14)]])
+
+    def test_a_plan_outside_the_data_is_refused(self):
+        p = plan(num_steps=1, batch_size=4, final_batch_size=4, global_batch=8, ranges=[(0, 4)])
+        wire.validate_plan(p, 4, 0)
+        with self.assertRaisesRegex(wire.PlanError, "outside"):
+            wire.validate_plan(p, 3, 0)
+        with self.assertRaisesRegex(wire.PlanError, "steps"):
+            wire.validate_plan(plan(num_steps=-1), 4, 0)
+        with self.assertRaisesRegex(wire.PlanError, "batch"):
+            wire.validate_plan(plan(num_steps=1, batch_size=9, global_batch=8), 4, 0)
+        rev = pb.PlanRevision(num_steps=3, from_step=1)
+        rev.steps.add()
+        with self.assertRaisesRegex(wire.PlanError, "revision"):
+            wire.validate_revision(rev, 4, 0)
+
+
+class WireTest(unittest.TestCase):
+    def test_sixteen_bit_values_round_to_nearest_even_as_the_server(self):
+        v = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, np.nan, np.inf, 70000.0],
+                     np.float32)
+        bf16 = wire.decode_values(wire.encode_values(v, wire.WIRE_BF16), wire.WIRE_BF16, 7)
+        self.assertEqual(list(bf16[:4]), [1.0, 1.0, 1 + 2**-6, -2.5])
+        self.assertTrue(np.isnan(bf16[4]))
+        self.assertEqual(bf16[5], np.inf)
+        fp16 = wire.decode_values(wire.encode_values(v, wire.WIRE_FP16), wire.WIRE_FP16, 7)
+        self.assertEqual(list(fp16[:4]), [1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5])
+        self.assertEqual(fp16[6], np.inf, "out of fp16's range: infinity")
+        fp32 = wire.decode_values(wire.encode_values(v, wire.WIRE_FP32), wire.WIRE_FP32, 7)
+        self.assertEqual(fp32.tobytes(), v.tobytes())
+
+    def test_values_of_another_length_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "8 bytes of fp32 values where the model has 3"):
+            wire.decode_values(b"\0" * 8, wire.WIRE_FP32, 3)
+        with self.assertRaisesRegex(ValueError, "unknown wire dtype"):
+            wire.decode_values(b"", 7, 0)
+
+
+class ModelTest(unittest.TestCase):
+    def test_layout_is_parameters_then_floating_buffers(self):
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        names = [(n, b) for n, _, b in dbs.model_layout(net)]
+        self.assertEqual(names, [("0.weight", False), ("0.bias", False), ("1.weight", False),
+                                 ("1.bias", False), ("1.running_mean", True),
+                                 ("1.running_var", True)])
+
+    def test_builtins_have_dbs_workers_names_and_shapes(self):
+        cnn = models.cnn()
+        self.assertEqual([(n, tuple(t.shape)) for n, t, _ in dbs.model_layout(cnn)],
+                         [("conv1.weight", (16, 1, 5, 5)), ("conv1.bias", (16,)),
+                          ("conv2.weight", (32, 16, 5, 5)), ("conv2.bias", (32,)),
+                          ("fc1.weight", (64, 512)), ("fc1.bias", (64,)),
+                          ("fc2.weight", (10, 64)), ("fc2.bias", (10,))])
+        with self.assertRaisesRegex(ValueError, "at least 16x16"):
+            models.cnn((3, 8, 8))
+
+    def test_micro_batches_split_as_dbs_worker(self):
+        self.assertEqual(dbs_fit.micro_batches(10, 4), [4, 3, 3])
+        self.assertEqual(dbs_fit.micro_batches(10, 0), [10])
+        self.assertEqual(dbs_fit.micro_batches(3, 4), [3])
+
+    def test_a_test_set_needs_an_evaluation(self):
+        with self.assertRaisesRegex(ValueError, "evaluate"):
+            dbs.Job(torch.nn.Linear(2, 1), server="127.0.0.1:1", train_samples=4,
+                    test_samples=2)
+
+
+class CommandLineTest(unittest.TestCase):
+    def test_variables_fold_in_and_the_command_line_wins(self):
+        ap = dbs_worker.parser()
+        argv = dbs_worker.args_with_environment(
+            ap, ["--name=cli"], {"DBS_NAME": "env", "DBS_THREADS": "3", "HOME": "/"})
+        args = ap.parse_args(argv)
+        self.assertEqual((args.name, args.threads), ("cli", 3))
+
+    def test_a_variable_that_names_no_flag_is_a_configuration_error(self):
+        ap = dbs_worker.parser()
+        stderr = io.StringIO()
+        sys_stderr, sys.stderr = sys.stderr, stderr
+        try:
+            with self.assertRaises(SystemExit) as e:
+                dbs_worker.args_with_environment(ap, [], {"DBS_NO_SUCH_FLAG": "1"})
+        finally:
+            sys.stderr = sys_stderr
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("DBS_NO_SUCH_FLAG names no flag", stderr.getvalue())
+
+
+class ClientTest(unittest.TestCase):
+    def test_an_unreachable_server_is_retried_then_named(self):
+        c = dbs_client.Client("127.0.0.1:1", connect_timeout=1.0, log=lambda line: None)
+        t = time.monotonic()
+        with self.assertRaises(dbs.DbsError) as e:
+            c.register_worker("w", 10, 0)
+        self.assertGreater(time.monotonic() - t, 0.5, "it retried for the connect timeout")
+        self.assertEqual(e.exception.code, dbs_client.Code.UNAVAILABLE)
+        self.assertRegex(str(e.exception), r"could not reach dbs_ps at 127\.0\.0\.1:1 after \d+ "
+                                           r"attempts")
+
+    def test_backoff_grows_to_its_bound(self):
+        b = dbs_client.Backoff(initial=0.1, maximum=0.4, jitter=0.0)
+        self.assertEqual([round(b.next(), 3) for _ in range(4)], [0.1, 0.2, 0.4, 0.4])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
