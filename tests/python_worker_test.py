@@ -170,6 +170,26 @@ class DbsMixedJobTest(PythonWorkerCase):
         self.assertEqual(r.stdout.decode().strip(), "loaded", r.stderr.decode()[-2000:])
 
 
+class ExampleTest(PythonWorkerCase):
+    def test_the_unscriptable_resnet_trains_with_two_python_and_two_cpp_workers(self):
+        out = subprocess.run([PYTHON, os.path.join(RUNFILES, "examples", "python_resnet.py"),
+                              f"--out_dir={self.tmp}", "--epochs=1",
+                              f"--launcher_args=--bin_dir={RUNFILES}"],
+                             capture_output=True, timeout=600, env=ENV)
+        text = out.stdout.decode()
+        self.assertEqual(out.returncode, 0, text[-2000:] + out.stderr.decode()[-2000:])
+        self.assertIn("torch.jit.script cannot compile it", text)
+        result = json.loads(text.strip().splitlines()[-1])
+        print(f"examples/python_resnet.py, 1 epoch: job accuracy {result['job_accuracy']:.4f}, "
+              f"the export reloaded into the Python module {result['reloaded_accuracy']:.4f}")
+        self.assertGreater(result["job_accuracy"], 0.5)
+        self.assertAlmostEqual(result["reloaded_accuracy"], result["job_accuracy"], delta=0.001)
+        logs = [open(os.path.join(self.tmp, "cluster", f"worker-{i}.log")).read()
+                for i in range(4)]
+        self.assertTrue(all("epoch 1/1 done" in log for log in logs))
+        self.assertIn("model python_resnet:make_model", logs[2], "worker 2 is a Python worker")
+
+
 class PackageTest(PythonWorkerCase):
     def test_pip_installs_the_package_offline_into_a_fresh_venv_that_trains(self):
         # The checkout's python/ and proto/ as a user has them (the runfiles are symlinks).

@@ -112,20 +112,29 @@ def _find_idx(folder, kind, prefixes):
 
 
 def load_cifar10(folder):
+    if (not os.path.exists(os.path.join(folder, "test_batch.bin")) and
+            os.path.exists(os.path.join(folder, "cifar-10-batches-bin", "test_batch.bin"))):
+        folder = os.path.join(folder, "cifar-10-batches-bin")
+    train = [os.path.join(folder, f"data_batch_{i}.bin") for i in range(1, 6)]
+    test = os.path.join(folder, "test_batch.bin")
+    for p in train + [test]:
+        if not os.path.exists(p):
+            raise DataError(f"cifar10: {p} does not exist (the folder needs data_batch_1.bin to "
+                            "data_batch_5.bin and test_batch.bin of the CIFAR-10 binary version, "
+                            "cifar-10-binary.tar.gz)")
+
     def records(paths):
-        if not paths:
-            raise DataError(f"CIFAR-10 not found in {folder}: data_batch_*.bin and "
-                            "test_batch.bin expected (the binary version)")
         raw = b"".join(_read(p) for p in paths)
         if len(raw) % 3073:
             raise DataError(f"{paths[0]}: not whole CIFAR-10 records of 3073 bytes")
         a = np.frombuffer(raw, np.uint8).reshape(-1, 3073)
+        if len(a) and a[:, 0].max() > 9:
+            raise DataError(f"{paths[0]}: a label above 9 in a CIFAR-10 file")
         return (torch.from_numpy(a[:, 1:].reshape(-1, 3, 32, 32).copy()),
                 torch.from_numpy(a[:, 0].astype(np.int64)))
 
-    x, y = records(sorted(glob.glob(os.path.join(folder, "data_batch_*.bin"))))
-    test = os.path.join(folder, "test_batch.bin")
-    tx, ty = records([test] if os.path.exists(test) else [])
+    x, y = records(train)
+    tx, ty = records([test])
     return Data(f"cifar10:{folder}", x, y, tx, ty, 10,
                 Normalization([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616],
                               "CIFAR-10's own"))

@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dbs.client import Code, DbsError
-from dbs.job import EvalResult, Job
+from dbs.job import EvalResult, Job, flat_gradient, model_layout
 
 
 def _batch(dataset, indices):
@@ -51,6 +51,46 @@ def export_model(model, path, script_wrapper=None):
     return written + [script_path]
 
 
+def compute_gradient(model, loss_fn, dataset, indices, prepare=None, max_batch=0):
+    """Forward and backward over the samples `indices` (in micro-batches of at most max_batch):
+    their mean gradient in the module's .grad; returns the summed loss."""
+    device = next(model.parameters()).device
+    model.train()
+    model.zero_grad(set_to_none=False)
+    b, offset, loss_sum = len(indices), 0, 0.0
+    for n in micro_batches(b, max_batch):
+        x, y = _batch(dataset, indices[offset:offset + n])
+        if prepare is not None:
+            x = prepare(x)
+        loss = loss_fn(model(x.to(device)), y.to(device))
+        (loss * (n / b) if n != b else loss).backward()
+        loss_sum += loss.item() * n
+        offset += n
+    return loss_sum
+
+
+def measure_speed(model, dataset, loss_fn, samples, batch, prepare=None):
+    """Standalone compute speed without a server, as dbs_worker --measure_speed_samples: the
+    gradient and its flat copy over `samples` training samples in batches of `batch`, after one
+    warm-up batch. Samples per second."""
+    layout = model_layout(model)
+    n = len(dataset)
+
+    def step(begin):
+        indices = np.arange(begin, min(n, begin + batch))
+        compute_gradient(model, loss_fn, dataset, indices, prepare)
+        flat_gradient(layout)
+        return len(indices)
+
+    step(0)
+    seconds, done = 0.0, 0
+    while done < samples:
+        t = time.monotonic()
+        done += step(done % n)
+        seconds += time.monotonic() - t
+    return done / max(seconds, 1e-12)
+
+
 class _FitJob(Job):
     def __init__(self, model, train_dataset, loss_fn, test_dataset, prepare, max_batch,
                  slowdown, export_path, export_every_epochs, script_wrapper, eval_batch, epochs,
@@ -74,15 +114,8 @@ class _FitJob(Job):
     def gradient(self, indices):
         """The mean gradient of the samples `indices` into the module's .grad; the summed loss."""
         began, cpu = time.monotonic(), time.process_time()
-        self.model.train()
-        self.model.zero_grad(set_to_none=False)
-        b, offset, loss_sum = len(indices), 0, 0.0
-        for n in micro_batches(b, self.max_batch):
-            x, y = self._inputs(self.train_dataset, indices[offset:offset + n])
-            loss = self.loss_fn(self.model(x), y)
-            (loss * (n / b) if n != b else loss).backward()
-            loss_sum += loss.item() * n
-            offset += n
+        loss_sum = compute_gradient(self.model, self.loss_fn, self.train_dataset, indices,
+                                    self.prepare, self.max_batch)
         if self.slowdown > 1:  # an emulated slower worker: f x this computation's CPU time
             time.sleep(max(0.0, began + self.slowdown * (time.process_time() - cpu) -
                            time.monotonic()))

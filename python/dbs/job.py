@@ -56,6 +56,18 @@ def model_layout(model):
     return out
 
 
+def flat_gradient(layout):
+    """What a worker pushes, flat (numpy float32): each parameter's .grad (zeros where the loss
+    did not reach it) and each buffer's value, in layout order."""
+    parts = []
+    with torch.no_grad():
+        for _, t, buffer in layout:
+            g = t if buffer else t.grad
+            parts.append(torch.zeros(t.numel()) if g is None else
+                         g.detach().reshape(-1).to("cpu", torch.float32))
+    return torch.cat(parts).numpy()
+
+
 def _min_sec(seconds):
     s = int(seconds + 0.5)
     return f"{s // 60}:{s % 60:02d}"
@@ -152,13 +164,7 @@ class Job:
                               for _, t, _ in self.layout]).numpy()
 
     def _gradient(self):
-        parts = []
-        with torch.no_grad():
-            for _, t, buffer in self.layout:
-                g = t if buffer else t.grad
-                parts.append(torch.zeros(t.numel()) if g is None else
-                             g.detach().reshape(-1).to("cpu", torch.float32))
-        return torch.cat(parts).numpy()
+        return flat_gradient(self.layout)
 
     def _set_values(self, values):
         flat = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))

@@ -12,6 +12,7 @@ removed from the job, 130/143 stopped by SIGINT/SIGTERM.
 
 import argparse
 import importlib
+import json
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ import torch
 from dbs import data as dbs_data
 from dbs import models
 from dbs.client import Code, DbsError
-from dbs.fitting import fit
+from dbs.fitting import fit, measure_speed
 from dbs.job import Stopped, model_layout
 from dbs.wire import PlanError
 
@@ -67,6 +68,11 @@ def parser():
                     "in the model's order (the same start as another run)")
     ap.add_argument("--slowdown", type=float, default=1.0, help="emulate a slower worker: each "
                     "step's compute takes this many times its CPU time (>= 1)")
+    ap.add_argument("--measure_speed_samples", type=int, default=0,
+                    help="if > 0, do not train: measure standalone compute speed over this many "
+                    "samples, print it as JSON and exit")
+    ap.add_argument("--measure_batch", type=int, default=32,
+                    help="the batch of --measure_speed_samples")
     ap.add_argument("--export_path", default="", help="write the trained model here at the end "
                     "(a state dict; TorchScript beside it, .script.pt, when the model scripts)")
     ap.add_argument("--export_every_epochs", type=int, default=0, help="also export every N "
@@ -196,6 +202,13 @@ def run(args, out=sys.stdout):
            for k in ("tls_ca", "tls_cert", "tls_key")}
     train = torch.utils.data.TensorDataset(data.train_x, data.train_y)
     test = torch.utils.data.TensorDataset(data.test_x, data.test_y)
+    if args.measure_speed_samples > 0:
+        speed = measure_speed(model, train, loss_of(args.loss, data.num_classes),
+                              args.measure_speed_samples, args.measure_batch,
+                              lambda x: dbs_data.prepare(x, norm))
+        print(json.dumps({"samples_per_second": round(speed, 2), "batch": args.measure_batch,
+                          "threads": args.threads}), file=out, flush=True)
+        return
     print(f"[{args.name or 'worker'}] data {data.spec}: {len(train)} train / {len(test)} test "
           f"samples, normalisation {norm.source}", file=out, flush=True)
     fit(model, train, loss_of(args.loss, data.num_classes), server=args.server,
