@@ -11,7 +11,9 @@ the export, a short job. Three jobs:
    accuracy); then `up` again on the same folders: dbs-ps exits 0 at once, summary unchanged;
 2. `docker kill` of a worker mid-epoch: the job completes, every epoch's sample audit clean;
 3. SIGKILL of the dbs-ps container's process mid-epoch: Docker restarts it, it restores its
-   newest checkpoint, and the workers resume and finish the job.
+   newest checkpoint, and the workers resume and finish the job;
+4. with docker-compose.python.yaml, a fourth worker from the image's python-worker stage
+   (python3 -m dbs.worker) trains beside the three dbs_worker containers.
 
 Needs a Docker engine (deploy/start_dockerd.sh starts one, as root) and docker-compose; skips,
 saying why, only where none can be had. Prints the image's size, its build time and the time
@@ -34,8 +36,10 @@ RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_
 if not os.path.isdir(RUNFILES):
     RUNFILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSE_FILE = "deploy/compose/docker-compose.yaml"
+PYTHON_FILE = "deploy/compose/docker-compose.python.yaml"
 BASE_IMAGE = "dbs-base:bookworm"
 IMAGE = "dbs:compose-test"
+PYTHON_IMAGE = "dbs-python:compose-test"
 PYTHON = "/usr/bin/python3"
 TOKEN = "compose-test-secret"
 
@@ -98,8 +102,17 @@ class ComposeClusterTest(unittest.TestCase):
              "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", IMAGE, ROOT], timeout=3000)
         build_s = time.time() - start
         size = int(run(["docker", "image", "inspect", "-f", "{{.Size}}", IMAGE]).stdout)
+        # The Python workers' stage (its builder is the one just built).
+        start = time.time()
+        run(["docker", "build", "-f", os.path.join(ROOT, "deploy/docker/Dockerfile"),
+             "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--target=python-worker", "-t",
+             PYTHON_IMAGE, ROOT], timeout=3000)
+        python_s = time.time() - start
+        python_size = int(run(["docker", "image", "inspect", "-f", "{{.Size}}",
+                               PYTHON_IMAGE]).stdout)
         print(f"compose_test: base image in {base_s:.0f} s; dbs image {size / 2**20:.0f} MiB "
-              f"built in {build_s:.0f} s", flush=True)
+              f"built in {build_s:.0f} s; the Python worker's {python_size / 2**20:.0f} MiB in "
+              f"{python_s:.0f} s more", flush=True)
         cls.image_mib, cls.build_s = size / 2**20, build_s
 
     def setUp(self):
@@ -121,18 +134,20 @@ class ComposeClusterTest(unittest.TestCase):
         os.chmod(path, 0o777)
         return path
 
-    def compose(self, epochs, extra_ps=None, worker_env=None):
-        """The shipped compose file, resolved, with the changes a test on one host needs."""
+    def compose(self, epochs, extra_ps=None, worker_env=None, files=(COMPOSE_FILE,)):
+        """The shipped compose `files`, resolved, with the changes a test on one host needs."""
         env = {**os.environ, "DBS_CHECKPOINTS": self.folder("checkpoints"),
                "DBS_EXPORT": self.folder("export"), "DBS_JOB_TOKEN": TOKEN}
-        resolved = run(["docker-compose", "-f", os.path.join(ROOT, COMPOSE_FILE), "config"],
-                       env=env).stdout
+        argv = ["docker-compose"]
+        for f in files:
+            argv += ["-f", os.path.join(ROOT, f)]
+        resolved = run(argv + ["config"], env=env).stdout
         spec = yaml_load(resolved)
         self.port, self.metrics = free_port(), free_port()
         for name, svc in spec["services"].items():
             svc.pop("build", None)
             svc.pop("ports", None)
-            svc["image"] = IMAGE
+            svc["image"] = PYTHON_IMAGE if svc["image"].startswith("dbs-python") else IMAGE
             svc["network_mode"] = "host"
             e = svc["environment"]
             if name == "dbs-ps":
@@ -269,6 +284,26 @@ class ComposeClusterTest(unittest.TestCase):
         self.assertIn("has finished", self.logs("dbs-ps"))
         with open(os.path.join(self.tmp, "checkpoints", "summary.json"), "rb") as f:
             self.assertEqual(f.read(), before, "the summary is left as it was")
+
+    def test_a_python_worker_trains_beside_the_cpp_workers(self):
+        path = self.compose(epochs=1, files=(COMPOSE_FILE, PYTHON_FILE))
+        _, r = self.up(path)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:])
+        states = self.wait_until_all_exit()
+        for service, st in states.items():
+            self.assertEqual(st["exit"], 0, f"{service}:\n{self.logs(service)[-2000:]}")
+        summary = self.summary()
+        self.check_trained(summary, epochs=1)
+        names = {w["id"]: w["name"] for w in summary["worker_info"]}
+        self.assertEqual(sorted(names.values()),
+                         ["worker-0", "worker-1", "worker-2", "worker-python"])
+        python = [w for w in summary["epochs"][0]["workers"]
+                  if names[w["id"]] == "worker-python"][0]
+        self.assertGreater(python["samples"], 0)
+        self.assertIn("[worker-python] epoch 1/1 done", self.logs("worker-python"))
+        print(f"compose_test: 3 dbs_worker containers and a Python one (python3 -m dbs.worker), "
+              f"which trained {python['samples']} samples; accuracy "
+              f"{100 * summary['final_test_accuracy']:.2f}%", flush=True)
 
     def test_a_worker_killed_mid_epoch_leaves_the_job_to_the_others(self):
         path = self.compose(epochs=3)

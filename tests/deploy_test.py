@@ -31,7 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_test import PS, RUNFILES, WORKER, ProcessTestCase, free_port  # noqa: E402
 
 PROBE = os.path.join(RUNFILES, "server", "dbs_health_probe")
-BINARIES = {"dbs_ps": PS, "dbs_worker": WORKER, "dbs_health_probe": PROBE}
+# python3 (the Python worker's image runs python3 -m dbs.worker) is Debian's, with the package
+# from the runfiles.
+BINARIES = {"dbs_ps": PS, "dbs_worker": WORKER, "dbs_health_probe": PROBE,
+            "python3": "/usr/bin/python3"}
+PYTHON_PACKAGE = os.path.join(RUNFILES, "python")
 # In debian:bookworm-slim already.
 BASE_PACKAGES = {"libc6", "libgcc-s1", "libstdc++6"}
 VALIDATOR = "/usr/local/lib/dbs-k8s-validator/node_modules"
@@ -64,10 +68,19 @@ def yaml_documents(text):
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def variables_of(binary):
-    """The DBS_* variables a binary accepts, from its --help."""
-    out = subprocess.run([BINARIES[binary], "--help"], capture_output=True, timeout=30,
-                         check=True).stdout.decode()
+# How each program a manifest runs is started here: the binaries, and the Python worker
+# (python3 -m dbs.worker) with the package from the runfiles.
+PROGRAMS = {"dbs_ps": [PS], "dbs_worker": [WORKER],
+            "dbs.worker": ["/usr/bin/python3", "-m", "dbs.worker"]}
+
+
+def variables_of(program):
+    """The DBS_* variables a program accepts, from its --help."""
+    out = subprocess.run(PROGRAMS[program] + ["--help"], capture_output=True, timeout=60,
+                         check=True, env={**os.environ, "PYTHONPATH": PYTHON_PACKAGE}
+                         ).stdout.decode()
+    if program == "dbs.worker":  # argparse's help: each flag, DBS_<FLAG> for all
+        return {"DBS_" + f.upper() for f in re.findall(r"^  --([a-z0-9_]+)", out, re.M)}
     return set(re.findall(r"\[(DBS_[A-Z0-9_]+)\]", out))
 
 
@@ -108,7 +121,7 @@ class DockerfileTest(unittest.TestCase):
         for args in copies:
             if args[0].startswith("--from="):
                 # From the builder: what build_binaries.sh writes into /out.
-                self.assertIn(args[1], ("/out/bin/", "/out/lib/"))
+                self.assertIn(args[1], ("/out/bin/", "/out/lib/", "/out/python/"))
                 continue
             for src in args[:-1]:
                 self.assertTrue(os.path.exists(os.path.join(ROOT, src)), src)
@@ -120,17 +133,25 @@ class DockerfileTest(unittest.TestCase):
         self.assertIn("deploy/run_tests.sh", read(".ci/run"))
         self.assertIn("deploy/install_deps.sh", read("deploy/run_tests.sh"))
         self.assertIn("bazel build", read("deploy/build_binaries.sh"))
-        for target in ("//server:dbs_ps", "//worker:dbs_worker", "//server:dbs_health_probe"):
+        for target in ("//server:dbs_ps", "//worker:dbs_worker", "//server:dbs_health_probe",
+                       "//python:package"):
             self.assertIn(target, read("deploy/build_binaries.sh"))
 
     def test_it_runs_on_any_debian_base_as_a_user_of_its_own(self):
         self.assertIn("ARG BASE_IMAGE=debian:12", self.lines)
         stages = [line for line in self.lines if line.startswith("FROM ")]
-        self.assertEqual(stages, ["FROM ${BASE_IMAGE} AS builder", "FROM ${BASE_IMAGE} AS runtime"])
+        # The runtime stage last: a plain `docker build` makes it.
+        self.assertEqual(stages, ["FROM ${BASE_IMAGE} AS builder",
+                                  "FROM ${BASE_IMAGE} AS python-worker",
+                                  "FROM ${BASE_IMAGE} AS runtime"])
         runtime = self.lines[self.lines.index("FROM ${BASE_IMAGE} AS runtime"):]
-        users = [line.split()[1] for line in runtime if line.startswith("USER ")]
-        self.assertEqual(len(users), 1)
-        self.assertNotIn(users[0].split(":")[0], ("0", "root"))
+        python = self.lines[self.lines.index("FROM ${BASE_IMAGE} AS python-worker"):
+                            self.lines.index("FROM ${BASE_IMAGE} AS runtime")]
+        for stage in (runtime, python):
+            users = [line.split()[1] for line in stage if line.startswith("USER ")]
+            self.assertEqual(len(users), 1)
+            self.assertNotIn(users[0].split(":")[0], ("0", "root"))
+        self.assertIn('CMD ["python3", "-m", "dbs.worker"]', python)
         self.assertTrue(any(line.startswith("HEALTHCHECK ") and "dbs_health_probe" in line
                             for line in runtime))
         # Every binary refuses a DBS_* variable that is not its own: the image sets none.
@@ -144,7 +165,8 @@ class DockerfileTest(unittest.TestCase):
         self.assertEqual(rules[0], "*", "everything is left out unless named")
         kept = {r[1:] for r in rules[1:] if r.startswith("!")}
         for needed in ("WORKSPACE", "BUILD", ".bazelrc", "server", "worker", "common", "proto",
-                       "third_party", "deploy/install_deps.sh", "deploy/build_binaries.sh"):
+                       "third_party", "python/BUILD", "python/dbs/*.py",
+                       "deploy/install_deps.sh", "deploy/build_binaries.sh"):
             self.assertIn(needed, kept)
         self.assertFalse(kept & {".git", "out", "bench", "docs", "tests"}, kept)
 
@@ -152,7 +174,7 @@ class DockerfileTest(unittest.TestCase):
         block = self.text.split("# runtime-packages:begin")[1].split("# runtime-packages:end")[0]
         listed = set(re.findall(r"^\s+([a-z0-9][a-z0-9.+-]+)\s*\\?$", block, re.M))
         linked = set()
-        for binary in BINARIES.values():
+        for binary in (PS, WORKER, PROBE):
             linked |= linked_packages(binary)
         # A sanitizer build (deploy/run_sanitizers.sh) also links the sanitizers' runtimes.
         linked = {p for p in linked if not re.match(r"lib(asan|ubsan|tsan)\d", p)}
@@ -168,6 +190,7 @@ class DockerfileTest(unittest.TestCase):
 class ComposeTest(ProcessTestCase):
     FILE = "deploy/compose/docker-compose.yaml"
     SHARDS = "deploy/compose/docker-compose.shards.yaml"
+    PYTHON_WORKER = "deploy/compose/docker-compose.python.yaml"
 
     def config(self):
         compose = shutil.which("docker-compose")
@@ -177,7 +200,7 @@ class ComposeTest(ProcessTestCase):
 
     def test_docker_compose_config_accepts_it(self):
         compose = self.config()
-        for files in ([self.FILE], [self.FILE, self.SHARDS]):
+        for files in ([self.FILE], [self.FILE, self.SHARDS], [self.FILE, self.PYTHON_WORKER]):
             argv = [compose]
             for f in files:
                 argv += ["-f", os.path.join(ROOT, f)]
@@ -198,6 +221,11 @@ class ComposeTest(ProcessTestCase):
         follower_ckpt = os.path.join(self.tmp, "checkpoints-dbs-ps-1")
         self.assertTrue(os.listdir(follower_ckpt), "the follower checkpoints into its volume")
 
+    def test_with_the_python_file_a_python_worker_trains_beside_them(self):
+        services = self.train_locally([self.FILE, self.PYTHON_WORKER])
+        self.assertEqual(services["worker-python"]["command"], ["python3", "-m", "dbs.worker"])
+        self.assertEqual(services["dbs-ps"]["environment"]["DBS_WORKERS"], "4")
+
     def train_locally(self, files):
         """Runs every service of the resolved compose `files` as a local process (its command
         and environment, with host names, ports and volume paths made local), one short epoch,
@@ -209,7 +237,9 @@ class ComposeTest(ProcessTestCase):
         resolved = subprocess.run(argv + ["config"], capture_output=True, timeout=60,
                                   check=True).stdout.decode()
         services = yaml_documents(resolved)[0]["services"]
-        self.assertEqual(len([s for s in services if s.startswith("worker-")]), 3)
+        worker_names = sorted(s for s in services if s.startswith("worker-"))
+        self.assertEqual(len(worker_names),
+                         int(services["dbs-ps"]["environment"]["DBS_WORKERS"]))
         servers = sorted(s for s in services if s.startswith("dbs-ps"))
         ports = {name: free_port() for name in servers}
         hosts = {f"{name}:50051": f"127.0.0.1:{ports[name]}" for name in servers}
@@ -235,6 +265,8 @@ class ComposeTest(ProcessTestCase):
                 env.update(DBS_TRAIN_LIMIT="2000", DBS_TEST_LIMIT="400", DBS_LOG_EVERY_S="60")
             argv = [BINARIES[svc["command"][0]], *svc["command"][1:]]
             base = {k: v for k, v in os.environ.items() if not k.startswith("DBS_")}
+            if svc["command"][0] == "python3":  # the image's PYTHONPATH, made local
+                base["PYTHONPATH"] = PYTHON_PACKAGE
             return argv, {**base, **env}
 
         os.makedirs(os.path.join(self.tmp, "export"), exist_ok=True)
@@ -266,8 +298,7 @@ class ComposeTest(ProcessTestCase):
         with open(os.path.join(ckpt, "summary.json")) as f:
             summary = json.load(f)
         self.assertEqual(summary["status"], "ok")
-        self.assertEqual(sorted(w["name"] for w in summary["worker_info"]),
-                         ["worker-0", "worker-1", "worker-2"])
+        self.assertEqual(sorted(w["name"] for w in summary["worker_info"]), worker_names)
         self.assertTrue(os.listdir(ckpt), "checkpoints were written to the volume's directory")
         return services
 
@@ -403,7 +434,7 @@ def manifest_problems(objects, secret):
 
 
 class KubernetesTest(unittest.TestCase):
-    OVERLAYS = ["cpu", "gpu", "hetero-demo", "sharded", "own-model"]
+    OVERLAYS = ["cpu", "gpu", "hetero-demo", "sharded", "own-model", "python-worker"]
 
     @classmethod
     def setUpClass(cls):
@@ -511,9 +542,16 @@ class KubernetesTest(unittest.TestCase):
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
         self.assertTrue(mounts["/job"].get("readOnly"))
         self.assertIn("/export", mounts)
+        jobs = {o["metadata"]["name"]: o for o in self.render("python-worker")
+                if o["kind"] == "Job"}
+        python = jobs["dbs-worker-python"]["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(python["command"], ["python3", "-m", "dbs.worker"])
+        self.assertEqual(python["image"], "dbs-python:latest")
+        self.assertEqual(jobs["dbs-worker"]["spec"]["completions"] + 1, 4,
+                         "3 C++ workers and the Python one: the 4 the job waits for")
 
     def test_every_setting_is_one_the_binary_accepts(self):
-        accepted = {b: variables_of(b) for b in ("dbs_ps", "dbs_worker")}
+        accepted = {b: variables_of(b) for b in PROGRAMS}
         for overlay in self.OVERLAYS:
             objects = self.render(overlay)
             config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in objects
@@ -542,9 +580,10 @@ class KubernetesTest(unittest.TestCase):
                         if env.get("DBS_DEVICE") == "cuda":
                             env["DBS_DEVICE"] = "cpu"
                         base = {k: v for k, v in os.environ.items() if not k.startswith("DBS_")}
-                        r = subprocess.run([BINARIES[binary], "--dry_run"],
-                                           env={**base, "HOSTNAME": "pod-0", **env},
-                                           capture_output=True, timeout=30)
+                        r = subprocess.run(PROGRAMS[binary] + ["--dry_run"],
+                                           env={**base, "HOSTNAME": "pod-0",
+                                                "PYTHONPATH": PYTHON_PACKAGE, **env},
+                                           capture_output=True, timeout=120)
                         self.assertEqual(r.returncode, 0,
                                          f"{overlay} {binary}: {r.stderr.decode()}")
 

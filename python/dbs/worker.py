@@ -68,6 +68,10 @@ def parser():
                     "in the model's order (the same start as another run)")
     ap.add_argument("--slowdown", type=float, default=1.0, help="emulate a slower worker: each "
                     "step's compute takes this many times its CPU time (>= 1)")
+    ap.add_argument("--dry_run", action="store_true",
+                    help="check the flags and variables, the files they name, the data and the "
+                    "model (run on two samples) and that --export_path can be written; say "
+                    "whether the configuration is valid and exit (0 or 2) without connecting")
     ap.add_argument("--measure_speed_samples", type=int, default=0,
                     help="if > 0, do not train: measure standalone compute speed over this many "
                     "samples, print it as JSON and exit")
@@ -143,6 +147,19 @@ def load_values(model, raw, where):
             offset += t.numel()
 
 
+def check_model(model, data, norm, loss_fn, device):
+    """The model takes two of the data's samples and its outputs fit the targets; ValueError
+    naming the mismatch otherwise."""
+    x = dbs_data.prepare(data.train_x[:2], norm).to(device)
+    try:
+        with torch.no_grad():
+            loss_fn(model(x), data.train_y[:2].to(device))
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise ValueError(f"the model does not fit the data {data.spec} (inputs "
+                         f"{list(data.train_x.shape[1:])}, {data.num_classes} classes): "
+                         f"{str(e).splitlines()[0]}") from None
+
+
 def loss_of(name, num_classes):
     f = torch.nn.functional
     if name == "auto":
@@ -202,6 +219,14 @@ def run(args, out=sys.stdout):
            for k in ("tls_ca", "tls_cert", "tls_key")}
     train = torch.utils.data.TensorDataset(data.train_x, data.train_y)
     test = torch.utils.data.TensorDataset(data.test_x, data.test_y)
+    check_model(model, data, norm, loss_of(args.loss, data.num_classes), device)
+    for path, flag in ((args.export_path, "--export_path"), (args.record_path, "--record_path")):
+        if path and not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+            raise ValueError(f"{flag}={path}: its folder cannot be written")
+    if args.dry_run:
+        print(f"dbs.worker: configuration ok; data {data.spec}: {len(train)} train / "
+              f"{len(test)} test samples, normalisation {norm.source}", file=out, flush=True)
+        return
     if args.measure_speed_samples > 0:
         speed = measure_speed(model, train, loss_of(args.loss, data.num_classes),
                               args.measure_speed_samples, args.measure_batch,
