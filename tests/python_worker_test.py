@@ -17,6 +17,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_test import (DATA_DIR, LAUNCHER, PS, RUNFILES, ProcessTestCase,  # noqa: E402
                           checkpoints)
+from security_test import make_ca, make_cert  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 PACKAGE = os.path.join(RUNFILES, "python")
@@ -265,6 +266,33 @@ class FailureTest(PythonWorkerCase):
         self.assertEqual(s["status"], "ok")
         for e in s["epochs"]:
             self.assertTrue(e["audit"]["every_sample_once"], e["epoch"])
+
+    def test_under_mutual_tls_and_a_job_secret_a_python_worker_trains_and_strangers_do_not(self):
+        d = self.tmp
+        make_ca(d, "ca")
+        make_cert(d, "server", "ca", san="IP:127.0.0.1,DNS:localhost")
+        make_cert(d, "worker", "ca")
+        secret = os.path.join(d, "job.secret")
+        with open(secret, "w") as f:
+            f.write("s3cret-job-token\n")
+        ps, port = self.start_ps([
+            "--workers=2", "--epochs=1", "--global_batch=32", "--linger_s=1",
+            f"--tls_cert={d}/server.pem", f"--tls_key={d}/server.key",
+            f"--tls_client_ca={d}/ca.pem", f"--job_token_file={secret}"])
+        tls = [f"--tls_ca={d}/ca.pem", f"--tls_cert={d}/worker.pem",
+               f"--tls_key={d}/worker.key"]
+        small = ["--train_limit=600", "--test_limit=200", "--log_every_s=60"]
+        code, out = self.run_cli(f"--server=127.0.0.1:{port}", *small, *tls,
+                                 "--job_token=guess", "--connect_timeout_s=90")
+        self.assertEqual(code, 2, out)
+        self.assertIn("not this job's", out)
+        code, out = self.run_cli(f"--server=127.0.0.1:{port}", *small, "--connect_timeout_s=3",
+                                 f"--job_token_file={secret}")
+        self.assertEqual(code, 200, "plaintext never gets through: " + out)
+        cpp = self.cpp_worker(port, "--name=cpp", *small, *tls, f"--job_token_file={secret}")
+        py = self.python_worker(port, "--name=py", *small, *tls, f"--job_token_file={secret}")
+        outs = self.finish(ps, [cpp, py])
+        self.assertIn("[py] epoch 1/1 done", outs[1])
 
     def run_cli(self, *flags, env=None):
         r = subprocess.run([PYTHON, "-m", "dbs.worker", *flags], capture_output=True,
