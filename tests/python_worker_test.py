@@ -246,6 +246,34 @@ class FailureTest(PythonWorkerCase):
         for e in s["epochs"]:
             self.assertTrue(e["audit"]["every_sample_once"], e["epoch"])
 
+    def test_a_python_worker_cut_off_past_the_timeout_is_removed_and_rejoins(self):
+        summary = os.path.join(self.tmp, "summary.json")
+        # 4 epochs, the C++ worker 3x slowed: the job outlasts the cut by epochs.
+        ps, port = self.start_ps(["--workers=2", "--epochs=4", "--global_batch=64",
+                                  "--worker_timeout_s=2", f"--summary_path={summary}",
+                                  "--linger_s=1"])
+        common = ["--train_limit=6000", "--test_limit=500", "--model=mlp", "--log_every_s=0.2"]
+        cpp = self.cpp_worker(port, "--name=cpp", "--slowdown=3", *common)
+        py = self.python_worker(port, "--name=py", *common)
+        line = py.stdout.readline().decode()
+        while line and not re.search(r"epoch 1/4 step", line):
+            line = py.stdout.readline().decode()
+        self.assertTrue(line, "the Python worker never trained")
+        py.send_signal(signal.SIGSTOP)  # cut off, not dead: longer than the worker timeout
+        time.sleep(4)
+        py.send_signal(signal.SIGCONT)
+        out = self.finish(ps, [cpp, py])[1]
+        self.assertRegex(out, r"removed from the job \(.*\); joined again as worker \d+ from "
+                              r"epoch [234]")
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual((s["status"], s["epochs_completed"]), ("ok", 4))
+        for e in s["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], e["epoch"])
+        ids = [w["id"] for w in s["worker_info"] if w["name"] == "py"]
+        last = {w["id"]: w["samples"] for w in s["epochs"][-1]["workers"]}
+        self.assertTrue(any(last.get(i, 0) > 0 for i in ids), "it trained again after rejoining")
+
     def test_a_stopped_python_worker_leaves_and_the_others_finish(self):
         summary = os.path.join(self.tmp, "summary.json")
         ps, port = self.start_ps(["--workers=3", "--epochs=2", "--global_batch=64",
