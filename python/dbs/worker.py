@@ -198,6 +198,9 @@ class Normalized(torch.nn.Module):
 
 
 def run(args, out=sys.stdout):
+    if "," in args.server:
+        raise ValueError(f"--server={args.server}: a Python worker joins one dbs_ps; a sharded "
+                         "job's workers (several addresses) are dbs_worker processes")
     if args.slowdown < 1:
         raise ValueError("--slowdown must be >= 1")
     if args.threads < 1:
