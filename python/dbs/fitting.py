@@ -113,10 +113,11 @@ class _FitJob(Job):
 
     def gradient(self, indices):
         """The mean gradient of the samples `indices` into the module's .grad; the summed loss."""
-        began, cpu = time.monotonic(), time.process_time()
+        slowed = self.slowdown > 1  # an emulated slower worker: f x this computation's CPU time
+        began, cpu = (time.monotonic(), time.process_time()) if slowed else (0.0, 0.0)
         loss_sum = compute_gradient(self.model, self.loss_fn, self.train_dataset, indices,
                                     self.prepare, self.max_batch)
-        if self.slowdown > 1:  # an emulated slower worker: f x this computation's CPU time
+        if slowed:
             time.sleep(max(0.0, began + self.slowdown * (time.process_time() - cpu) -
                            time.monotonic()))
         return loss_sum
