@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out/image}
-TARGETS=(//server:dbs_ps //server:dbs_health_probe //worker:dbs_worker //python:package)
+TARGETS=(//server:dbs_ps //server:dbs_health_probe //worker:dbs_worker //python:stubs)
 bazel build "${TARGETS[@]}"
 mkdir -p "$out/bin" "$out/lib"
 cp -f bazel-bin/server/dbs_ps bazel-bin/server/dbs_health_probe bazel-bin/worker/dbs_worker \

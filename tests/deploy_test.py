@@ -134,7 +134,7 @@ class DockerfileTest(unittest.TestCase):
         self.assertIn("deploy/install_deps.sh", read("deploy/run_tests.sh"))
         self.assertIn("bazel build", read("deploy/build_binaries.sh"))
         for target in ("//server:dbs_ps", "//worker:dbs_worker", "//server:dbs_health_probe",
-                       "//python:package"):
+                       "//python:stubs"):
             self.assertIn(target, read("deploy/build_binaries.sh"))
 
     def test_it_runs_on_any_debian_base_as_a_user_of_its_own(self):
