@@ -46,15 +46,15 @@ def main():
     job = dbs.Job(model, server=server, train_samples=len(d.train_x),
                   test_samples=len(d.test_x), evaluate=evaluate, name="py-exact", log_every=60)
     for epoch in job.epochs():
-        perm = wire.epoch_permutation(job.train_samples, job._plan.permutation_seed)
-        B = job._plan.global_batch
+        perm = wire.epoch_permutation(job.train_samples, job.plan.permutation_seed)
+        B = job.plan.global_batch
         for step in epoch:
             reference = copy.deepcopy(model).double()
             gradient_of(reference, perm[step.index * B:(step.index + 1) * B])
             want = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]).double()
-            before = job._values().astype(np.float64)
+            before = job.values().astype(np.float64)
             step.push(gradient_of(model, step.indices))
-            after = job._values().astype(np.float64)
+            after = job.values().astype(np.float64)
             got = torch.from_numpy((before - after) / lr)
             error = float((got - want).norm() / want.norm())
             print(json.dumps({"epoch": step.epoch, "step": step.index, "error": error}),

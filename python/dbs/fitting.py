@@ -181,7 +181,7 @@ def fit(model, train_dataset, loss_fn, *, server, test_dataset=None, epochs=None
                   server=server, name=name, job_token=job_token, tls_ca=tls_ca,
                   tls_cert=tls_cert, tls_key=tls_key, connect_timeout=connect_timeout,
                   call_timeout=call_timeout, max_wait=max_wait, log_every=log_every, out=out,
-                  model_name=model_name, record_path=record_path)
+                  model_name=model_name)
     with job:
         for epoch in job.epochs():
             for step in epoch:

@@ -116,7 +116,7 @@ class Job:
     def __init__(self, model, *, server, train_samples, test_samples, name=None, device=None,
                  evaluate=None, job_token="", tls_ca=None, tls_cert=None, tls_key=None,
                  connect_timeout=60.0, call_timeout=60.0, max_wait=0.0, log_every=5.0,
-                 out=None, model_name=None, record_path=""):
+                 out=None, model_name=None):
         if test_samples > 0 and evaluate is None:
             raise ValueError("a job with a test set needs evaluate(begin, end) -> EvalResult: "
                              "the server counts on each worker's score of its test slice")
@@ -128,7 +128,6 @@ class Job:
         self.log_every = log_every
         self.out = out or sys.stdout
         self.model_name = model_name or type(model).__name__
-        self.record_path = record_path
         self.client = Client(server, connect_timeout=connect_timeout, call_timeout=call_timeout,
                              max_wait=max_wait, job_token=job_token, tls_ca=tls_ca,
                              tls_cert=tls_cert, tls_key=tls_key, log=self.say)
@@ -158,7 +157,14 @@ class Job:
 
     # --- the module's values -----------------------------------------------------------------
 
-    def _values(self):
+    @property
+    def plan(self):
+        """The current epoch's plan (proto EpochPlan: batch_size, share, global_batch,
+        permutation_seed, ...), once one was fetched."""
+        return self._plan
+
+    def values(self):
+        """The module's exchanged values now, flat (numpy float32, layout order)."""
         with torch.no_grad():
             return torch.cat([t.detach().reshape(-1).to("cpu", torch.float32)
                               for _, t, _ in self.layout]).numpy()
@@ -238,7 +244,7 @@ class Job:
         try:
             values = self.client.register_model(
                 self.worker_id, [(n, tuple(t.shape), b) for n, t, b in self.layout],
-                self._values())
+                self.values())
         except DbsError:
             # Refused (another model than the job's): leave, so the job does not wait for it.
             try:
