@@ -50,10 +50,10 @@ class PythonWorkerCase(ProcessTestCase):
         """Initial parameters both kinds of worker load (--init_params), so that which one
         registers the model first does not matter."""
         path = os.path.join(self.tmp, f"{model}.init")
-        code = ("import sys, torch, numpy as np; from dbs import models, model_layout; "
+        code = ("import sys, torch; from dbs import models, model_layout; "
+                "from dbs.job import layout_values; "
                 f"torch.manual_seed(3); m = models.{model}(); "
-                "open(sys.argv[1], 'wb').write(np.concatenate([t.detach().reshape(-1).numpy() "
-                "for _, t, _ in model_layout(m)]).astype('<f4').tobytes())")
+                "open(sys.argv[1], 'wb').write(layout_values(model_layout(m)).tobytes())")
         subprocess.run([PYTHON, "-c", code, path], check=True, env=ENV, timeout=120)
         return path
 

@@ -23,11 +23,16 @@ from dbs.client import Code, DbsError
 from dbs.job import EvalResult, Job, flat_gradient, model_layout
 
 
-def _batch(dataset, indices):
+def _batch(dataset, indices, prepare, device):
+    """The samples `indices` as (inputs, targets) on `device`, `prepare` applied to the inputs."""
     if isinstance(dataset, TensorDataset):
         at = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        return tuple(t[at] for t in dataset.tensors)
-    return default_collate([dataset[int(i)] for i in indices])
+        x, y = (t[at] for t in dataset.tensors)
+    else:
+        x, y = default_collate([dataset[int(i)] for i in indices])
+    if prepare is not None:
+        x = prepare(x)
+    return x.to(device), y.to(device)
 
 
 def micro_batches(b, max_batch):
@@ -59,10 +64,8 @@ def compute_gradient(model, loss_fn, dataset, indices, prepare=None, max_batch=0
     model.zero_grad(set_to_none=False)
     b, offset, loss_sum = len(indices), 0, 0.0
     for n in micro_batches(b, max_batch):
-        x, y = _batch(dataset, indices[offset:offset + n])
-        if prepare is not None:
-            x = prepare(x)
-        loss = loss_fn(model(x.to(device)), y.to(device))
+        x, y = _batch(dataset, indices[offset:offset + n], prepare, device)
+        loss = loss_fn(model(x), y)
         (loss * (n / b) if n != b else loss).backward()
         loss_sum += loss.item() * n
         offset += n
@@ -105,12 +108,6 @@ class _FitJob(Job):
                          evaluate=self._evaluate, **job_args)
         self.target_device = next(model.parameters()).device
 
-    def _inputs(self, dataset, indices):
-        x, y = _batch(dataset, indices)
-        if self.prepare is not None:
-            x = self.prepare(x)
-        return x.to(self.target_device), y.to(self.target_device)
-
     def gradient(self, indices):
         """The mean gradient of the samples `indices` into the module's .grad; the summed loss."""
         slowed = self.slowdown > 1  # an emulated slower worker: f x this computation's CPU time
@@ -128,7 +125,7 @@ class _FitJob(Job):
         with torch.no_grad():
             for first in range(begin, end, self.eval_batch):
                 indices = np.arange(first, min(first + self.eval_batch, end))
-                x, y = self._inputs(self.test_dataset, indices)
+                x, y = _batch(self.test_dataset, indices, self.prepare, self.target_device)
                 out = self.model(x)
                 n = len(indices)
                 result.loss_sum += self.loss_fn(out, y).item() * n

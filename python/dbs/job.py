@@ -68,6 +68,27 @@ def flat_gradient(layout):
     return torch.cat(parts).numpy()
 
 
+def layout_values(layout):
+    """The layout's tensors now, flat (numpy float32, layout order)."""
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1).to("cpu", torch.float32)
+                          for _, t, _ in layout]).numpy()
+
+
+def load_values(layout, values):
+    """Overwrites the layout's tensors with flat float32 values (layout order); ValueError when
+    there are not exactly as many."""
+    size = sum(t.numel() for _, t, _ in layout)
+    flat = torch.from_numpy(np.require(values, np.float32, ["C", "W"]))
+    if flat.numel() != size:
+        raise ValueError(f"{flat.numel()} values for a model of {size}")
+    offset = 0
+    with torch.no_grad():
+        for _, t, _ in layout:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def _min_sec(seconds):
     s = int(seconds + 0.5)
     return f"{s // 60}:{s % 60:02d}"
@@ -165,21 +186,10 @@ class Job:
 
     def values(self):
         """The module's exchanged values now, flat (numpy float32, layout order)."""
-        with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1).to("cpu", torch.float32)
-                              for _, t, _ in self.layout]).numpy()
-
-    def _gradient(self):
-        return flat_gradient(self.layout)
+        return layout_values(self.layout)
 
     def _set_values(self, values):
-        flat = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-        offset = 0
-        with torch.no_grad():
-            for _, t, _ in self.layout:
-                n = t.numel()
-                t.copy_(flat[offset:offset + n].view_as(t))
-                offset += n
+        load_values(self.layout, values)
 
     # --- the job -----------------------------------------------------------------------------
 
@@ -335,7 +345,7 @@ class Job:
 
     def _push(self, s, loss_sum):
         b = len(s.indices)
-        gradient = self._gradient() if b > 0 else None
+        gradient = flat_gradient(self.layout) if b > 0 else None
         compute = time.monotonic() - s.began
         now_cpu = time.process_time()
         if self._cpu_mark is not None and self._cpu_mark[0] == s.index - 1:

@@ -18,13 +18,14 @@ import signal
 import sys
 from typing import List
 
+import numpy as np
 import torch
 
 from dbs import data as dbs_data
 from dbs import models
 from dbs.client import Code, DbsError
 from dbs.fitting import fit, measure_speed
-from dbs.job import Stopped, model_layout
+from dbs.job import Stopped, load_values, model_layout
 from dbs.wire import PlanError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_UNAVAILABLE, EXIT_REMOVED = 0, 1, 2, 200, 201
@@ -133,20 +134,6 @@ def make_model(spec, row_shape, num_classes):
         raise ValueError(f"--model={spec}: {e}") from None
 
 
-def load_values(model, raw, where):
-    """Overwrites the model's parameters and buffers (layout order) with raw float32 values."""
-    layout = model_layout(model)
-    size = sum(t.numel() for _, t, _ in layout)
-    if len(raw) != 4 * size:
-        raise ValueError(f"{where} holds {len(raw) // 4} values; the model has {size}")
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.float32)
-    offset = 0
-    with torch.no_grad():
-        for _, t, _ in layout:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-
-
 def check_model(model, data, norm, loss_fn, device):
     """The model takes two of the data's samples and its outputs fit the targets; ValueError
     naming the mismatch otherwise."""
@@ -214,7 +201,11 @@ def run(args, out=sys.stdout):
     torch.manual_seed(args.seed)
     model = make_model(args.model, list(data.train_x.shape[1:]), data.num_classes).to(device)
     if args.init_params:
-        load_values(model, _read(args.init_params, "--init_params"), args.init_params)
+        raw = _read(args.init_params, "--init_params")
+        try:
+            load_values(model_layout(model), np.frombuffer(raw, "<f4"))
+        except ValueError as e:
+            raise ValueError(f"--init_params={args.init_params}: {e}") from None
     job_token = args.job_token
     if args.job_token_file:
         job_token = _read(args.job_token_file, "--job_token_file").decode().strip()
