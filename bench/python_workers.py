@@ -7,8 +7,10 @@
    records of a 2-worker job of one C++ and one Python worker;
 3. DBS with a Python worker: a job of two workers of speeds 1 and 1/2 (dbs_worker --slowdown=2
    and dbs.worker --slowdown=2), all-C++ and with the slow worker a Python one, alternating
-   --rounds times: the compute max/min across workers of each epoch from the second, and each
-   job's mean epoch time from the second against the all-C++ job of its round.
+   --rounds times: the step time max/min across workers of each epoch from the second (each
+   worker's steps as dbs_ps times them, what DBS balances), the compute max/min beside it, the
+   slow worker's samples per second of its steps in the job, and each job's mean epoch time
+   from the second against the all-C++ job of its round.
 
   /usr/bin/python3 bench/python_workers.py --out_dir=out/python_workers --rounds=3
 
@@ -64,8 +66,13 @@ def job(args, name, python_workers, env):
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     later = s["epochs"][1:]
-    balance = [max(w["compute_seconds"] for w in e["workers"]) /
-               min(w["compute_seconds"] for w in e["workers"]) for e in later]
+
+    def slow(epoch):  # the worker of speed 1/2: the smaller share
+        return min(epoch["workers"], key=lambda w: w["samples"])
+
+    def spread(key):
+        return [max(w[key] for w in e["workers"]) / min(w[key] for w in e["workers"])
+                for e in later]
     outside = {}
     for w in range(2):
         with open(os.path.join(out, f"worker-{w}.json")) as f:
@@ -75,7 +82,10 @@ def job(args, name, python_workers, env):
                                            for e in epochs) / max(steps, 1)
     return {"name": name, "python_workers": python_workers,
             "epoch_seconds": statistics.mean(e["wall_seconds"] for e in later),
-            "balance": balance, "accuracy": s["final_test_accuracy"],
+            "balance": spread("step_seconds"), "compute_balance": spread("compute_seconds"),
+            "accuracy": s["final_test_accuracy"],
+            "slow_worker_samples_per_s": sum(slow(e)["samples"] for e in later) /
+            sum(slow(e)["step_seconds"] for e in later),
             "outside_cpu_ms_per_step": outside}
 
 
@@ -102,8 +112,9 @@ def main():
         pair = [job(args, f"cpp-{r}", 0, env), job(args, f"mixed-{r}", 1, env)]
         pair[1]["epoch_time_vs_cpp"] = pair[1]["epoch_seconds"] / pair[0]["epoch_seconds"]
         for j in pair:
-            print(f"{j['name']}: epoch {j['epoch_seconds']:.2f} s, compute max/min from epoch 2 "
-                  f"{', '.join(f'{b:.2f}' for b in j['balance'])}, accuracy "
+            print(f"{j['name']}: epoch {j['epoch_seconds']:.2f} s, from epoch 2 step time max/min "
+                  f"{', '.join(f'{b:.2f}' for b in j['balance'])} (compute "
+                  f"{', '.join(f'{b:.2f}' for b in j['compute_balance'])}), accuracy "
                   f"{j['accuracy']:.4f}, CPU outside compute ms/step "
                   f"{j['outside_cpu_ms_per_step']}", flush=True)
         jobs += pair
@@ -115,7 +126,14 @@ def main():
         "speed_ratio_best": ratios[-1],
         "mixed_balance_worst": max(max(j["balance"]) for j in mixed),
         "cpp_balance_worst": max(max(j["balance"]) for j in cpp),
+        "mixed_balance_epochs": sorted(b for j in mixed for b in j["balance"]),
+        "mixed_compute_balance_worst": max(max(j["compute_balance"]) for j in mixed),
+        "cpp_compute_balance_worst": max(max(j["compute_balance"]) for j in cpp),
         "mixed_epoch_time_vs_cpp": sorted(j["epoch_time_vs_cpp"] for j in mixed),
+        "slow_worker_samples_per_s_cpp": statistics.median(
+            j["slow_worker_samples_per_s"] for j in cpp),
+        "slow_worker_samples_per_s_python": statistics.median(
+            j["slow_worker_samples_per_s"] for j in mixed),
         "outside_cpu_ms_per_step_cpp": statistics.median(
             j["outside_cpu_ms_per_step"]["worker-0"] for j in mixed),
         "outside_cpu_ms_per_step_python": statistics.median(
@@ -130,9 +148,14 @@ def main():
           f"over {args.rounds} rounds")
     print(f"CPU outside compute per step: C++ {summary['outside_cpu_ms_per_step_cpp']:.3f} ms, "
           f"Python {summary['outside_cpu_ms_per_step_python']:.3f} ms")
-    print(f"mixed job: compute max/min from epoch 2 at worst {summary['mixed_balance_worst']:.2f} "
-          f"(all-C++ {summary['cpp_balance_worst']:.2f}); epoch time against the all-C++ job "
+    print(f"mixed job from epoch 2: step time max/min at worst "
+          f"{summary['mixed_balance_worst']:.2f} (all-C++ {summary['cpp_balance_worst']:.2f}), "
+          f"compute max/min at worst {summary['mixed_compute_balance_worst']:.2f} (all-C++ "
+          f"{summary['cpp_compute_balance_worst']:.2f}); epoch time against the all-C++ job "
           f"{', '.join(f'{x:.3f}' for x in summary['mixed_epoch_time_vs_cpp'])}")
+    print(f"the slow worker's samples/s over its steps in the job (median): C++ "
+          f"{summary['slow_worker_samples_per_s_cpp']:.0f}, Python "
+          f"{summary['slow_worker_samples_per_s_python']:.0f}")
     print(f"record: {os.path.join(args.out_dir, 'python_workers.json')}")
 
 
