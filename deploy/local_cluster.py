@@ -5,7 +5,8 @@ The parameter server binds a free port chosen at run time (it writes it to a fil
 started against it, optionally slowed down to emulate a heterogeneous cluster. Output of every
 process is shown with a prefix and kept in --out_dir. On Ctrl-C, on SIGTERM, or when any process
 fails, every process is stopped (SIGTERM, then SIGKILL) and the launcher exits non-zero.
-At the end it prints the server's summary and leaves the JSON record in --out_dir/summary.json.
+At the end it prints the server's summary and leaves the JSON record in --out_dir/summary.json,
+and dbs_ps's step trace (a JSON line per step) in --out_dir/steps.jsonl.
 Only the Python standard library is used.
 """
 
@@ -404,7 +405,9 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
     signal.signal(signal.SIGTERM, on_signal)
     start = time.time()
     try:
+        trace = os.path.join(args.out_dir, "steps.jsonl")
         ps = cluster.start("ps", ps_argv(args, ps_bin, port_file, summary)
+                           + [f"--step_trace_path={trace}"]
                            + ([f"--shard=0/{args.ps_shards}"] if args.ps_shards > 1 else []))
         port = wait_for_port(port_file, ps, timeout=30)
         servers = [f"127.0.0.1:{port}"]

@@ -126,14 +126,14 @@ Metrics::Metrics()
                           "Time the worker reported waiting on the server, over completed "
                           "epochs")) {}
 
-void Metrics::OnStep(absl::Duration wall, const std::map<int, double>& compute) {
+void Metrics::OnStep(absl::Duration wall, const StepStats& stats) {
   steps_.Increment();
   if (wall <= absl::ZeroDuration()) return;  // an epoch's first step: no previous end
   const double w = absl::ToDoubleSeconds(wall);
   step_seconds_.Observe(w);
   absl::MutexLock lock(&names_mu_);
-  for (const auto& [id, seconds] : compute) {
-    const double waited = std::max(0.0, w - seconds);
+  for (const auto& [id, reported] : stats.workers) {
+    const double waited = std::max(0.0, w - reported.second);
     auto name = names_.find(id);
     if (name == names_.end()) {
       unnamed_wait_[id] += waited;  // labelled by name at the next scrape

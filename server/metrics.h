@@ -27,7 +27,7 @@ class Metrics : public JobObserver, public CallObserver {
  public:
   Metrics();
 
-  void OnStep(absl::Duration wall, const std::map<int, double>& compute) override;
+  void OnStep(absl::Duration wall, const StepStats& stats) override;
   void OnCheckpoint(absl::Duration took, bool ok) override;
   void OnCall(const char* method, size_t received, size_t sent, int code) override;
   void OnSharedMemoryWorkers(int workers) override;

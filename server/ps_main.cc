@@ -80,6 +80,11 @@ ABSL_FLAG(double, adam_beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, adam_eps, 1e-8, "Adam epsilon.");
 ABSL_FLAG(std::string, summary_path, "dbs_summary.json",
           "Where the JSON run summary is written at the end ('' to skip).");
+ABSL_FLAG(std::string, step_trace_path, "",
+          "A JSON line per completed step ('' : none): each worker's samples, the compute it "
+          "reported and its step as dbs_ps timed it (what DBS balances), to see the balance step "
+          "by step, e.g. to line up a slowdown on one node with the plan's answer. A restored "
+          "job appends to it (docs/deploying.md#the-step-trace).");
 ABSL_FLAG(int, metrics_port, -1,
           "Port of the HTTP endpoint: /metrics (Prometheus), /status.json and a status page at "
           "/. -1: off; 0: any free port (see --metrics_port_file).");
@@ -252,6 +257,7 @@ absl::StatusOr<dbs::ServerConfig> ServerConfigFromFlags() {
   c.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   c.release_freed_memory = [] { dbs::ReleaseFreedMemory(); };
   c.summary_path = absl::GetFlag(FLAGS_summary_path);
+  c.step_trace_path = absl::GetFlag(FLAGS_step_trace_path);
   c.restore = absl::GetFlag(FLAGS_restore);
   c.restore_if_present = absl::GetFlag(FLAGS_restore_if_present);
   c.restore_override = absl::GetFlag(FLAGS_restore_override);

@@ -66,17 +66,17 @@ absl::Status CheckServerFiles(const ServerConfig& config) {
   if (!config.job.checkpoint_dir.empty()) {
     DBS_RETURN_IF_ERROR(CheckWritableFolder(config.job.checkpoint_dir, "--checkpoint_dir"));
   }
-  // A summary in the checkpoint folder is covered by its check (the folder may not exist yet).
+  // A file in the checkpoint folder is covered by its check (the folder may not exist yet).
   const auto folder = [](std::string path) {
     while (path.size() > 1 && path.back() == '/') path.pop_back();
     return path;
   };
-  const size_t slash = config.summary_path.rfind('/');
-  const bool in_checkpoints =
-      !config.job.checkpoint_dir.empty() && slash != std::string::npos &&
-      folder(config.summary_path.substr(0, slash)) == folder(config.job.checkpoint_dir);
-  if (!config.summary_path.empty() && !in_checkpoints) {
-    DBS_RETURN_IF_ERROR(CheckWritable(config.summary_path, "--summary_path"));
+  for (const auto& [path, flag] : {std::pair(config.summary_path, "--summary_path"),
+                                   std::pair(config.step_trace_path, "--step_trace_path")}) {
+    const size_t slash = path.rfind('/');
+    const bool in_checkpoints = !config.job.checkpoint_dir.empty() && slash != std::string::npos &&
+                                folder(path.substr(0, slash)) == folder(config.job.checkpoint_dir);
+    if (!path.empty() && !in_checkpoints) DBS_RETURN_IF_ERROR(CheckWritable(path, flag));
   }
   return absl::OkStatus();
 }
@@ -122,7 +122,7 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
             return job->Resume(id, parameters);
           },
           CallHooks{&metrics_, &serving_}, config.job.wire_dtype, clock) {
-  job_->SetObserver(&metrics_);
+  job_->AddObserver(&metrics_);
   // A shard of a sharded job may hold a push until its leader has done the step the worker
   // redoes, reading the worker's region only then: its shards share no memory.
   parameter_service_.ServeSharedMemory(config.shared_memory && config.num_shards <= 1);
@@ -250,6 +250,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const ServerConfig& co
   }
   DBS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, TrainingJob::Create(config.job, clock));
   std::unique_ptr<PsServer> server(new PsServer(config, std::move(job), clock));
+  DBS_ASSIGN_OR_RETURN(
+      server->step_trace_,
+      StepTrace::Open(config.step_trace_path, config.restore || config.restore_if_present, clock));
+  if (server->step_trace_ != nullptr) server->job_->AddObserver(server->step_trace_.get());
   // The port opens first, NOT_SERVING (its calls answered UNAVAILABLE, which workers retry),
   // so an orchestrator sees a live process that is not ready while a checkpoint loads.
   DBS_RETURN_IF_ERROR(server->Listen());

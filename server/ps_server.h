@@ -27,6 +27,7 @@
 #include "server/shard_events.h"
 #include "server/shard_service.h"
 #include "server/status_http.h"
+#include "server/step_trace.h"
 #include "server/training_job.h"
 
 namespace dbs {
@@ -42,8 +43,9 @@ struct ServerConfig {
   int memory_quota_mb = 4096;
   // Serve AttachSharedMemory: workers on this host push through shared memory.
   bool shared_memory = true;
-  std::string summary_path;  // the JSON run summary ('' : none)
-  bool restore = false;      // continue from the newest valid checkpoint in job.checkpoint_dir
+  std::string summary_path;     // the JSON run summary ('' : none)
+  std::string step_trace_path;  // a JSON line per completed step (StepTrace; '' : none)
+  bool restore = false;         // continue from the newest valid checkpoint in job.checkpoint_dir
   // Restore when job.checkpoint_dir holds a valid checkpoint, start fresh when it holds none
   // (for orchestrators that restart the same command).
   bool restore_if_present = false;
@@ -170,6 +172,7 @@ class PsServer {
   std::unique_ptr<LeaderLink> link_;                 // a follower
   std::thread link_thread_;
   Metrics metrics_;
+  std::unique_ptr<StepTrace> step_trace_;
   SchedulerServiceImpl scheduler_service_;
   ParameterServiceImpl parameter_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -267,7 +267,7 @@ absl::Status TrainingJob::Wait() {
 }
 
 std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* checkpointed) {
-  if (observer_ != nullptr) {
+  if (!observers_.empty()) {
     const absl::Time now = clock_->Now();
     absl::Duration wall;
     {
@@ -275,9 +275,7 @@ std::optional<PlanChange> TrainingJob::OnStep(const StepStats& stats, bool* chec
       wall = last_step_end_ == absl::InfinitePast() ? absl::ZeroDuration() : now - last_step_end_;
       last_step_end_ = stats.last_of_epoch ? absl::InfinitePast() : now;
     }
-    std::map<int, double> compute;
-    for (const auto& [id, sc] : stats.workers) compute[id] = sc.second;
-    observer_->OnStep(wall, compute);
+    for (JobObserver* observer : observers_) observer->OnStep(wall, stats);
   }
   std::optional<PlanChange> change = Replan(stats);
   // After the re-plan: the workers receive it with this step's answers, so a checkpoint of this
@@ -403,7 +401,7 @@ bool TrainingJob::TakeCheckpoint(bool may_skip) {
 
 void TrainingJob::OnCheckpointWritten(const absl::StatusOr<std::string>& path,
                                       absl::Duration took) {
-  if (observer_ != nullptr) observer_->OnCheckpoint(took, path.ok());
+  for (JobObserver* observer : observers_) observer->OnCheckpoint(took, path.ok());
   if (!path.ok()) {
     LOG(ERROR) << "checkpoint failed: " << path.status();
   } else {

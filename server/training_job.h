@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -70,9 +71,9 @@ class TrainingJob : public SchedulerListener {
   // The run record so far.
   RunInfo Run() const;
 
-  // Reports steps and checkpoints to `observer` (metrics). Set before workers connect; it must
-  // outlive the job.
-  void SetObserver(JobObserver* observer) { observer_ = observer; }
+  // Reports steps and checkpoints to `observer` as well (metrics, the step trace). Add before
+  // workers connect; it must outlive the job.
+  void AddObserver(JobObserver* observer) { observers_.push_back(observer); }
 
   // A sharded job's leader: everything that shapes the step barrier is appended to `log` for
   // the other shards (see shard_events.h), and workers may register only once they all follow.
@@ -168,7 +169,7 @@ class TrainingJob : public SchedulerListener {
   // followers; false when the step moved on meanwhile.
   bool RemoveAtStep(const StepProgress& p, const std::set<int>& dead, absl::string_view why);
   absl::Notification finished_;
-  JobObserver* observer_ = nullptr;
+  std::vector<JobObserver*> observers_;
   ShardCoordinator shards_;  // thread-safe itself
   // The share policy's decisions, for the run's summary (told under the scheduler's lock).
   mutable absl::Mutex decisions_mu_;

@@ -341,6 +341,25 @@ class ClusterTest(ProcessTestCase):
     # the batches differently, so they land near, not on, each other.
     MIN_ACCURACY = 0.72
 
+    def check_step_trace(self, path, summary):
+        """dbs_ps's step trace (the launcher's --step_trace_path): a line per step, in order,
+        whose workers' samples and step times add up to the summary's, epoch by epoch."""
+        with open(path) as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual([(l["epoch"], l["step"]) for l in lines],
+                         [(e["epoch"], s) for e in summary["epochs"] for s in range(e["steps"])])
+        for e in summary["epochs"]:
+            steps = [l for l in lines if l["epoch"] == e["epoch"]]
+            self.assertTrue(all(l["samples"] == summary["global_batch"] for l in steps[:-1]))
+            self.assertEqual(sum(l["samples"] for l in steps),
+                             sum(w["samples"] for w in e["workers"]))
+            for w in e["workers"]:
+                mine = [x for l in steps for x in l["workers"] if x["id"] == w["id"]]
+                self.assertEqual(len(mine), len(steps), "every worker in every step")
+                self.assertEqual(sum(x["samples"] for x in mine), w["samples"])
+                self.assertAlmostEqual(sum(x["step_seconds"] for x in mine), w["step_seconds"],
+                                       delta=1e-9 * len(mine))
+
     def check_summary(self, summary):
         self.assertEqual(summary["status"], "ok")
         self.assertEqual(summary["epochs_completed"], 2)
@@ -368,6 +387,7 @@ class ClusterTest(ProcessTestCase):
             with open(os.path.join(out_dir, "summary.json")) as f:
                 runs[policy] = json.load(f)
             self.check_summary(runs[policy])
+            self.check_step_trace(os.path.join(out_dir, "steps.jsonl"), runs[policy])
             for i in range(3):
                 self.assertTrue(os.path.exists(os.path.join(out_dir, f"worker-{i}.json")))
 
@@ -526,6 +546,9 @@ class BadInputTest(ProcessTestCase):
         rc, _, err = self.run_cmd([PS, "--dry_run", "--summary_path=/nonexistent/s.json"], 30)
         self.assertEqual(rc, 2)
         self.assertIn("--summary_path=/nonexistent/s.json: cannot write in /nonexistent", err)
+        rc, _, err = self.run_cmd([PS, "--dry_run", "--step_trace_path=/nonexistent/t.jsonl"], 30)
+        self.assertEqual(rc, 2)
+        self.assertIn("--step_trace_path=/nonexistent/t.jsonl: cannot write in /nonexistent", err)
 
     def test_a_worker_refused_for_its_model_is_not_a_member(self):
         # The job waits for two workers that can train in it: one with another model is refused,

@@ -57,9 +57,12 @@ TEST(MetricsTest, RendersTheRunAndWhatTheObserversHeard) {
   const RunInfo run = TwoWorkerRun();
   StepProgress progress;
   progress.epoch = 1;
-  m.Render(run, progress);                               // learns the workers' names
-  m.OnStep(absl::ZeroDuration(), {{0, 0.1}, {1, 0.2}});  // an epoch's first step: no wall time
-  m.OnStep(absl::Milliseconds(500), {{0, 0.125}, {1, 0.25}});
+  m.Render(run, progress);  // learns the workers' names
+  StepStats first, second;
+  first.workers = {{0, {10, 0.1}}, {1, {5, 0.2}}};
+  second.workers = {{0, {10, 0.125}}, {1, {5, 0.25}}};
+  m.OnStep(absl::ZeroDuration(), first);  // an epoch's first step: no wall time
+  m.OnStep(absl::Milliseconds(500), second);
   m.OnCheckpoint(absl::Milliseconds(20), true);
   m.OnCall("PushGradientSession", 1000, 2000, 0);
   m.OnCall("PushGradientSession", 10, 0, 7);
