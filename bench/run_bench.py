@@ -15,6 +15,7 @@ Then bench/report.py writes report.md, report.json and PNG plots into --out_dir.
   /usr/bin/python3 bench/run_bench.py               # full run (minutes)
   /usr/bin/python3 bench/run_bench.py --small       # tiny subset, for CI (well under a minute)
   /usr/bin/python3 bench/run_bench.py --grid        # the scenario grid (bench/grid.py), ~30 min
+  /usr/bin/python3 bench/run_bench.py --disturbance # a real burst of load (bench/disturbance.py)
 """
 
 import argparse
@@ -29,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 sys.path.insert(0, HERE)
+import disturbance  # noqa: E402
 import grid  # noqa: E402
 import hetero  # noqa: E402
 import report  # noqa: E402
@@ -295,6 +297,11 @@ def build_parser():
                          "cell, 'misses' only in cells where DBS missed the linear-ideal target")
     ap.add_argument("--skip_ddp", action="store_true")
     ap.add_argument("--skip_disturbance", action="store_true")
+    ap.add_argument("--disturbance", action="store_true",
+                    help="run the real-disturbance suite instead (bench/disturbance.py, with its "
+                         "defaults, into OUT_DIR/disturbance): a busy process in the fastest "
+                         "worker's cgroup for 10 s, DBS beside the paper's rule and the fixed "
+                         "split; needs root and cgroup v1")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "bench"))
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"))
     ap.add_argument("--ps_bin", default="")
@@ -347,6 +354,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.grid:
         return run_grid(args)
+    if args.disturbance:
+        return disturbance.main([f"--out_dir={os.path.join(args.out_dir, 'disturbance')}",
+                                 f"--bin_dir={args.bin_dir}"])
     if args.small:
         # Slowdown factors rather than quotas: a worker under a 1/8-core quota alone takes
         # seconds to load libtorch, which is the whole budget of a CI check of the harness.

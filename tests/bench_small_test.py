@@ -261,6 +261,49 @@ class OracleModesTest(unittest.TestCase):
                          (["both_missed"], ["one_met"], ["unrun"]))
 
 
+class DisturbanceMeasureTest(unittest.TestCase):
+    """bench/disturbance.py's reading of a step trace: when the disturbed worker is back within
+    10% of the others, counted in steps from an event."""
+
+    def setUp(self):
+        import sys
+        sys.path.insert(0, os.path.join(RUNFILES, "bench"))
+        sys.path.insert(0, os.path.join(RUNFILES, "deploy"))
+        import disturbance
+        self.d = disturbance
+
+    @staticmethod
+    def trace(times):
+        """A step trace whose step i ended at second i, each worker's step its time there."""
+        return [{"time": float(i), "workers": [{"id": w, "step_seconds": t} for w, t in
+                                                enumerate(step)]}
+                for i, step in enumerate(times)]
+
+    def test_steps_are_counted_from_the_event_to_a_window_within_tolerance(self):
+        # Worker 2 balanced for 10 steps, twice as slow for 6 (the burst), then balanced.
+        times = [[1.0, 1.0, 1.0]] * 10 + [[1.0, 1.1, 2.0]] * 6 + [[1.0, 1.0, 1.05]] * 20
+        rows = self.d.step_table(self.trace(times), [0, 1, 2])
+        self.assertEqual(len(rows), 36)
+        # From step 10 on, the windows of 4 from steps 10-15 hold a slow step; 16 is clear.
+        self.assertEqual(self.d.steps_to_recover(rows, 2, 10.0, 4, 0.1), 6)
+        self.assertEqual(self.d.steps_to_recover(rows, 2, 15.5, 4, 0.1), 0)
+        # The median of the others (1.0 and 1.1): worker 2 at 1.05 is within 10%.
+        self.assertTrue(self.d.within(rows, 2, 20, 4, 0.1))
+        self.assertAlmostEqual(self.d.balanced_fraction(rows[16:], 2, 4, 0.1), 1.0)
+        self.assertIsNone(self.d.steps_to_recover(rows, 2, 99.0, 4, 0.1), "no step after it")
+
+    def test_a_worker_never_back_within_tolerance_has_no_count(self):
+        rows = self.d.step_table(self.trace([[1.0, 1.0, 3.0]] * 20), [0, 1, 2])
+        self.assertIsNone(self.d.steps_to_recover(rows, 2, 0.0, 4, 0.1))
+        self.assertEqual(self.d.balanced_fraction(rows, 2, 4, 0.1), 0.0)
+
+    def test_steps_a_worker_was_not_timed_in_are_left_out_and_ids_give_the_order(self):
+        trace = self.trace([[1.0, 2.0]] * 3)
+        del trace[1]["workers"][1]["step_seconds"]  # the first step after a restore
+        rows = self.d.step_table(trace, [1, 0])
+        self.assertEqual(rows, [(0.0, [2.0, 1.0]), (2.0, [2.0, 1.0])])
+
+
 class BestSplitTest(unittest.TestCase):
     """bench/grid.py's best split of standalone step-time curves."""
 
