@@ -47,7 +47,7 @@ BUSY_LOOP = "while True:\n    pass\n"
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu_quota", default="0.1,0.1,0.15,0.15,0.25,0.35",
                     help="per-worker CPU quota in cores (their count is the number of workers)")
@@ -57,11 +57,13 @@ def build_parser():
                     help="the worker whose cgroup gets the busy loop (-1: the largest quota)")
     ap.add_argument("--at_epoch", type=int, default=3,
                     help="the burst starts when dbs_ps plans this epoch (1-based)")
-    ap.add_argument("--burst_s", type=float, default=10.0)
+    ap.add_argument("--burst_s", type=float, default=10.0, help="how long the busy loop runs")
     ap.add_argument("--window", type=int, default=16,
                     help="steps over which the disturbed worker's step time is compared")
-    ap.add_argument("--tolerance", type=float, default=0.10)
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--tolerance", type=float, default=0.10,
+                    help="how close to the others' step time counts as recovered")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated, of " + ", ".join(POLICIES))
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every policy's pair this many times (the report gives the spread)")
     ap.add_argument("--epochs", type=int, default=6)
@@ -301,11 +303,20 @@ def main(argv=None):
               "quotas (run as root on a host with /sys/fs/cgroup/cpu)", file=sys.stderr)
         return 2
     try:
-        quotas = hetero.parse_floats(args.cpu_quota, len(args.cpu_quota.split(",")),
-                                     "--cpu_quota", 0.0)
+        try:
+            quotas = [float(q) for q in args.cpu_quota.split(",")]
+        except ValueError:
+            raise ValueError(f"--cpu_quota={args.cpu_quota}: cores per worker, e.g. "
+                             "0.1,0.2,0.4") from None
+        if len(quotas) < 2 or not all(0.01 <= q <= 1 for q in quotas):
+            raise ValueError(f"--cpu_quota={args.cpu_quota}: two workers or more, each at "
+                             "0.01-1 cores")
         policies = [p for p in args.policies.split(",") if p]
         if any(p not in POLICIES for p in policies) or not policies:
             raise ValueError(f"--policies takes {', '.join(POLICIES)}")
+        if args.burst_worker >= len(quotas):
+            raise ValueError(f"--burst_worker={args.burst_worker}: there are {len(quotas)} "
+                             "workers (0-based)")
     except ValueError as e:
         print(f"disturbance: {e}", file=sys.stderr)
         return 2
