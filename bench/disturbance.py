@@ -234,17 +234,21 @@ def mean_batches(summary, worker):
     return out
 
 
+def launch_ids(summary, n):
+    """The server's ids of the launcher's worker-0..n-1 (ids follow registration order)."""
+    by_name = {w["name"]: w["id"] for w in summary["worker_info"]}
+    return [by_name[f"worker-{i}"] for i in range(n)]
+
+
 def measure(args, policy, quotas, worker, tag):
     """One policy's undisturbed and disturbed jobs and their figures."""
     calm, calm_trace, _ = run_job(args, f"{policy}-{tag}-calm", policy, quotas, -1)
     hit, trace, burst = run_job(args, f"{policy}-{tag}-burst", policy, quotas, worker)
     if burst is None:
         raise RuntimeError(f"{policy}: the job ended before epoch {args.at_epoch} was planned")
-    by_name = {w["name"]: w["id"] for w in hit["worker_info"]}
-    ids = [by_name[f"worker-{i}"] for i in range(len(quotas))]
+    ids, calm_ids = launch_ids(hit, len(quotas)), launch_ids(calm, len(quotas))
     rows = step_table(trace, ids)
-    calm_ids = {w["name"]: w["id"] for w in calm["worker_info"]}
-    calm_rows = step_table(calm_trace, [calm_ids[f"worker-{i}"] for i in range(len(quotas))])
+    calm_rows = step_table(calm_trace, calm_ids)
     removed = burst.cpu / sum(quotas)
     cost = train_seconds(hit) - train_seconds(calm)
     result = {
@@ -260,7 +264,7 @@ def measure(args, policy, quotas, worker, tag):
         "undisturbed_within_fraction": balanced_fraction(calm_rows, worker, args.window,
                                                          args.tolerance),
         "disturbed_batches": mean_batches(hit, ids[worker]),
-        "undisturbed_batches": mean_batches(calm, calm_ids[f"worker-{worker}"]),
+        "undisturbed_batches": mean_batches(calm, calm_ids[worker]),
         "undisturbed_accuracy": calm["final_test_accuracy"],
         "disturbed_accuracy": hit["final_test_accuracy"],
     }
@@ -268,12 +272,16 @@ def measure(args, policy, quotas, worker, tag):
     return result
 
 
+def fmt_ratio(r):
+    return "-" if r["cost_over_removed"] is None else f"{r['cost_over_removed']:.2f}"
+
+
 def fmt_steps(n):
     return "-" if n is None else str(n)
 
 
 def line(r):
-    ratio = "-" if r["cost_over_removed"] is None else f"{r['cost_over_removed']:.2f}"
+    ratio = fmt_ratio(r)
     return (f"{r['undisturbed_seconds']:.1f} s undisturbed, {r['disturbed_seconds']:.1f} s "
             f"disturbed: cost {r['cost_seconds']:.2f} s over {r['removed_seconds']:.2f} s "
             f"removed = {ratio}; steps to recover after the start "
@@ -287,7 +295,7 @@ def report(results, policies):
           "steps after start | steps after end | undisturbed within")
     for p in policies:
         for r in (r for r in results if r["policy"] == p):
-            ratio = "-" if r["cost_over_removed"] is None else f"{r['cost_over_removed']:.2f}"
+            ratio = fmt_ratio(r)
             print(f"{p:13} | {r['undisturbed_seconds']:13.1f} | {r['disturbed_seconds']:11.1f} | "
                   f"{r['cost_seconds']:6.2f} | {r['removed_seconds']:9.2f} | {ratio:>12} | "
                   f"{fmt_steps(r['steps_to_recover_after_start']):>17} | "

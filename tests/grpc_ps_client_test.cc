@@ -146,6 +146,21 @@ GrpcClientConfig ClientOf(const PsServer& server) {
 }
 const ModelLayout kTwoTensorLayout = {{"a", {1000}, false}, {"b", {40, 50}, false}};
 
+// A model too large for --max_message_mb is refused before any call, saying what to raise.
+TEST(GrpcPsClientModelTest, AModelTooLargeForAMessageIsRefusedBeforeAnyCall) {
+  GrpcClientConfig config;
+  config.address = "127.0.0.1:1";  // nothing listens: the check comes first
+  config.max_message_mb = 1;
+  GrpcPsClient client(config);
+  const ModelLayout layout = {{"w", {300000}, false}};  // 1.1 MiB in fp32
+  std::vector<float> initial(300000), params(300000);
+  EXPECT_THAT(client.RegisterModel(0, layout, initial, absl::MakeSpan(params)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the model (300000 values, 1 MiB in fp32) does not fit in a "
+                                 "message of --max_message_mb=1: raise it, on dbs_ps and on "
+                                 "every worker, to at least 3")));
+}
+
 // The first worker's initial values become the model's; the second sends none of its own and
 // gets them, as does a pull.
 TEST(GrpcPsClientModelTest, TheFirstWorkersValuesAreTheModelEveryWorkerGets) {

@@ -115,6 +115,21 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
       config_.address, attempts, absl::ToDoubleSeconds(absl::Now() - start), last.error_message()));
 }
 
+namespace {
+// The registration carries the model's values in fp32 (with the layout), and so does a resume:
+// both must fit in a message of `max_message_mb`.
+absl::Status CheckModelFitsInMessage(const ModelLayout& layout, int max_message_mb) {
+  const size_t model = static_cast<size_t>(TotalElements(layout));
+  const size_t largest = model * sizeof(float) + (size_t{1} << 20);
+  if (largest <= static_cast<size_t>(max_message_mb) << 20) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the model (%zu values, %.0f MiB in fp32) does not fit in a message of --max_message_mb="
+      "%d: raise it, on dbs_ps and on every worker, to at least %zu",
+      model, static_cast<double>(model * sizeof(float)) / (1 << 20), max_message_mb,
+      (largest >> 20) + 1));
+}
+}  // namespace
+
 absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layout,
                                          absl::Span<const float> initial,
                                          absl::Span<float> params) {
@@ -122,16 +137,7 @@ absl::Status GrpcPsClient::RegisterModel(int worker_id, const ModelLayout& layou
   // stored values come back without this worker sending its own. While none is registered, the
   // server names one worker to send its values (FAILED_PRECONDITION) and tells the others to
   // ask again once it is done (ABORTED), so that it receives one copy of the model, not N.
-  const size_t model = static_cast<size_t>(TotalElements(layout));
-  // The registration carries the values in fp32 (with the layout), and so does a resume.
-  const size_t largest = model * sizeof(float) + (size_t{1} << 20);
-  if (largest > static_cast<size_t>(config_.max_message_mb) << 20) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the model (%zu values, %.0f MiB in fp32) does not fit in a message of --max_message_mb="
-        "%d: raise it, on dbs_ps and on every worker, to at least %zu",
-        model, static_cast<double>(model * sizeof(float)) / (1 << 20), config_.max_message_mb,
-        (largest >> 20) + 1));
-  }
+  DBS_RETURN_IF_ERROR(CheckModelFitsInMessage(layout, config_.max_message_mb));
   v1::RegisterModelRequest req;
   v1::Parameters reply;
   // Idempotent (the first registration wins): safe to retry like the other calls.
