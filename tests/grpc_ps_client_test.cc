@@ -557,8 +557,9 @@ TEST(GrpcPsClientSessionTest, AbandoningWhileSessionsEndNeverReachesAnEndedSessi
     while (!done.load()) {
       client.Abandon();
       client.ResumeCalls();
-      // 0-99 us apart: some pushes reach the server and are refused, some are abandoned.
-      std::this_thread::sleep_for(std::chrono::microseconds(abandons++ % 100));
+      // 1 us to 8 ms apart, doubling: the short gaps abandon pushes in flight, the long ones
+      // let pushes reach the server and be refused however slow the build (TSan) or machine.
+      std::this_thread::sleep_for(std::chrono::microseconds(1 << (abandons++ % 14)));
     }
   });
   const std::vector<float> g(job.n_, 0.0f);

@@ -297,8 +297,12 @@ ABSL_NAMESPACE_END
 //   set when its handler creates it on one of gRPC's threads and counted down when its Finish
 //   completes on another: ServerCallbackCall::Unref, which calls no code of ours).
 // Our code's accesses, including those it makes on gRPC's threads and from its callbacks, are
-// still checked.
-extern "C" const char* __tsan_default_options() { return "ignore_noninstrumented_modules=1"; }
+// still checked. A suppression can match an earlier access only while TSan still holds its
+// stack: history_size=4 keeps enough of it that a loaded machine does not lose the stack of a
+// callback tag's Set and report gRPC's own hand-off as a race.
+extern "C" const char* __tsan_default_options() {
+  return "ignore_noninstrumented_modules=1:history_size=4";
+}
 
 extern "C" const char* __tsan_default_suppressions() {
   return "race_top:grpc::internal::\n"
