@@ -292,10 +292,11 @@ ABSL_NAMESPACE_END
 //   one thread and completes or destroys on another: a racing access made by gRPC's
 //   grpc::internal code itself (race_top: the top frame, not merely a caller, is gRPC's), and
 //   any access inside the gRPC functions that only fill, clear or destroy those objects and
-//   call no code of ours (race: the batch of operations, the callback tag's Set and Clear, the
-//   interceptor batch, a unary call's destructor, and the reference count of a callback call,
-//   set when its handler creates it on one of gRPC's threads and counted down when its Finish
-//   completes on another: ServerCallbackCall::Unref, which calls no code of ours).
+//   call no code of ours (race: the batch of operations, a unary callback tag's constructor,
+//   the callback tag's Set and Clear, the interceptor batch, a unary call's destructor, and
+//   the reference count of a callback call, set when its handler creates it on one of gRPC's
+//   threads and counted down when its Finish completes on another: ServerCallbackCall::Unref,
+//   which calls no code of ours).
 // Our code's accesses, including those it makes on gRPC's threads and from its callbacks, are
 // still checked. A suppression can match an earlier access only while TSan still holds its
 // stack: history_size=4 keeps enough of it that a loaded machine does not lose the stack of a
@@ -308,6 +309,7 @@ extern "C" const char* __tsan_default_suppressions() {
   return "race_top:grpc::internal::\n"
          "race:grpc::internal::CallOpSet\n"
          "race:grpc::internal::CallOpServerSendStatus\n"
+         "race:grpc::internal::CallbackWithStatusTag::CallbackWithStatusTag\n"
          "race:grpc::internal::CallbackWithSuccessTag::Set\n"
          "race:grpc::internal::CallbackWithSuccessTag::Clear\n"
          "race:grpc::internal::InterceptorBatchMethodsImpl\n"
