@@ -47,7 +47,7 @@ absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& refere
   }
   const double median = MedianOf(norms);
   const double fewer = std::max(1.0, MedianOf(samples) / std::max(push.samples, 1));
-  const double allowed = ratio * median * std::sqrt(fewer);
+  const double allowed = ratio * median * fewer;
   if (push.norm <= allowed) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
       "the gradient's L2 norm %.4g (over %d samples) is %.4g times the median %.4g of %s "

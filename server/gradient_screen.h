@@ -6,9 +6,11 @@
 // one but whose L2 norm is far above what the job's gradients have been (a scaled-up gradient,
 // a flipped exponent bit) is what this screen catches: its norm against the median of the last
 // accepted pushes' norms (every worker's, so a minority of faulty pushes does not move it), at
-// most `norm_ratio` times larger. A mean gradient over fewer samples is noisier, so a push of
-// b samples against pushes of a median of m may be sqrt(m / b) times larger still (a worker
-// that DBS gives a small batch is not an outlier for that). A gradient whose norm is plausible
+// most `norm_ratio` times larger. A mean gradient over fewer samples may be larger: a batch's
+// gradient is mostly its few hard samples' (a classifier's loss is near 0 on most of the
+// others), so one hard sample alone can be m times the mean of m. A push of b samples against
+// pushes of a median of m may be m / b times larger still (a worker that DBS gives a small
+// batch, or probes with one sample, is not an outlier for that). A gradient whose norm is plausible
 // (a sign flip, a small scale) is not told apart: see docs/fault_tolerance.md for what that
 // costs.
 //
@@ -41,8 +43,8 @@ struct PushNorm {
 };
 
 // OK, or (INVALID_ARGUMENT, naming `against`) why `push` is an outlier against `reference`
-// (not empty): more than `ratio` times their median norm, times sqrt(their median samples /
-// its samples) when it is over fewer samples.
+// (not empty): more than `ratio` times their median norm, times their median samples / its
+// samples when it is over fewer samples.
 absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& reference, double ratio,
                        absl::string_view against);
 
