@@ -58,6 +58,11 @@ int Streak(const std::vector<double>& batches, bool up) {
   return streak;
 }
 
+// Step times this close (relative) count as the same step: a worker one more sample would take
+// to within 1% of the slowest is as loaded as whole samples allow, not worth a re-plan on
+// measurements that differ by less than their noise.
+constexpr double kSameStep = 0.01;
+
 // The time `model` holds for `batch` when it was measured there (to the sample); -1 when it was
 // not. A worker is left faster than the others only when one more sample was seen to make it
 // the slowest, never on a prediction between measured batches.
@@ -217,19 +222,42 @@ class Planner {
     return true;
   }
 
+  // Marks the idle workers due a probe (BalancingOptions::probe_cost); whether there is one.
+  bool MarkProbes() {
+    probe_.assign(n_, false);
+    if (!have_current_) return false;
+    double tau = 0.0;  // the step the current split runs
+    for (size_t i = 0; i < n_; ++i) tau = std::max(tau, models_[i].Predict(cur_[i]));
+    bool any = false;
+    for (size_t i = 0; i < n_; ++i) {
+      const WorkerObservation& w = w_[i];
+      if (cur_[i] > 0 || models_[i].empty() || w.idle_steps <= 0 || !(tau > 0) ||
+          std::max(0, o_.min_batch) > 0) {
+        continue;
+      }
+      // The probe's cost and the idle time, in steps of tau.
+      const double cost = o_.probe_steps * std::max(0.0, models_[i].Predict(1) - tau) / tau;
+      probe_[i] = o_.probe_cost * w.idle_steps >= cost && 4 * w.idle_steps >= w.out_steps;
+      any = any || probe_[i];
+    }
+    return any;
+  }
+
   // Whether the current split is balanced by the model: every worker within `hold_spread` of the
   // slowest, or measured to become the slowest with one more sample. Sets the plan's current
   // step time.
-  bool Hold(BalancingPlan* plan) const {
+  bool Hold(BalancingPlan* plan) {
     if (!have_current_) return false;
     for (size_t i = 0; i < n_; ++i) {
       plan->current_step_seconds =
           std::max(plan->current_step_seconds, models_[i].Predict(cur_[i]));
     }
+    current_step_ = plan->current_step_seconds;
     for (size_t i = 0; i < n_; ++i) {
       const bool within =
           models_[i].Predict(cur_[i]) * (1.0 + o_.hold_spread) >= plan->current_step_seconds;
-      if (!within && MeasuredTime(models_[i], cur_[i] + 1) < plan->current_step_seconds) {
+      if (!within &&
+          MeasuredTime(models_[i], cur_[i] + 1) * (1.0 + kSameStep) < plan->current_step_seconds) {
         return false;
       }
     }
@@ -260,7 +288,7 @@ class Planner {
     thi_.resize(n_);
     double sum_tlo = 0.0, sum_thi = 0.0;
     for (size_t i = 0; i < n_; ++i) {
-      lo_[i] = std::max(0, o_.min_batch);
+      lo_[i] = std::max(probe_[i] ? 1 : 0, o_.min_batch);
       hi_[i] = o_.max_batch > 0 ? std::min<double>(B_, o_.max_batch) : B_;
       hi_[i] = std::max(hi_[i], lo_[i]);
       tlo_[i] = lo_[i];
@@ -279,11 +307,15 @@ class Planner {
     }
   }
 
-  // Where worker i's step takes tau, within its bounds.
+  // Where worker i's step takes tau, within its bounds, and never where its own curve says it
+  // would be slower than the slowest step now: the acceleration toward a bend (Root) gambles
+  // within that, not beyond it.
   double Target(size_t i, double tau) const {
-    const double b = have_current_ ? Root(movers_[i], tau, cur_[i], Streak(runs_[i], true),
-                                          Streak(runs_[i], false))
-                                   : movers_[i].BatchFor(tau);
+    double b = movers_[i].BatchFor(tau);
+    if (have_current_) {
+      b = Root(movers_[i], tau, cur_[i], Streak(runs_[i], true), Streak(runs_[i], false));
+      if (current_step_ > 0) b = std::min(b, std::max(cur_[i], models_[i].BatchFor(current_step_)));
+    }
     return std::clamp(b, tlo_[i], thi_[i]);
   }
 
@@ -327,6 +359,12 @@ class Planner {
   void Round(std::vector<double>* batches) const {
     double units = B_;
     for (double& b : *batches) units -= b = std::floor(b + 1e-9);
+    // A bound the scaling to B left a fraction below (a probe's one sample) is met first.
+    for (size_t i = 0; i < n_; ++i) {
+      const double short_of = std::clamp(lo_[i] - (*batches)[i], 0.0, std::max(0.0, units));
+      (*batches)[i] += short_of;
+      units -= short_of;
+    }
     for (; units > 0.5; units -= 1.0) {
       size_t best = 0;
       double best_time = std::numeric_limits<double>::infinity();
@@ -368,6 +406,8 @@ class Planner {
   bool have_current_ = false;
   std::vector<std::vector<double>> moves_, runs_;
   std::vector<double> lo_, hi_, tlo_, thi_;
+  std::vector<bool> probe_;
+  double current_step_ = 0.0;  // the slowest predicted step of the current split (Hold)
 };
 
 }  // namespace
@@ -389,7 +429,8 @@ BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers)
     plan.batches.assign(n, static_cast<double>(options_.global_batch) / n);
     return plan;
   }
-  if (p.Hold(&plan)) {
+  const bool probing = p.MarkProbes();
+  if (p.Hold(&plan) && !probing) {
     plan.held = true;
     plan.batches = p.current();
     plan.predicted_step_seconds = plan.current_step_seconds;

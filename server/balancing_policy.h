@@ -19,6 +19,8 @@
 //   - hold: the split is kept while the model says it is balanced (every worker's predicted step
 //     within `hold_spread` of the slowest, or unable to take one more sample without becoming
 //     the slowest), so noise does not reshuffle shards.
+// A worker taken to no sample is probed with one, at intervals that grow while it stays slow
+// (BalancingOptions::probe_cost), so it comes back when what slowed it has gone.
 // Batches stay within [min_batch, max_batch] and each worker's own cap. With a single point per
 // worker (epoch 1) the curve is a line through the origin and the plan is the paper's
 // proportional rule. Pure; thread-compatible.
@@ -49,6 +51,14 @@ struct BalancingOptions {
   double noise_margin = 1.0;
   int noise_measurements = 4;
   double noise_prior_dof = 64.0;
+  // Probing: a worker at no sample holds a curve that nothing has tested since it went idle
+  // (the burst that took it out may be over). It is given one sample for a re-plan window
+  // (`probe_steps`) once what that probe is predicted to cost (its excess over the step the
+  // others run, for those steps) is at most `probe_cost` of the time it has been idle; after
+  // a probe, no sooner than it has been idle again for a third of the time it was out before,
+  // so that probes back off while it stays slow.
+  double probe_cost = 0.1;
+  int probe_steps = kDbsReplanWindowSteps;
   StepTimeModelOptions model;
 };
 

@@ -1,5 +1,7 @@
 #include "server/epoch_record.h"
 
+#include <algorithm>
+
 namespace dbs {
 
 int64_t EpochRecord::SamplesOf(int worker_id) const {
@@ -22,6 +24,28 @@ int MostFrequentBatch(const StepRanges& steps) {
     }
   }
   return static_cast<int>(best);
+}
+
+IdleRun IdleRunOf(const std::vector<EpochRecord>& records, int id, int epoch, int step,
+                  int max_epochs) {
+  IdleRun run;
+  bool idle = true;
+  for (int e = std::min(epoch, static_cast<int>(records.size()) - 1);
+       e >= 0 && e > epoch - max_epochs; --e) {
+    const EpochRecord& r = records[e];
+    auto layout = r.layout.find(id);
+    if (layout == r.layout.end() || r.dead.count(id) > 0) return run;
+    const StepRanges& steps = layout->second;
+    const int end = e == epoch ? std::min<int>(step, steps.size()) : static_cast<int>(steps.size());
+    for (int s = end - 1; s >= 0; --s) {
+      const int64_t samples = CountSamples(steps[s]);
+      if (samples > 1) return run;
+      idle = idle && samples == 0;
+      run.idle_steps += idle ? 1 : 0;
+      run.out_steps += 1;
+    }
+  }
+  return run;
 }
 
 std::optional<Measurement> MeasurementOf(const EpochRecord& r, int id) {

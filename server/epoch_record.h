@@ -30,6 +30,8 @@ struct PlanDecision {
     bool has_window = false;
     Measurement window;  // re-plans only
     double share = 0.0;  // the policy's answer
+    int idle_steps = 0;  // WorkerObservation's
+    int out_steps = 0;
   };
   int from_step = 0;
   std::vector<Input> workers;  // in the order the policy saw them
@@ -50,6 +52,12 @@ struct EpochRecord {
   std::set<int> dead;                  // workers removed during the epoch
   // Per worker, the compute time of its steps by batch size (from the times sent with pushes).
   std::map<int, std::map<int, BatchTime>> step_times;
+  // Per worker, the windows of newest steps its re-plans were decided on, oldest first: a
+  // re-plan's observation holds them after the epochs before, so the controller learns from
+  // every window of the running epoch, not only its newest. Not checkpointed: a restored
+  // epoch's re-plans start afresh from the epochs before, as its re-plan window does, and so
+  // every recorded decision replays from the run's summary.
+  std::map<int, std::vector<Measurement>> windows;
   int num_steps = 0;  // as revised
   int revision = 0;
   bool complete = false;
@@ -82,6 +90,17 @@ struct EpochDecisions {
 
 // The batch a worker ran most often in `steps`.
 int MostFrequentBatch(const StepRanges& steps);
+
+// Worker `id`'s newest steps before step `step` of epoch `epoch` (records[epoch]; past its
+// last step: up to its end), through the epochs before, as WorkerObservation counts them: its
+// steps in a row without a sample, and with at most one. A step of an epoch it was not planned
+// in, or removed from, ends both runs; so do `max_epochs` epochs.
+struct IdleRun {
+  int idle_steps = 0;
+  int out_steps = 0;
+};
+IdleRun IdleRunOf(const std::vector<EpochRecord>& records, int id, int epoch, int step,
+                  int max_epochs);
 
 }  // namespace dbs
 

@@ -124,6 +124,10 @@ json DecisionJson(const PlanDecision& d) {
               {"current_batch", in.current_batch},
               {"previous_share", in.previous_share},
               {"share", in.share}};
+    if (in.out_steps > 0) {
+      w["idle_steps"] = in.idle_steps;
+      w["out_steps"] = in.out_steps;
+    }
     if (in.has_window) w["window"] = MeasurementJson(in.window);
     workers.push_back(std::move(w));
   }
@@ -152,10 +156,13 @@ absl::StatusOr<WorkerInfos> WorkersOf(const json& info) {
   return workers;
 }
 
-// One decision about `epoch`, each worker's history rebuilt as Scheduler::ObserveLocked builds
-// it: the measurements of the epochs before, then the window of a re-plan.
+// One decision about `epoch`, each worker's history rebuilt as the scheduler builds it: the
+// measurements of the epochs before, then the windows of the epoch's re-plans up to this one.
+// `windows`: each worker's windows of the epoch's re-plans so far, which the decision's window
+// joins.
 absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const WorkerInfos& workers,
-                                            const Measured& measured) {
+                                            const Measured& measured,
+                                            std::map<int, std::vector<Measurement>>* windows) {
   const std::string where = absl::StrCat("epoch ", epoch, " decision");
   RecordedDecision r;
   r.epoch = epoch;
@@ -174,6 +181,10 @@ absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const Work
     o.name = w->second.name;
     DBS_ASSIGN_OR_RETURN(o.current_batch, SmallInteger(in, "current_batch", at));
     DBS_ASSIGN_OR_RETURN(o.previous_share, Number(in, "previous_share", at));
+    if (in.contains("out_steps")) {
+      DBS_ASSIGN_OR_RETURN(o.idle_steps, SmallInteger(in, "idle_steps", at));
+      DBS_ASSIGN_OR_RETURN(o.out_steps, SmallInteger(in, "out_steps", at));
+    }
     for (int k = std::max(0, epoch - Scheduler::kHistoryEpochs); k < epoch; ++k) {
       auto before = measured.find(k);
       if (before == measured.end()) continue;
@@ -182,7 +193,11 @@ absl::StatusOr<RecordedDecision> DecisionOf(const json& d, int epoch, const Work
     }
     if (in.contains("window")) {
       DBS_ASSIGN_OR_RETURN(Measurement window, MeasurementFromJson(in.at("window")));
-      o.history.push_back(std::move(window));
+      std::vector<Measurement>& earlier = (*windows)[id];
+      o.history.insert(o.history.end(), earlier.begin(), earlier.end());
+      o.history.push_back(window);
+      earlier.push_back(std::move(window));
+      if (earlier.size() > Scheduler::kHistoryWindows) earlier.erase(earlier.begin());
     }
     DBS_ASSIGN_OR_RETURN(const double share, Number(in, "share", at));
     r.ids.push_back(id);
@@ -209,8 +224,9 @@ absl::StatusOr<std::vector<RecordedDecision>> DecisionsOf(const json& summary) {
     const std::string where = absl::StrCat("epoch ", epoch);
     if (e.contains("decisions")) {
       DBS_ASSIGN_OR_RETURN(const json* decisions, Array(e, "decisions", where));
+      std::map<int, std::vector<Measurement>> windows;
       for (const json& d : *decisions) {
-        DBS_ASSIGN_OR_RETURN(RecordedDecision r, DecisionOf(d, epoch, workers, measured));
+        DBS_ASSIGN_OR_RETURN(RecordedDecision r, DecisionOf(d, epoch, workers, measured, &windows));
         out.push_back(std::move(r));
       }
     }

@@ -31,7 +31,7 @@ nlohmann::json PolicyConfigJson(const PolicyConfig& c);
 absl::StatusOr<PolicyConfig> PolicyConfigFromJson(const nlohmann::json& j);
 
 // {"from_step", "applied", "workers": [{"id", "current_batch", "previous_share", "share",
-// "window" (re-plans only)}]}.
+// "window" (re-plans only), "idle_steps" and "out_steps" (a worker out of the split only)}]}.
 nlohmann::json DecisionJson(const PlanDecision& d);
 
 // One decision of a run, with what the policy was given and what it answered.

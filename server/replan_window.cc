@@ -68,21 +68,24 @@ std::optional<ReplanTrigger> ReplanWindow::Add(
   }
   // The slowest worker's total against the fastest's as loaded as it could be.
   Load slowest, fastest;
+  bool idle = false;
   for (const auto& [id, w] : window_) {
     if (static_cast<int>(w.size()) < steps_) return std::nullopt;
     const Load l = LoadOf(w, noise_margin_);
     if (l.seconds > slowest.seconds) slowest = l;
     if (l.loaded > 0 && (fastest.loaded <= 0 || l.loaded < fastest.loaded)) fastest = l;
+    idle = idle || l.loaded <= 0;
   }
   if (fastest.loaded <= 0) return std::nullopt;
   const double imbalance = slowest.seconds / fastest.loaded;
-  if (imbalance < threshold_) return std::nullopt;
   // Noise alone does not re-plan: the gap must be clear of two standard errors.
-  if (slowest.seconds - fastest.loaded <= 2.0 * std::sqrt(slowest.var + fastest.loaded_var)) {
-    return std::nullopt;
-  }
+  const bool imbalanced =
+      imbalance >= threshold_ &&
+      slowest.seconds - fastest.loaded > 2.0 * std::sqrt(slowest.var + fastest.loaded_var);
+  if (!imbalanced && !idle) return std::nullopt;
   ReplanTrigger out;
   out.imbalance = imbalance;
+  out.idle = idle;
   for (const auto& [id, w] : window_) out.window[id] = WindowMeasurement(w);
   window_.clear();  // measure afresh under the new split
   return out;

@@ -8,7 +8,10 @@
 // times), so noise alone does not re-plan: the split no longer fits the workers' speeds (a
 // worker slowed down or sped up mid-epoch, or the plan has not converged yet). It then hands the
 // window over as one measurement per worker, for the share policy, and starts afresh so the next
-// decision is made on steps run under the new split. A new epoch, or Reset(), also starts afresh.
+// decision is made on steps run under the new split. It also fires when a worker ran no sample
+// over the window, so that the policy may probe it (a worker the controller took to no sample
+// is measured again only when given one); the policy keeps the split when no probe is due.
+// A new epoch, or Reset(), also starts afresh.
 // Pure arithmetic; thread-compatible.
 #ifndef DBS_SERVER_REPLAN_WINDOW_H_
 #define DBS_SERVER_REPLAN_WINDOW_H_
@@ -27,6 +30,7 @@ struct ReplanTrigger {
   // Slowest / fastest step time over the window, the fastest counted with one more sample per
   // step (whole samples: what a plan could still give it); workers without samples excluded.
   double imbalance = 0.0;
+  bool idle = false;                  // a worker ran no sample over the window
   std::map<int, Measurement> window;  // by worker id
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -128,6 +129,10 @@ WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
       o.previous_share = plan->second.share;
       o.current_batch = MostFrequentBatch(layout->second);
     }
+    const IdleRun run =
+        IdleRunOf(records_, id, upto - 1, std::numeric_limits<int>::max(), kHistoryEpochs);
+    o.idle_steps = run.idle_steps;
+    o.out_steps = run.out_steps;
   }
   return o;
 }
@@ -167,6 +172,8 @@ absl::Status Scheduler::PlanNextEpochLocked(Calls* calls) {
                                 false,
                                 {},
                                 k < static_cast<int>(shares.size()) ? shares[k] : 0.0});
+    decision.workers.back().idle_steps = obs[k].idle_steps;
+    decision.workers.back().out_steps = obs[k].out_steps;
   }
   if (listener_ != nullptr) listener_->OnPlanDecision(epoch, decision);
   const uint64_t seed = EpochSeed(config_.seed, epoch);

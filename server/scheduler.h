@@ -189,8 +189,10 @@ class Scheduler {
   std::string policy_name() const { return policy_->name(); }
   PolicyKind policy_kind() const { return policy_->kind(); }
 
-  // Epochs of history each observation carries.
+  // Epochs of history each observation carries, and windows of the running epoch's re-plans
+  // (the newest; the dbs policy models from its newest 16 measurements).
   static constexpr int kHistoryEpochs = 16;
+  static constexpr size_t kHistoryWindows = 16;
 
  private:
   struct Waiter {

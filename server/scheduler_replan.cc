@@ -74,12 +74,24 @@ absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
     o.current_batch = from_step - 1 < static_cast<int>(steps.size())
                           ? static_cast<int>(CountSamples(steps[from_step - 1]))
                           : 0;
+    auto earlier = rec.windows.find(id);
+    if (earlier != rec.windows.end()) {
+      o.history.insert(o.history.end(), earlier->second.begin(), earlier->second.end());
+    }
     o.history.push_back(w->second);
+    const IdleRun run = IdleRunOf(records_, id, epoch, from_step, kHistoryEpochs);
+    o.idle_steps = run.idle_steps;
+    o.out_steps = run.out_steps;
     workers.push_back(id);
     current.push_back(o.current_batch);
     obs.push_back(std::move(o));
   }
   const std::vector<double> shares = policy_->NextShares(obs);
+  for (size_t k = 0; k < workers.size(); ++k) {
+    std::vector<Measurement>& windows = rec.windows[workers[k]];
+    windows.push_back(obs[k].history.back());
+    if (windows.size() > kHistoryWindows) windows.erase(windows.begin());
+  }
   const bool keep = LargestRemainder(config_.global_batch, shares) ==
                     std::vector<int64_t>(current.begin(), current.end());
   if (listener_ != nullptr) {
@@ -88,7 +100,8 @@ absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
     decision.applied = !keep;
     for (size_t k = 0; k < workers.size(); ++k) {
       decision.workers.push_back({workers[k], obs[k].current_batch, obs[k].previous_share, true,
-                                  obs[k].history.back(), k < shares.size() ? shares[k] : 0.0});
+                                  obs[k].history.back(), k < shares.size() ? shares[k] : 0.0,
+                                  obs[k].idle_steps, obs[k].out_steps});
     }
     listener_->OnPlanDecision(epoch, decision);
   }

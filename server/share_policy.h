@@ -80,6 +80,10 @@ struct WorkerObservation {
   double previous_share = 0.0;       // 0: the worker was not in the last plan
   int current_batch = 0;             // its batch in the plan it runs now
   std::vector<Measurement> history;  // oldest first; empty for a worker never measured
+  // Its newest steps: how many in a row it ran without a sample (idle), and with at most one
+  // (idle, or probed with one sample by the dbs policy). 0 when it computes more now.
+  int idle_steps = 0;
+  int out_steps = 0;
 };
 
 // Turns observations into the next shares (same order, summing to 1).

@@ -319,7 +319,9 @@ std::optional<PlanChange> TrainingJob::Replan(const StepStats& stats) {
   LOG(INFO) << "epoch " << stats.epoch + 1 << " re-planned after step " << stats.step + 1
             << ": slowest worker's step time over the last "
             << ReplanWindowSteps(config_.policy, config_.replan_window_steps) << " steps was "
-            << trigger->imbalance << "x the fastest's (compute and own communication)";
+            << trigger->imbalance << "x the fastest's (compute and own communication)"
+            << (trigger->idle ? "; a worker ran no sample in them (the controller may probe it)"
+                              : "");
   return *std::move(replan);
 }
 

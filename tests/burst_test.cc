@@ -167,6 +167,68 @@ TEST(BurstTest, ABurstSlowsItsStepsAndTheReplanRebalancesThem) {
       o.steps_from_start, o.steps_from_end);
 }
 
+// A burst strong enough that the controller takes the worker to no sample: nothing measures it
+// while it computes nothing, so without probes its curve stays as slow as the burst left it and
+// it never comes back. Six workers under CPU quotas (0.1-0.35 of a core, as bench/disturbance.py
+// runs them), global batch 96, a 5 s burst from epoch 3 on the fastest or the slowest worker,
+// 10x and 30x: the worker is out of the split while the burst lasts, is probed with one sample
+// at intervals that grow while it stays slow, and is back at half the batch it ran before or
+// more within half as many steps as it was out.
+TEST(BurstTest, AWorkerABurstTookToNoSampleIsProbedAndComesBack) {
+  SimulationConfig c;
+  for (double quota : {0.1, 0.1, 0.15, 0.15, 0.25, 0.35}) {
+    SpeedModel m;
+    m.kind = SpeedModel::Kind::kQuota;
+    m.speed = 6000;  // a full core; 0.35 of one runs the default batch's share in ~15 ms
+    m.quota = quota;
+    m.overhead_seconds = 0.001;
+    m.noise = 0.05;
+    c.workers.push_back(m);
+  }
+  c.global_batch = 96;
+  c.train_samples = 15000;
+  c.epochs = 12;
+  c.trace_steps = true;
+  absl::StatusOr<SimulationResult> base = Simulate(c);
+  ASSERT_THAT(base, IsOk());
+  double start = 0.0;
+  for (int e = 0; e < 3; ++e) start += base->epochs[e].seconds;
+  for (int worker : {0, 5}) {
+    for (double factor : {10.0, 30.0}) {
+      SimulationConfig d = c;
+      const Burst burst{worker, start + 0.3, 5.0, factor};
+      d.bursts = {burst};
+      absl::StatusOr<SimulationResult> r = Simulate(d);
+      ASSERT_THAT(r, IsOk());
+      const std::string what = absl::StrCat("worker ", worker, ", ", factor, "x");
+      const int before = base->epochs[2].batches[worker];
+      int idle_inside = 0, after = 0, back = -1;
+      for (const EpochResult& e : r->epochs) {
+        for (const StepTrace& t : e.trace) {
+          const int b = t.batches[worker];
+          if (t.start_seconds >= burst.start_seconds && t.start_seconds < burst.end_seconds()) {
+            idle_inside += b == 0 ? 1 : 0;
+          } else if (t.start_seconds >= burst.end_seconds()) {
+            if (back < 0 && 2 * b >= before) back = after;
+            ++after;
+          }
+        }
+      }
+      EXPECT_GT(idle_inside, 0) << what << ": the burst took the worker out of the split";
+      EXPECT_GE(back, 0) << what << ": never back";
+      // Probes back off to a third of the time out, and each costs at most a tenth of the idle
+      // time before it: the worker is back within half the steps it was out.
+      EXPECT_LE(back, idle_inside / 2) << what;
+      const BurstOutcome o = AnalyzeBurst(d, *r, burst);
+      std::printf(
+          "6 quota workers, %s for 5 s: %d steps out of the split inside the burst, back at "
+          "half its batch or more %d steps after it ends; cost %.2f s for %.2f s of capacity "
+          "removed\n",
+          what.c_str(), idle_inside, back, RunSeconds(*r) - RunSeconds(*base), o.capacity_seconds);
+    }
+  }
+}
+
 // The figures of the disturbance suite (docs/controller.md#bursts): every burst is rebalanced
 // within the run, after it starts and after it ends; a single burst within two re-plan windows
 // at the median; and where it hits the slowest worker it costs DBS less than it costs the fixed

@@ -1,5 +1,6 @@
 #include "server/plan_replay.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -150,15 +151,18 @@ TEST(PlanReplayTest, EveryDecisionOfARunReplaysToTheSameSharesFromItsSummary) {
   ASSERT_THAT(pc, IsOk()) << pc.status();
   auto policy = *MakeSharePolicy(*pc);
   int applied = 0, plans = 0;
+  std::map<int, size_t> replans;  // by epoch, so far
   for (const RecordedDecision& d : *decisions) {
     EXPECT_EQ(Replay(*policy, d), d.shares) << "epoch " << d.epoch << " step " << d.from_step;
     plans += d.from_step == 0;
     applied += d.from_step > 0 && d.applied;
     ASSERT_EQ(d.ids, (std::vector<int>{0, 1, 2}));
     EXPECT_EQ(d.observations[0].name, "a");
-    // The history: the epochs before, plus the window for a re-plan.
-    EXPECT_EQ(d.observations[0].history.size(),
-              static_cast<size_t>(d.epoch) + (d.from_step > 0 ? 1 : 0));
+    // The history: the epochs before, plus for a re-plan the windows of the epoch's re-plans
+    // up to this one (the newest 16).
+    const size_t windows =
+        d.from_step > 0 ? std::min(++replans[d.epoch], Scheduler::kHistoryWindows) : 0;
+    EXPECT_EQ(d.observations[0].history.size(), static_cast<size_t>(d.epoch) + windows);
   }
   EXPECT_EQ(plans, 4);
   EXPECT_EQ(applied, job.replans_applied);

@@ -62,10 +62,18 @@ TEST(ReplanWindowTest, WorkersWithoutSamplesAreNotTheFastest) {
     ASSERT_TRUE(t.has_value()) << idle;
     EXPECT_NEAR(t->imbalance, 0.020 / 0.011, 1e-12) << idle;
     EXPECT_TRUE(t->window.at(2).by_batch.empty());
+    EXPECT_TRUE(t->idle);
   }
-  // Only workers without samples besides the slowest: nothing to re-plan toward.
+  // Only workers without samples besides the slowest: nothing to re-plan toward, but the
+  // window still goes to the policy, which may probe the worker without samples.
   ReplanWindow alone(1, 1.5);
-  EXPECT_FALSE(alone.Add(0, {{0, {10, 0.010}}, {1, {0, 0.001}}}).has_value());
+  std::optional<ReplanTrigger> t = alone.Add(0, {{0, {10, 0.010}}, {1, {0, 0.001}}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_TRUE(t->idle);
+  EXPECT_LT(t->imbalance, 1.5);
+  // Every worker with samples and none apart: nothing.
+  ReplanWindow busy(1, 1.5);
+  EXPECT_FALSE(busy.Add(0, {{0, {10, 0.010}}, {1, {10, 0.011}}}).has_value());
 }
 
 TEST(ReplanWindowTest, AWorkerThatOneMoreSampleWouldMakeTheSlowestIsLoaded) {

@@ -579,3 +579,44 @@ TEST_F(SchedulerTest, ThePolicySeesEachWorkersStepTimesByBatch) {
 
 }  // namespace
 }  // namespace dbs
+
+namespace dbs {
+namespace {
+
+// A worker's run of steps without a sample (idle) and with at most one (out), counted back
+// from a step through the epochs before, as the dbs policy's probes read them.
+TEST(IdleRunTest, CountsTheNewestStepsWithoutASampleAndWithAtMostOne) {
+  auto epoch = [](std::vector<std::vector<int>> batches) {
+    EpochRecord r;
+    for (size_t id = 0; id < batches.size(); ++id) {
+      StepRanges steps;
+      for (int b : batches[id]) {
+        steps.push_back(b > 0 ? std::vector<SampleRange>{{0, b}} : std::vector<SampleRange>{});
+      }
+      r.layout[static_cast<int>(id)] = steps;
+    }
+    return r;
+  };
+  std::vector<EpochRecord> records = {epoch({{4, 4, 4, 2}, {4, 4, 4, 4}}),
+                                      epoch({{1, 0, 0, 1}, {4, 4, 4, 4}}),
+                                      epoch({{0, 0, 0, 0}, {4, 4, 4, 4}})};
+  // Worker 0 before step 3 of epoch 2: 3 idle steps there, 1 more before its probe of one sample
+  // in epoch 1, whose steps run out to the 2 samples at the end of epoch 0.
+  IdleRun run = IdleRunOf(records, 0, 2, 3, 16);
+  EXPECT_EQ(run.idle_steps, 3);
+  EXPECT_EQ(run.out_steps, 7);
+  run = IdleRunOf(records, 0, 2, 1000, 16);  // past the last step: the whole epoch
+  EXPECT_EQ(run.idle_steps, 4);
+  EXPECT_EQ(run.out_steps, 8);
+  EXPECT_EQ(IdleRunOf(records, 0, 2, 4, 1).out_steps, 4);   // one epoch looked at
+  EXPECT_EQ(IdleRunOf(records, 1, 2, 4, 16).out_steps, 0);  // it computes now
+  // A step it was not in (a worker that joined since, or was removed) ends the run.
+  records[1].dead.insert(0);
+  EXPECT_EQ(IdleRunOf(records, 0, 2, 4, 16).out_steps, 4);
+  records[1].layout.erase(1);
+  EXPECT_EQ(IdleRunOf(records, 1, 2, 0, 16).out_steps, 0);
+  EXPECT_EQ(IdleRunOf(records, 2, 2, 4, 16).out_steps, 0);
+}
+
+}  // namespace
+}  // namespace dbs

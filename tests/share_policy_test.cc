@@ -272,6 +272,52 @@ TEST(BalancingPolicyTest, AWorkerNeverMeasuredIsProbedAtTheMeanSpeed) {
   EXPECT_THAT(p.batches, ElementsAre(20, 40, 30));
 }
 
+TEST(BalancingPolicyTest, AnIdleWorkerIsProbedWithOneSampleWhenAProbeIsCheapBesideItsIdleTime) {
+  // Worker 1 was last measured at 200 ms for one sample (a burst took it to no sample) and has
+  // run none since; worker 0 runs 64 samples in 64 ms. A probe, one sample for a re-plan window
+  // of 8 steps, is predicted to cost 8 x (200 - 64) / 64 = 17 of worker 0's steps: it is due
+  // once a tenth of the worker's idle steps covers that, 170 steps.
+  WorkerObservation idle;
+  Measurement burst;
+  burst.steps = 10;
+  burst.samples = 10;
+  burst.compute_seconds = 2.0;
+  burst.by_batch[1] = {10, 2.0};
+  idle.history = {burst};
+  const std::vector<WorkerObservation> busy = {Ran(0, 1000, {32, 64})};
+  auto plan = [&](int idle_steps, int out_steps) {
+    std::vector<WorkerObservation> w = busy;
+    w.push_back(idle);
+    w.back().idle_steps = idle_steps;
+    w.back().out_steps = out_steps;
+    return Dbs(64).Plan(w);
+  };
+  BalancingPlan p = plan(160, 160);
+  EXPECT_TRUE(p.held);
+  EXPECT_THAT(p.batches, ElementsAre(64, 0));
+  p = plan(180, 180);
+  EXPECT_FALSE(p.held);
+  EXPECT_THAT(p.batches, ElementsAre(63, 1));
+  // After a probe that found it still slow, the next waits for a third of the time it was out
+  // before: 180 idle steps after 900 out are too soon, 300 are not.
+  EXPECT_THAT(plan(180, 1080).batches, ElementsAre(64, 0));
+  EXPECT_THAT(plan(300, 1200).batches, ElementsAre(63, 1));
+  // A worker the job keeps at a minimum batch is never idle; one measured fast again after a
+  // probe gets its share back (the re-plan window's measurement, as the scheduler appends it).
+  WorkerObservation back = idle;
+  Measurement probe;
+  probe.steps = 8;
+  probe.samples = 8;
+  probe.compute_seconds = 8 * 0.002;
+  probe.by_batch[1] = {8, 8 * 0.002};
+  back.history.push_back(probe);
+  back.current_batch = 1;
+  back.out_steps = 188;
+  std::vector<WorkerObservation> w = busy;
+  w.push_back(back);
+  EXPECT_GT(Dbs(64).Plan(w).batches[1], 1);
+}
+
 TEST(BalancingPolicyTest, RepeatedReversalsHalveTheGain) {
   // Worker 0 went 32 -> 48 -> 24 -> 44 (a probe, then corrections of 24 and 20 samples that do
   // not shrink by half: one oscillation so far) and the plan would reverse it again.
