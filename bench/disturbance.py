@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -143,7 +144,10 @@ def run_job(args, name, policy, quotas, burst_worker):
     """One local_cluster job; with burst_worker >= 0, the busy loop in that worker's cgroup.
     Returns (summary, step trace lines, Burst or None)."""
     out = os.path.join(args.out_dir, name)
-    os.makedirs(out, exist_ok=True)
+    # A job's directory starts empty: a log or pids.json left by an earlier run in the same
+    # --out_dir would start the burst before this job has planned the epoch.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
     argv = [sys.executable, os.path.join(ROOT, "deploy", "local_cluster.py"), "--quiet",
             f"--out_dir={out}", f"--workers={len(quotas)}",
             f"--cpu_quota={','.join(f'{q:g}' for q in quotas)}",
