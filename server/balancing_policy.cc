@@ -223,18 +223,15 @@ class Planner {
   }
 
   // Marks the idle workers due a probe (BalancingOptions::probe_cost); whether there is one.
+  // After Hold, which finds the step the current split runs.
   bool MarkProbes() {
     probe_.assign(n_, false);
-    if (!have_current_) return false;
-    double tau = 0.0;  // the step the current split runs
-    for (size_t i = 0; i < n_; ++i) tau = std::max(tau, models_[i].Predict(cur_[i]));
+    const double tau = current_step_;
+    if (!have_current_ || !(tau > 0) || o_.min_batch > 0) return false;
     bool any = false;
     for (size_t i = 0; i < n_; ++i) {
       const WorkerObservation& w = w_[i];
-      if (cur_[i] > 0 || models_[i].empty() || w.idle_steps <= 0 || !(tau > 0) ||
-          std::max(0, o_.min_batch) > 0) {
-        continue;
-      }
+      if (cur_[i] > 0 || models_[i].empty() || w.idle_steps <= 0) continue;
       // The probe's cost and the idle time, in steps of tau.
       const double cost = o_.probe_steps * std::max(0.0, models_[i].Predict(1) - tau) / tau;
       probe_[i] = o_.probe_cost * w.idle_steps >= cost && 4 * w.idle_steps >= w.out_steps;
@@ -429,8 +426,9 @@ BalancingPlan BalancingPolicy::Plan(absl::Span<const WorkerObservation> workers)
     plan.batches.assign(n, static_cast<double>(options_.global_batch) / n);
     return plan;
   }
+  const bool held = p.Hold(&plan);
   const bool probing = p.MarkProbes();
-  if (p.Hold(&plan) && !probing) {
+  if (held && !probing) {
     plan.held = true;
     plan.batches = p.current();
     plan.predicted_step_seconds = plan.current_step_seconds;

@@ -113,7 +113,7 @@ void Scheduler::ExpireIdleLocked() {
   }
 }
 
-WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
+WorkerObservation Scheduler::HistoryLocked(int id, int upto) const {
   WorkerObservation o;
   o.name = table_.at(id).name;
   for (int e = std::max(0, upto - kHistoryEpochs); e < upto; ++e) {
@@ -121,6 +121,11 @@ WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
       o.history.push_back(*std::move(m));
     }
   }
+  return o;
+}
+
+WorkerObservation Scheduler::ObserveLocked(int id, int upto) const {
+  WorkerObservation o = HistoryLocked(id, upto);
   if (upto > 0) {
     const EpochRecord& last = records_[upto - 1];
     auto plan = last.plans.find(id);

@@ -206,8 +206,15 @@ class Scheduler {
   // Members that have not left or died, by id.
   std::vector<int> ActiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the policy is told about worker `id`: its measurements in the complete epochs before
-  // `upto`, oldest first, and its share and batch in epoch `upto - 1`.
+  // `upto`, oldest first, its share and batch in epoch `upto - 1` and its idle run at its end.
   WorkerObservation ObserveLocked(int id, int upto) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `id`'s name and the measurements of the epochs before `upto`.
+  WorkerObservation HistoryLocked(int id, int upto) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a re-plan of `rec` from `from_step` tells the policy of worker `id`: its history, the
+  // windows of the epoch's earlier re-plans and `window`, its batch now and its idle run.
+  WorkerObservation ReplanObservationLocked(const EpochRecord& rec, int id, int from_step,
+                                            const Measurement& window) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lays out epoch `records_.size()` from the latest reports and collects the waiters it answers.
   absl::Status PlanNextEpochLocked(Calls* calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans epoch 0 once the expected workers are present (see StartWithAcceptedModels).

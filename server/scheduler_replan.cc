@@ -48,6 +48,25 @@ absl::StatusOr<PlanChange> Scheduler::RemoveWorkers(const std::set<int>& dead, i
   return out;
 }
 
+WorkerObservation Scheduler::ReplanObservationLocked(const EpochRecord& rec, int id, int from_step,
+                                                     const Measurement& window) const {
+  WorkerObservation o = HistoryLocked(id, rec.epoch);
+  o.previous_share = rec.plans.at(id).share;
+  const StepRanges& steps = rec.layout.at(id);
+  o.current_batch = from_step - 1 < static_cast<int>(steps.size())
+                        ? static_cast<int>(CountSamples(steps[from_step - 1]))
+                        : 0;
+  auto earlier = rec.windows.find(id);
+  if (earlier != rec.windows.end()) {
+    o.history.insert(o.history.end(), earlier->second.begin(), earlier->second.end());
+  }
+  o.history.push_back(window);
+  const IdleRun run = IdleRunOf(records_, id, rec.epoch, from_step, kHistoryEpochs);
+  o.idle_steps = run.idle_steps;
+  o.out_steps = run.out_steps;
+  return o;
+}
+
 absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
                                                 const std::map<int, Measurement>& window) {
   absl::MutexLock lock(&mu_);
@@ -68,23 +87,9 @@ absl::StatusOr<PlanChange> Scheduler::Rebalance(int epoch, int from_step,
     if (w == window.end()) {
       return absl::InvalidArgumentError(absl::StrCat("no measurement of worker ", id));
     }
-    WorkerObservation o = ObserveLocked(id, epoch);
-    o.previous_share = plan.share;
-    const StepRanges& steps = rec.layout.at(id);
-    o.current_batch = from_step - 1 < static_cast<int>(steps.size())
-                          ? static_cast<int>(CountSamples(steps[from_step - 1]))
-                          : 0;
-    auto earlier = rec.windows.find(id);
-    if (earlier != rec.windows.end()) {
-      o.history.insert(o.history.end(), earlier->second.begin(), earlier->second.end());
-    }
-    o.history.push_back(w->second);
-    const IdleRun run = IdleRunOf(records_, id, epoch, from_step, kHistoryEpochs);
-    o.idle_steps = run.idle_steps;
-    o.out_steps = run.out_steps;
     workers.push_back(id);
-    current.push_back(o.current_batch);
-    obs.push_back(std::move(o));
+    obs.push_back(ReplanObservationLocked(rec, id, from_step, w->second));
+    current.push_back(obs.back().current_batch);
   }
   const std::vector<double> shares = policy_->NextShares(obs);
   for (size_t k = 0; k < workers.size(); ++k) {
