@@ -5,7 +5,9 @@ the step (in float64), then reads the aggregate the server applied from the para
 (before - after) / lr, in float64. Prints one JSON line per step: {"step", "error"} with the
 relative error |aggregate - reference| / |reference|.
 
-    python_exactness_worker.py SERVER LR TRAIN_LIMIT
+    python_exactness_worker.py SERVER LR TRAIN_LIMIT [socket]
+
+With `socket`, every push and answer takes the socket, never memory shared with the server.
 """
 
 import copy
@@ -22,6 +24,7 @@ from dbs import models, wire
 
 def main():
     server, lr, limit = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    shared = sys.argv[4:] != ["socket"]
     torch.manual_seed(7)
     d = dbs_data.load("fashion-mnist").limit(limit, 100)
     norm = dbs_data.choose_normalization("auto", d)
@@ -44,7 +47,8 @@ def main():
                                   loss_fn(out, y).item() * (end - begin))
 
     job = dbs.Job(model, server=server, train_samples=len(d.train_x),
-                  test_samples=len(d.test_x), evaluate=evaluate, name="py-exact", log_every=60)
+                  test_samples=len(d.test_x), evaluate=evaluate, name="py-exact", log_every=60,
+                  shared_memory=shared)
     for epoch in job.epochs():
         perm = wire.epoch_permutation(job.train_samples, job.plan.permutation_seed)
         B = job.plan.global_batch

@@ -14,7 +14,9 @@ except ImportError:
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
     raise
 
+import fcntl  # noqa: E402
 import io  # noqa: E402
+import mmap  # noqa: E402
 import time  # noqa: E402
 import unittest  # noqa: E402
 
@@ -26,6 +28,9 @@ sys.path.insert(0, os.path.join(RUNFILES, "python"))
 import dbs  # noqa: E402
 from dbs import client as dbs_client  # noqa: E402
 from dbs import fitting as dbs_fit  # noqa: E402
+from dbs import shared_memory  # noqa: E402
+from dbs.flat import FlatModel  # noqa: E402
+from dbs.job import flat_gradient, layout_values  # noqa: E402
 from dbs import models  # noqa: E402
 from dbs import wire  # noqa: E402
 from dbs import worker as dbs_worker  # noqa: E402
@@ -124,6 +129,146 @@ class ModelTest(unittest.TestCase):
                     test_samples=2)
 
 
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+                               torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 3))
+
+
+class FlatModelTest(unittest.TestCase):
+    """The flat views push and load exactly what the tensor-by-tensor path does, whatever user
+    code does to the module's gradients and parameters."""
+
+    def setUp(self):
+        self.net, self.ref = _net(), _net()
+        self.flat = FlatModel(dbs.model_layout(self.net))
+        torch.manual_seed(1)
+        self.x, self.y = torch.randn(8, 1, 12, 12), torch.randint(0, 3, (8,))
+
+    def backward(self, set_to_none=False, parts=1):
+        for n in (self.net, self.ref):
+            n.zero_grad(set_to_none=set_to_none)
+            for x, y in zip(self.x.chunk(parts), self.y.chunk(parts)):
+                (torch.nn.functional.cross_entropy(n(x), y) / parts).backward()
+
+    def assert_same_push(self):
+        got, want = self.flat.gradient(), flat_gradient(dbs.model_layout(self.ref))
+        self.assertEqual(got.dtype, np.float32)
+        np.testing.assert_array_equal(got, want)
+
+    def test_the_push_is_the_gradients_then_the_buffers(self):
+        self.backward()
+        self.assert_same_push()
+        # Backward accumulated where the push reads: no copy on CPU without buffers.
+        base = self.flat.grads.data_ptr()
+        for p in self.net.parameters():
+            self.assertTrue(base <= p.grad.data_ptr() < base + 4 * self.flat.grads.numel())
+
+    def test_micro_batches_accumulate_in_place(self):
+        self.backward(parts=2)
+        self.assert_same_push()
+
+    def test_gradients_set_to_none_or_replaced_are_copied_back(self):
+        self.backward(set_to_none=True)
+        self.assert_same_push()
+        self.backward()
+        self.net[0].weight.grad = torch.ones_like(self.net[0].weight)
+        self.ref[0].weight.grad = torch.ones_like(self.ref[0].weight)
+        self.assert_same_push()
+
+    def test_loading_writes_every_parameter_and_buffer(self):
+        values = np.random.default_rng(2).standard_normal(self.flat.size).astype(np.float32)
+        self.flat.load(values)
+        np.testing.assert_array_equal(layout_values(dbs.model_layout(self.net)), values)
+        np.testing.assert_array_equal(self.flat.current(), values)
+        self.net[0].weight.data = torch.full_like(self.net[0].weight, 2.0)  # replaced by user code
+        self.assertEqual(self.flat.current()[:36].tolist(), [2.0] * 36)
+        self.flat.load(values)
+        np.testing.assert_array_equal(layout_values(dbs.model_layout(self.net)), values)
+        with self.assertRaisesRegex(ValueError, "values for a model of"):
+            self.flat.load(values[:-1])
+
+    def test_a_module_of_mixed_dtypes_keeps_the_tensor_by_tensor_path(self):
+        self.assertTrue(FlatModel.applies(dbs.model_layout(self.net)))
+        self.assertFalse(FlatModel.applies(dbs.model_layout(_net().double())))
+        mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+        self.assertFalse(FlatModel.applies(dbs.model_layout(mixed)))
+
+
+class SharedMemoryTest(unittest.TestCase):
+    """The worker's side of the memory it shares with dbs_ps: it opens only a sealed memory
+    file of the expected name and size, and reads a slot only while it holds the version."""
+
+    def slots_region(self, count, name=shared_memory.PARAMETER_REGION):
+        """A server-like parameter region (sealed, read-write here) and its location."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.addCleanup(os.close, fd)
+        size = shared_memory.slots_bytes(count)
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        return mmap.mmap(fd, size), (os.getpid(), fd, size)
+
+    def test_a_slot_is_read_only_while_it_holds_the_version(self):
+        count = 1000
+        server, (pid, fd, size) = self.slots_region(count)
+        slots = shared_memory.ParameterSlots(
+            shared_memory.open_region(pid, fd, size, shared_memory.PARAMETER_REGION), count)
+        self.addCleanup(slots.close)
+        stamps = np.frombuffer(server, np.int64, count=16)
+        values = np.frombuffer(server, np.float32, count=count, offset=shared_memory.PAGE +
+                               4096)  # slot 1: 1000 floats round up to one page
+        values[:] = np.arange(count, dtype=np.float32) + 0.5
+        stamps[8] = 7  # version 7 lies in slot 1
+        out = np.zeros(count, np.float32)
+        self.assertTrue(slots.read(7, out, wire.WIRE_FP32))
+        np.testing.assert_array_equal(out, values)
+        self.assertFalse(slots.read(5, out, wire.WIRE_FP32), "slot 1 holds 7, not 5")
+        self.assertFalse(slots.read(8, out, wire.WIRE_FP32), "slot 0 is empty")
+        self.assertTrue(slots.read(7, out, wire.WIRE_BF16))
+        np.testing.assert_array_equal(out, wire.decode_values(
+            wire.encode_values(values, wire.WIRE_BF16), wire.WIRE_BF16, count))
+        del stamps, values
+        server.close()
+
+    def test_only_a_sealed_memory_file_of_the_name_and_size_is_opened(self):
+        server, (pid, fd, size) = self.slots_region(10)
+        server.close()
+        with self.assertRaisesRegex(shared_memory.RegionError, "not a memory file named"):
+            shared_memory.open_region(pid, fd, size, shared_memory.GRADIENT_REGION)
+        with self.assertRaisesRegex(shared_memory.RegionError, "bytes, not"):
+            shared_memory.open_region(pid, fd, size + 4096, shared_memory.PARAMETER_REGION)
+        with self.assertRaisesRegex(shared_memory.RegionError, "cannot open"):
+            shared_memory.open_region(pid, 100000, size, shared_memory.PARAMETER_REGION)
+        with self.assertRaisesRegex(shared_memory.RegionError, "no shared region"):
+            shared_memory.open_region(-1, fd, size, shared_memory.PARAMETER_REGION)
+        unsealed = os.memfd_create(shared_memory.PARAMETER_REGION, os.MFD_CLOEXEC)
+        self.addCleanup(os.close, unsealed)
+        os.ftruncate(unsealed, size)
+        with self.assertRaisesRegex(shared_memory.RegionError, "not a memory file sealed"):
+            shared_memory.open_region(pid, unsealed, size, shared_memory.PARAMETER_REGION)
+        with self.assertRaisesRegex(shared_memory.RegionError, "slots are"):
+            shared_memory.ParameterSlots(shared_memory.open_region(
+                pid, fd, size, shared_memory.PARAMETER_REGION), 5000)
+
+    def test_the_gradient_region_is_sealed_and_holds_the_encoded_push(self):
+        region = shared_memory.GradientRegion(2 * 6)
+        self.addCleanup(region.close)
+        pid, fd, size = region.location()
+        self.assertEqual((pid, size), (os.getpid(), 12))
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        self.assertTrue(seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and
+                        seals & fcntl.F_SEAL_SEAL)
+        g = np.array([1.0, -2.5, 3.0e-3, 1e30, -0.0, 7.0], np.float32)
+        region.write(g, wire.WIRE_BF16)
+        self.assertEqual(bytes(region.memory[:12]), wire.encode_values(g, wire.WIRE_BF16))
+        with self.assertRaises(ValueError):
+            region.write(np.zeros(7, np.float32), wire.WIRE_BF16)
+        reader = shared_memory.open_region(pid, fd, size, shared_memory.GRADIENT_REGION)
+        self.assertEqual(bytes(reader[:12]), wire.encode_values(g, wire.WIRE_BF16))
+        reader.close()
+
+
 class CommandLineTest(unittest.TestCase):
     def test_variables_fold_in_and_the_command_line_wins(self):
         ap = dbs_worker.parser()
@@ -131,6 +276,10 @@ class CommandLineTest(unittest.TestCase):
             ap, ["--name=cli"], {"DBS_NAME": "env", "DBS_THREADS": "3", "HOME": "/"})
         args = ap.parse_args(argv)
         self.assertEqual((args.name, args.threads), ("cli", 3))
+        self.assertTrue(args.shared_memory)
+        for text, value in (("false", False), ("0", False), ("true", True)):
+            argv = dbs_worker.args_with_environment(ap, [], {"DBS_SHARED_MEMORY": text})
+            self.assertIs(ap.parse_args(argv).shared_memory, value)
 
     def test_a_variable_that_names_no_flag_is_a_configuration_error(self):
         ap = dbs_worker.parser()

@@ -59,22 +59,32 @@ class PythonWorkerCase(ProcessTestCase):
 
 
 class ExactnessTest(PythonWorkerCase):
-    def test_each_step_of_a_cpp_and_python_job_is_the_single_process_gradient(self):
+    def check(self, transport):
         # Plain SGD with lr 8 (a power of two: the update lr * g is exact in float32, and large
         # against the rounding of the parameters it is read back from).
         ps, port = self.start_ps(["--workers=2", "--epochs=2", "--global_batch=64",
-                                  "--policy=fixed", "--momentum=0", "--lr=8", "--linger_s=1"])
+                                  "--policy=fixed", "--momentum=0", "--lr=8", "--linger_s=1"],
+                                 transport)
         cpp = self.cpp_worker(port, "--name=cpp", "--train_limit=1280", "--test_limit=100",
                               "--log_every_s=60")
-        py = self.spawn([PYTHON, EXACTNESS, f"127.0.0.1:{port}", "8", "1280"], env=ENV)
+        py = self.spawn([PYTHON, EXACTNESS, f"127.0.0.1:{port}", "8", "1280", transport],
+                        env=ENV)
         out = self.finish(ps, [cpp, py])[1]
+        shared = "shares memory with this worker" in out
+        self.assertEqual(shared, transport == "shared", out[-2000:])
         errors = [json.loads(line)["error"] for line in out.splitlines()
                   if line.startswith("{")]
         self.assertEqual(len(errors), 40, out[-2000:])  # 2 epochs of 20 steps
-        print(f"1 C++ + 1 Python worker: relative error of each step's aggregate against the "
-              f"float64 single-process gradient: max {max(errors):.2e}, median "
+        print(f"1 C++ + 1 Python worker ({transport}): relative error of each step's aggregate "
+              f"against the float64 single-process gradient: max {max(errors):.2e}, median "
               f"{sorted(errors)[20]:.2e}")
         self.assertLessEqual(max(errors), 1e-6)
+
+    def test_each_step_of_a_cpp_and_python_job_is_the_single_process_gradient(self):
+        self.check("shared")
+
+    def test_so_it_is_when_the_python_worker_pushes_over_the_socket(self):
+        self.check("socket")
 
 
 class LossCurveTest(PythonWorkerCase):
@@ -236,6 +246,8 @@ class FailureTest(PythonWorkerCase):
         rest, _ = py.communicate(timeout=300)
         self.assertEqual(py.returncode, 0, rest.decode()[-3000:])
         self.assertIn("resuming at epoch", rest.decode())
+        # The restarted server shares no memory with it until it attaches again.
+        self.assertIn("no longer shares memory with this worker", rest.decode())
         cpp.communicate(timeout=120)
         self.assertEqual(cpp.returncode, 0)
         restarted.communicate(timeout=60)

@@ -17,7 +17,7 @@ import time
 import grpc
 import numpy as np
 
-from dbs import wire
+from dbs import shared_memory, wire
 
 try:
     from dbs._proto import dbs_pb2 as pb
@@ -100,7 +100,7 @@ class _SessionEnded(Exception):
 class Client:
     def __init__(self, address, connect_timeout=60.0, call_timeout=60.0, max_wait=0.0,
                  job_token="", tls_ca=None, tls_cert=None, tls_key=None, max_message_mb=512,
-                 log=None):
+                 log=None, shared_memory=True):
         self.address = address
         self.connect_timeout, self.call_timeout, self.max_wait = (connect_timeout, call_timeout,
                                                                   max_wait)
@@ -136,9 +136,13 @@ class Client:
         self.reconnected = False
         self.session = None
         self.sessions_opened = 0
+        self.share_memory = shared_memory  # try; self.shm once attached
+        self.shm = None  # (GradientRegion, ParameterSlots)
+        self._shm_tried = self._shm_told = False
 
     def close(self):
         self._close_session()
+        self._detach()
         self.channel.close()
 
     # --- helpers -----------------------------------------------------------------------------
@@ -367,7 +371,8 @@ class Client:
                       gradient):
         """Pushes the mean gradient (flat float32, None when num_samples is 0) of a step and
         waits for the step: (proto PushGradientReply without its values, (version, flat
-        parameters after the step))."""
+        parameters after the step)). On dbs_ps's own host the gradient and the answer pass
+        through shared memory (see dbs.shared_memory) unless the client was made without it."""
         req = pb.PushGradientRequest(worker_id=worker_id, epoch=epoch, step=step,
                                      num_samples=num_samples, loss_sum=loss_sum,
                                      compute_seconds=compute_seconds)
@@ -375,13 +380,102 @@ class Client:
             if gradient is None or gradient.size != self.model_size:
                 raise DbsError(Code.INTERNAL, "the gradient does not match the model")
             req.wire_dtype = self.wire_dtype
+        self._maybe_attach(worker_id)
+        if self.shm is not None:
+            try:
+                return self._push_shared(req, gradient)
+            except DbsError:
+                if self.shm is not None:
+                    raise
+                # The server forgot this worker's memory (a restart): this push goes over the
+                # socket, the next one attaches again.
+        if num_samples > 0:
             req.gradient = wire.encode_values(gradient, self.wire_dtype)
         reply = self._with_retry("PushGradient", lambda t, m: self._push_attempt(req, t, m),
                                  waits=True)
+        return reply, (reply.values.version, self._answered_values(reply))
+
+    def _answered_values(self, reply):
+        """The flat parameters a push's answer carries."""
         try:
-            values = wire.decode_values(reply.values.values, reply.values.wire_dtype,
-                                        self.model_size)
+            return wire.decode_values(reply.values.values, reply.values.wire_dtype,
+                                      self.model_size)
         except ValueError as e:
             raise DbsError(Code.INVALID_ARGUMENT,
                            f"PushGradient at dbs_ps {self.address}: {e}") from None
-        return reply, (reply.values.version, values)
+
+    # --- shared memory -----------------------------------------------------------------------
+
+    def _maybe_attach(self, worker_id):
+        """Shares memory with the server, unless shared already, refused before or tried since
+        the server last forgot it."""
+        if not self.share_memory or self._shm_tried or self.model_size == 0:
+            return
+        self._shm_tried = True
+        width = 4 if self.wire_dtype == wire.WIRE_FP32 else 2
+        try:
+            mine = shared_memory.GradientRegion(self.model_size * width)
+        except shared_memory.RegionError as e:
+            return self._refused(str(e))
+        pid, fd, nbytes = mine.location()
+        req = pb.AttachSharedMemoryRequest(
+            worker_id=worker_id, gradient=pb.SharedMemoryRegion(pid=pid, fd=fd, bytes=nbytes))
+        try:
+            reply = self._with_retry("AttachSharedMemory", lambda t, m:
+                                     self.parameters.AttachSharedMemory(req, timeout=t,
+                                                                        metadata=m))
+            theirs = reply.parameters
+            slots = shared_memory.ParameterSlots(shared_memory.open_region(
+                theirs.pid, theirs.fd, theirs.bytes, shared_memory.PARAMETER_REGION),
+                self.model_size)
+        except DbsError as e:
+            mine.close()
+            if e.code in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED, Code.CANCELLED):
+                self._shm_tried = False  # trouble on the way: the push meets and reports it
+                return None
+            return self._refused(str(e))
+        except shared_memory.RegionError as e:
+            mine.close()
+            return self._refused(str(e))
+        self.shm = (mine, slots)
+        if not self._shm_told:
+            self._shm_told = True
+            self.log(f"dbs_ps at {self.address} shares memory with this worker: each step's "
+                     "gradient and parameters pass through it, not the socket")
+        return None
+
+    def _refused(self, why):
+        self.log(f"dbs_ps at {self.address} shares no memory with this worker ({why}): pushing "
+                 "over gRPC")
+
+    def _detach(self):
+        if self.shm is not None:
+            for part in self.shm:
+                part.close()
+            self.shm = None
+
+    def _push_shared(self, req, gradient):
+        mine, slots = self.shm
+        req.gradient_in_shared_memory = True
+        req.answer_in_shared_memory = True
+        if req.num_samples > 0:  # the server reads it until it answers; a retry pushes the same
+            mine.write(gradient, self.wire_dtype)
+        try:
+            reply = self._with_retry("PushGradient", lambda t, m: self._push_attempt(req, t, m),
+                                     waits=True)
+        except DbsError as e:
+            if e.code == Code.FAILED_PRECONDITION and "no shared memory attached" in str(e):
+                self._detach()
+                self._shm_tried = False
+                self.log(f"dbs_ps at {self.address} no longer shares memory with this worker "
+                         "(restarted?): this push goes over gRPC, the next attaches again")
+                req.gradient_in_shared_memory = req.answer_in_shared_memory = False
+            raise
+        version = reply.values.version
+        if not reply.values.in_shared_memory:  # the server shares no slot with it this step
+            return reply, (version, self._answered_values(reply))
+        values = np.empty(self.model_size, np.float32)
+        if not slots.read(version, values, self.wire_dtype):
+            # The slot moved on or was never written: the values come over gRPC.
+            version, values = self.pull_parameters(req.worker_id)
+        return reply, (version, values)

@@ -163,7 +163,7 @@ def fit(model, train_dataset, loss_fn, *, server, test_dataset=None, epochs=None
         prepare=None, max_batch=0, export_path="", export_every_epochs=0, record_path="",
         log_every=5.0, job_token="", tls_ca=None, tls_cert=None, tls_key=None,
         connect_timeout=60.0, call_timeout=60.0, max_wait=0.0, eval_batch=1000, out=None,
-        model_name=None, script_wrapper=None, slowdown=1.0):
+        model_name=None, script_wrapper=None, slowdown=1.0, shared_memory=True):
     """Trains `model` as one worker of the dbs job at `server` until the job ends; returns the
     Job (its `records()` has every epoch). See the module's docstring and docs/python.md.
 
@@ -172,13 +172,14 @@ def fit(model, train_dataset, loss_fn, *, server, test_dataset=None, epochs=None
       whose mean gradient is pushed.
     export_path: where the trained model goes at the end (and every export_every_epochs).
     epochs: when given, the job must train this many epochs (it is dbs_ps's --epochs).
+    shared_memory: on dbs_ps's host, pass gradients and answers through shared memory.
     """
     job = _FitJob(model, train_dataset, loss_fn, test_dataset, prepare, max_batch, slowdown,
                   export_path, export_every_epochs, script_wrapper, eval_batch, epochs,
                   server=server, name=name, job_token=job_token, tls_ca=tls_ca,
                   tls_cert=tls_cert, tls_key=tls_key, connect_timeout=connect_timeout,
                   call_timeout=call_timeout, max_wait=max_wait, log_every=log_every, out=out,
-                  model_name=model_name)
+                  model_name=model_name, shared_memory=shared_memory)
     with job:
         for epoch in job.epochs():
             for step in epoch:

@@ -31,6 +31,7 @@ import torch
 
 from dbs import wire
 from dbs.client import Client, Code, DbsError
+from dbs.flat import FlatModel
 
 _GO_ON, _RESYNCED = "go on", "resynced"
 MAX_REJOINS = 10
@@ -137,7 +138,7 @@ class Job:
     def __init__(self, model, *, server, train_samples, test_samples, name=None, device=None,
                  evaluate=None, job_token="", tls_ca=None, tls_cert=None, tls_key=None,
                  connect_timeout=60.0, call_timeout=60.0, max_wait=0.0, log_every=5.0,
-                 out=None, model_name=None):
+                 out=None, model_name=None, shared_memory=True):
         if test_samples > 0 and evaluate is None:
             raise ValueError("a job with a test set needs evaluate(begin, end) -> EvalResult: "
                              "the server counts on each worker's score of its test slice")
@@ -151,8 +152,11 @@ class Job:
         self.model_name = model_name or type(model).__name__
         self.client = Client(server, connect_timeout=connect_timeout, call_timeout=call_timeout,
                              max_wait=max_wait, job_token=job_token, tls_ca=tls_ca,
-                             tls_cert=tls_cert, tls_key=tls_key, log=self.say)
+                             tls_cert=tls_cert, tls_key=tls_key, log=self.say,
+                             shared_memory=shared_memory)
         self.layout = model_layout(model)
+        # Flat views when the module allows (float32 on one device); it stays on that device.
+        self.flat = FlatModel(self.layout) if FlatModel.applies(self.layout) else None
         self.worker_id = -1
         self.finished = False
         self.missed_the_end = False  # the job ended without this run: its values are not final
@@ -186,10 +190,13 @@ class Job:
 
     def values(self):
         """The module's exchanged values now, flat (numpy float32, layout order)."""
-        return layout_values(self.layout)
+        return self.flat.current() if self.flat else layout_values(self.layout)
 
     def _set_values(self, values):
-        load_values(self.layout, values)
+        if self.flat:
+            self.flat.load(values)
+        else:
+            load_values(self.layout, values)
 
     # --- the job -----------------------------------------------------------------------------
 
@@ -345,7 +352,8 @@ class Job:
 
     def _push(self, s, loss_sum):
         b = len(s.indices)
-        gradient = flat_gradient(self.layout) if b > 0 else None
+        gradient = None if b == 0 else (self.flat.gradient() if self.flat else
+                                        flat_gradient(self.layout))
         compute = time.monotonic() - s.began
         now_cpu = time.process_time()
         if self._cpu_mark is not None and self._cpu_mark[0] == s.index - 1:

@@ -91,12 +91,25 @@ def parser():
                     "of a call to dbs_ps")
     ap.add_argument("--max_wait_s", type=float, default=0.0, help="longest total wait for a step "
                     "or a plan (0: no limit)")
+    ap.add_argument("--shared_memory", type=_flag_bool, nargs="?", const=True, default=True,
+                    help="on dbs_ps's own host, push each step's gradient and read its answer "
+                    "through memory shared with dbs_ps instead of the socket (fewer copies; "
+                    "checked with the server at the first push, and pushes go over gRPC where "
+                    "it cannot be shared). false: always over gRPC")
     ap.add_argument("--job_token", default="", help="the job's secret (prefer --job_token_file)")
     ap.add_argument("--job_token_file", default="", help="a file holding the job's secret")
     ap.add_argument("--tls_ca", default="", help="PEM CA certificate of the server's: use TLS")
     ap.add_argument("--tls_cert", default="", help="PEM certificate of this worker (mutual TLS)")
     ap.add_argument("--tls_key", default="", help="PEM private key of --tls_cert")
     return ap
+
+
+def _flag_bool(text):
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(
+        text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"'{text}' is not true or false")
+    return value
 
 
 def args_with_environment(ap, argv, environ):
@@ -236,7 +249,7 @@ def run(args, out=sys.stdout):
         export_every_epochs=args.export_every_epochs, record_path=args.record_path,
         log_every=args.log_every_s, job_token=job_token, connect_timeout=args.connect_timeout_s,
         call_timeout=args.call_timeout_s, max_wait=args.max_wait_s, out=out,
-        model_name=args.model, slowdown=args.slowdown,
+        model_name=args.model, slowdown=args.slowdown, shared_memory=args.shared_memory,
         script_wrapper=lambda m: Normalized(m, norm, data.train_x.dim(), data.num_classes),
         **tls)
 
