@@ -195,8 +195,8 @@ def build_parser():
                          "step-time curve (dbs_ps --noise_margin; default: dbs_ps's)")
     ap.add_argument("--corrupt_gradient", default="",
                     help="emulate a faulty GPU on the last worker (dbs_worker --corrupt_gradient, "
-                         "e.g. nan@50): dbs_ps quarantines it (--faulty_gradients) and the job "
-                         "goes on, so its exit does not stop the others")
+                         "e.g. nan@50): dbs_ps quarantines it (--faulty_gradients), the worker "
+                         "exits and the job goes on without it")
     ap.add_argument("--faulty_gradients", default="evict", choices=["evict", "log", "off"],
                     help="what dbs_ps does about a faulty gradient (dbs_ps --faulty_gradients)")
     ap.add_argument("--faulty_norm_ratio", type=float, default=None,
@@ -376,17 +376,29 @@ def describe_emulation(slowdowns, windows, quotas, cgroups):
     return described
 
 
-def supervise(everyone, start, timeout_s, may_fail=()):
-    """Waits until every process exits (0, or any code for those in `may_fail`) and returns [],
-    or until one fails or time runs out (returns the reasons)."""
+def supervise(everyone, start, timeout_s):
+    """Waits until every process has exited and returns [], or returns the reasons to stop the
+    cluster: dbs_ps (or a shard) exiting non-zero, a worker exiting 2 (a configuration every
+    worker shares), every worker failed while dbs_ps still runs, or time running out. Any other
+    worker exit is said once and the job goes on without it, as dbs_ps's failure model has it
+    (a quarantined or crashed worker is removed and its samples re-planned)."""
+    told = set()
     while True:
         codes = {label: p.poll() for label, p in everyone}
+        workers = {label: c for label, c in codes.items() if label.startswith("worker-")}
+        for label, c in workers.items():
+            if c not in (None, 0, 2) and label not in told:
+                told.add(label)
+                print(f"local_cluster: {label} exited with code {c} (see {label}.log); the job "
+                      "goes on without it", file=sys.stderr, flush=True)
         bad = [f"{label} exited with code {c}" for label, c in codes.items()
-               if c not in (None, 0) and label not in may_fail]
+               if c not in (None, 0) and (label not in workers or c == 2)]
         if bad:
             return bad
-        if all(c == 0 or (c is not None and label in may_fail) for label, c in codes.items()):
+        if all(c is not None for c in codes.values()):
             return []
+        if all(c not in (None, 0) for c in workers.values()):
+            return ["every worker has failed; dbs_ps has none left to train with"]
         if timeout_s and time.time() - start > timeout_s:
             return [f"timed out after {timeout_s} s"]
         time.sleep(0.1)
@@ -436,9 +448,7 @@ def run_cluster(args, ps_bin, worker_bin, emulation, port_file, summary):
                                  cgroup=cgroups[i])
                    for i, slow in enumerate(slowdowns)]
         everyone += [(f"worker-{i}", w) for i, w in enumerate(workers)]
-        # A worker with a faulty GPU is quarantined: it exits, the job goes on.
-        faulty = [f"worker-{args.workers - 1}"] if args.corrupt_gradient else []
-        failure.extend(supervise(everyone, start, args.timeout_s, faulty))
+        failure.extend(supervise(everyone, start, args.timeout_s))
     except KeyboardInterrupt:
         if not failure:
             failure.append("interrupted (Ctrl-C)")
@@ -496,10 +506,12 @@ def main(argv=None):
         return 1
     with open(summary) as f:
         record = json.load(f)
+    quarantined = len(record.get("quarantined", []))
     print(f"local_cluster: done in {wall:.1f} s; final test accuracy "
           f"{100 * record['final_test_accuracy']:.2f}%, test loss "
           f"{record.get('final_test_loss', 0):.4g} after {record['epochs_completed']} "
-          f"epochs; summary in {summary}")
+          f"epochs" + (f", {quarantined} worker(s) quarantined" if quarantined else "") +
+          f"; summary in {summary}")
     return 0
 
 

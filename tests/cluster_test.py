@@ -1268,6 +1268,22 @@ class LauncherTest(ProcessTestCase):
         for label, pid in pids.items():
             self.assertFalse(alive(pid), f"{label} (pid {pid}) still running")
 
+    def test_a_worker_the_job_removes_does_not_stop_the_others(self):
+        # The last worker's gradients go bad at its step 10: dbs_ps quarantines it, the worker
+        # exits 1, and the launcher lets the job finish with the other two, as dbs_ps does.
+        rc, out, err, out_dir = self.launch(
+            "removed", "--workers=3", "--epochs=2", "--global_batch=64", "--train_limit=3000",
+            "--test_limit=500", "--corrupt_gradient=nan@10", timeout=240)
+        self.assertEqual(rc, 0, err[-3000:])
+        self.assertIn("worker-2 exited with code 1 (see worker-2.log); the job goes on", err)
+        self.assertIn("1 worker(s) quarantined", out)
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            record = json.load(f)
+        self.assertEqual((record["status"], record["epochs_completed"]), ("ok", 2))
+        self.assertEqual(len(record["quarantined"]), 1)
+        for e in record["epochs"]:
+            self.assertTrue(e["audit"]["every_sample_once"], e["epoch"])
+
     @policy_outcome
     def test_the_noise_margin_reaches_the_server(self):
         # --noise_margin is passed to dbs_ps as is: a value dbs_ps refuses stops the launch
