@@ -76,6 +76,12 @@ class RegressionMLP(nn.Module):
         return self.out(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
 
 
+def resnet_bn(row_shape, num_classes):
+    """ResNetBN for a Python worker: `python3 -m dbs.worker --model=models:resnet_bn` (with
+    examples/ on PYTHONPATH), the same network as resnet_bn.pt."""
+    return ResNetBN(classes=max(num_classes, 1), channels=int(row_shape[0]))
+
+
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)

@@ -5,6 +5,7 @@
 #   .cuda_kit/libdbs_worker_core.a    every dbs_worker object except the two libtorch ones
 #   .cuda_kit/lib/                    the shared libraries those need (Debian 12's)
 #   .cuda_kit/include/absl/           Abseil's headers, which the libtorch objects include
+#   .cuda_kit/python/dbs/             the Python workers' package with its gRPC stubs
 # check.sh compiles worker/model.cc and worker/torch_learner.cc there against the GPU machine's
 # CUDA libtorch (the torch Python package) and links them with this kit.
 #
@@ -14,9 +15,14 @@ cd "$(dirname "$0")/../.."
 KIT=.cuda_kit
 rm -rf "$KIT"
 mkdir -p "$KIT/obj" "$KIT/lib" "$KIT/include"
-bazel build //server:dbs_ps //proto:dbs_cc_grpc >/dev/null
+bazel build //server:dbs_ps //proto:dbs_cc_grpc //python:package >/dev/null
 cp bazel-bin/server/dbs_ps "$KIT/"
 chmod u+w "$KIT/dbs_ps"
+mkdir -p "$KIT/python"
+cp -r python/dbs "$KIT/python/"
+rm -rf "$KIT/python/dbs/__pycache__"
+cp -r bazel-bin/python/dbs/_proto "$KIT/python/dbs/"
+chmod -R u+w "$KIT/python"
 
 # The worker's sources without libtorch: every .cc of worker/, common/ and common/rpc/ that
 # dbs_worker depends on, except the two libtorch ones, and the generated protobuf code.
