@@ -77,8 +77,15 @@ class GradientRegion:
 
     def close(self):
         self.bytes = None
-        self.memory.close()
+        _unmap(self.memory)
         os.close(self.fd)
+
+
+def _unmap(memory):
+    try:
+        memory.close()
+    except BufferError:  # a view of it is still alive: the mapping goes with the last one
+        pass
 
 
 def open_region(pid, fd, nbytes, name):
@@ -142,4 +149,4 @@ class ParameterSlots:
 
     def close(self):
         self.stamps = self.slots = None
-        self.memory.close()
+        _unmap(self.memory)
