@@ -412,9 +412,9 @@ class Client:
         if not self.share_memory or self._shm_tried or self.model_size == 0:
             return
         self._shm_tried = True
-        width = 4 if self.wire_dtype == wire.WIRE_FP32 else 2
         try:
-            mine = shared_memory.GradientRegion(self.model_size * width)
+            mine = shared_memory.GradientRegion(self.model_size *
+                                                wire.bytes_per_value(self.wire_dtype))
         except shared_memory.RegionError as e:
             return self._refused(str(e))
         pid, fd, nbytes = mine.location()

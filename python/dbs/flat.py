@@ -68,12 +68,10 @@ class FlatModel:
         On CPU without buffers, the gradients' storage itself, which the caller must not keep
         past the step."""
         self._reattach()
-        grads = self.grads.cpu().numpy()
         if not self.buffers:
-            return grads
-        with torch.no_grad():
-            buffers = torch.cat([b.reshape(-1) for b in self.buffers]).cpu().numpy()
-        return np.concatenate([grads, buffers])
+            return self.grads.cpu().numpy()
+        with torch.no_grad():  # one gather of the gradients and the buffers, one copy
+            return torch.cat([self.grads] + [b.reshape(-1) for b in self.buffers]).cpu().numpy()
 
     def current(self):
         """The module's exchanged values now, flat (a numpy float32 copy, layout order)."""

@@ -113,6 +113,10 @@ def count_samples(ranges):
     return sum(end - begin for begin, end in ranges)
 
 
+def bytes_per_value(dtype):
+    return 4 if dtype == WIRE_FP32 else 2
+
+
 def encode_values(values, dtype):
     """Flat float32 values (a numpy array) as the wire dtype's little-endian bytes; 16-bit values
     are rounded to nearest even (NaN stays NaN), as the server rounds its own."""
@@ -134,7 +138,7 @@ def encode_values(values, dtype):
 def decode_values(data, dtype, count):
     """The float32 values (a numpy array of `count`) of bytes in the wire dtype; ValueError when
     there are not exactly `count` of them."""
-    width = 4 if dtype == WIRE_FP32 else 2
+    width = bytes_per_value(dtype)
     if dtype not in WIRE_NAMES:
         raise ValueError(f"unknown wire dtype {dtype} (a newer server?)")
     if len(data) != width * count:
