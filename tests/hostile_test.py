@@ -73,7 +73,8 @@ class HostileTest(ProcessTestCase):
                     peak[0] = max(peak[0], m)
                 time.sleep(0.1)
 
-        watcher = threading.Thread(target=watch)
+        # A daemon: a failed assertion below must fail the test, not leave it waiting on this.
+        watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         hostile = None
         if attack:
