@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/rpc/waiting_reactor.h"
 #include "common/shard_range.h"
@@ -135,6 +136,126 @@ TEST(GrpcPsClientRetryTest, AServerThatAsksToBeCalledAgainSoonIsCalledAgainQuiet
   EXPECT_EQ(server.calls.load(), 4);
   EXPECT_FALSE(client.TakeReconnected()) << "the server never went away";
   s.server->Shutdown();
+}
+
+// A bare HTTP/2 endpoint that resets every stream it is sent with ENHANCE_YOUR_CALM, as gRPC's
+// transport does under a memory quota's pressure; counts the streams.
+class ResetEveryStream {
+ public:
+  ResetEveryStream() {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listener_, 8) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    accepting_ = std::thread([this] { Accept(); });
+  }
+  ~ResetEveryStream() {
+    shutdown(listener_, SHUT_RDWR);  // wakes accept()
+    if (accepting_.joinable()) accepting_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      for (int fd : open_) shutdown(fd, SHUT_RDWR);  // wakes their recv()
+    }
+    for (std::thread& t : serving_) t.join();
+    close(listener_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  int streams() const { return streams_.load(); }
+
+ private:
+  static constexpr uint8_t kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6, kAck = 1;
+  static constexpr uint32_t kEnhanceYourCalm = 11;
+
+  void Accept() {
+    while (true) {
+      const int fd = accept(listener_, nullptr, nullptr);
+      if (fd < 0) return;
+      absl::MutexLock lock(&mu_);
+      open_.push_back(fd);
+      serving_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+  static bool Read(int fd, std::string* out, size_t n) {
+    out->resize(n);
+    for (size_t got = 0; got < n;) {
+      const ssize_t r = recv(fd, out->data() + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  static void Send(int fd, uint8_t kind, uint8_t flags, uint32_t stream,
+                   const std::string& payload) {
+    const uint32_t n = static_cast<uint32_t>(payload.size());
+    std::string frame = {static_cast<char>(n >> 16),
+                         static_cast<char>(n >> 8),
+                         static_cast<char>(n),
+                         static_cast<char>(kind),
+                         static_cast<char>(flags),
+                         static_cast<char>(stream >> 24),
+                         static_cast<char>(stream >> 16),
+                         static_cast<char>(stream >> 8),
+                         static_cast<char>(stream)};
+    frame += payload;
+    (void)send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  }
+  void Serve(int fd) {
+    std::string head, payload;
+    if (!Read(fd, &head, 24)) return;  // the client's connection preface
+    Send(fd, kSettings, 0, 0, "");
+    while (Read(fd, &head, 9)) {
+      const auto byte = [&](int i) { return static_cast<uint32_t>(static_cast<uint8_t>(head[i])); };
+      const uint8_t kind = head[3], flags = head[4];
+      const uint32_t stream = (byte(5) << 24 | byte(6) << 16 | byte(7) << 8 | byte(8)) & 0x7fffffff;
+      if (!Read(fd, &payload, byte(0) << 16 | byte(1) << 8 | byte(2))) return;
+      if ((kind == kSettings || kind == kPing) && (flags & kAck) == 0) {
+        Send(fd, kind, kAck, 0, kind == kPing ? payload : "");
+      } else if (kind == kHeaders) {
+        ++streams_;
+        Send(fd, kRstStream, 0, stream, std::string{0, 0, 0, static_cast<char>(kEnhanceYourCalm)});
+      }
+    }
+  }
+
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<int> streams_{0};
+  std::thread accepting_;
+  absl::Mutex mu_;
+  std::vector<int> open_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> serving_;
+};
+
+// gRPC's transport under memory pressure resets streams (RESOURCE_EXHAUSTED, "Received RST_STREAM
+// with error code 11"): the server is up and the call goes through once memory is freed, so it
+// is retried like an unreachable server's, registration included.
+TEST(GrpcPsClientRetryTest, StreamsResetUnderMemoryPressureAreRetried) {
+  ResetEveryStream server;
+  ASSERT_NE(server.port(), 0);
+  GrpcClientConfig config;
+  config.address = server.address();
+  config.connect_timeout = absl::Seconds(1);
+  config.backoff.initial = absl::Milliseconds(10);
+  config.backoff.max = absl::Milliseconds(50);
+  GrpcPsClient client(config);
+  WorkerRegistration reg;
+  reg.name = "w";
+  reg.train_samples = 10;
+  EXPECT_THAT(client.RegisterWorker(reg).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("RST_STREAM with error code 11")));
+  EXPECT_GT(server.streams(), 1) << "the reset registration was retried";
+  const int before = server.streams();
+  EXPECT_THAT(client.ReportEpoch(EpochTiming{}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("ReportEpoch")));
+  EXPECT_GT(server.streams() - before, 1) << "a reset call was retried";
 }
 
 // A client of `server` over the socket.

@@ -17,6 +17,9 @@ except ImportError:
 import fcntl  # noqa: E402
 import io  # noqa: E402
 import mmap  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import unittest  # noqa: E402
 
@@ -294,7 +297,77 @@ class CommandLineTest(unittest.TestCase):
         self.assertIn("DBS_NO_SUCH_FLAG names no flag", stderr.getvalue())
 
 
+class ResetEveryStream:
+    """A bare HTTP/2 endpoint that resets every stream it is sent with ENHANCE_YOUR_CALM, as
+    gRPC's transport does under a memory quota's pressure; counts the streams."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.streams = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.listener.close()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        def read(n):
+            data = b""
+            while len(data) < n:
+                more = conn.recv(n - len(data))
+                if not more:
+                    raise EOFError
+                data += more
+            return data
+
+        def send(kind, flags, stream, payload=b""):
+            conn.sendall(struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) +
+                         struct.pack(">I", stream) + payload)
+
+        SETTINGS, PING, HEADERS, RST_STREAM, ACK, ENHANCE_YOUR_CALM = 4, 6, 1, 3, 1, 11
+        with conn:
+            try:
+                read(24)  # the client's connection preface
+                send(SETTINGS, 0, 0)
+                while True:
+                    head = read(9)
+                    kind, flags = head[3], head[4]
+                    stream = struct.unpack(">I", head[5:])[0] & 0x7FFFFFFF
+                    payload = read(int.from_bytes(head[:3], "big"))
+                    if kind in (SETTINGS, PING) and not flags & ACK:
+                        send(kind, ACK, 0, payload if kind == PING else b"")
+                    elif kind == HEADERS:
+                        self.streams += 1
+                        send(RST_STREAM, 0, stream, struct.pack(">I", ENHANCE_YOUR_CALM))
+            except (EOFError, OSError):
+                pass
+
+
 class ClientTest(unittest.TestCase):
+    def test_streams_reset_under_memory_pressure_are_retried(self):
+        server = ResetEveryStream()
+        self.addCleanup(server.close)
+        c = dbs_client.Client(f"127.0.0.1:{server.port}", connect_timeout=1.0,
+                              log=lambda line: None)
+        with self.assertRaises(dbs.DbsError) as e:
+            c.register_worker("w", 10, 0)
+        self.assertGreater(server.streams, 1, "the reset registration was retried")
+        self.assertEqual(e.exception.code, dbs_client.Code.UNAVAILABLE)
+        self.assertIn("RST_STREAM with error code 11", str(e.exception))
+        c.token, before = "a-token", server.streams
+        with self.assertRaises(dbs.DbsError) as e:
+            c.report_epoch(worker_id=0, epoch=0)
+        self.assertGreater(server.streams - before, 1, "a reset call was retried")
+        self.assertEqual(e.exception.code, dbs_client.Code.UNAVAILABLE)
+
     def test_an_unreachable_server_is_retried_then_named(self):
         c = dbs_client.Client("127.0.0.1:1", connect_timeout=1.0, log=lambda line: None)
         t = time.monotonic()

@@ -68,6 +68,21 @@ absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) con
                       absl::StrCat(what, " at dbs_ps ", config_.address, ": ", st.message()));
 }
 
+namespace {
+// gRPC's transport, short of memory under dbs_ps's --memory_quota_mb while other large calls are
+// in flight, resets streams with ENHANCE_YOUR_CALM, which arrives as RESOURCE_EXHAUSTED "Received
+// RST_STREAM with error code 11": the server is up and takes the call once that memory is freed,
+// so it is retried as UNAVAILABLE is. The server's own RESOURCE_EXHAUSTED answers (its limits on
+// workers and on waiting calls) and gRPC's message-size refusals say otherwise and are final.
+grpc::Status AsRetried(grpc::Status s) {
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(s.error_message(), "RST_STREAM")) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, s.error_message());
+  }
+  return s;
+}
+}  // namespace
+
 absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;
   ToProto(reg, &req);
@@ -84,7 +99,7 @@ absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegi
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
     v1::RegisterWorkerReply reply;
     if (!Begin(&ctx)) return absl::CancelledError(StopReason());
-    last = scheduler_->RegisterWorker(&ctx, req, &reply);
+    last = AsRetried(scheduler_->RegisterWorker(&ctx, req, &reply));
     if (End()) return absl::CancelledError(StopReason());
     if (last.ok()) {
       token_ = reply.token();
@@ -209,7 +224,7 @@ grpc::Status GrpcPsClient::WithRetry(Rpc rpc, bool waits) {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.call_timeout));
     if (!Begin(&ctx)) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     session_retry_after_ms_ = 0;
-    grpc::Status s = rpc(&ctx);
+    grpc::Status s = AsRetried(rpc(&ctx));
     if (End()) return grpc::Status(grpc::StatusCode::CANCELLED, StopReason());
     // Not ours: a server shutting down cancels the calls in flight. It may come back.
     if (s.error_code() == grpc::StatusCode::CANCELLED) {

@@ -59,6 +59,21 @@ def _details(error):
     return error.details() if hasattr(error, "details") else str(error)
 
 
+def _retry_code(error):
+    """The code a failed call is retried by. gRPC's transport, short of memory under dbs_ps's
+    --memory_quota_mb while other large calls are in flight, resets streams with
+    ENHANCE_YOUR_CALM, which arrives as RESOURCE_EXHAUSTED "Received RST_STREAM with error code
+    11": the server is up and takes the call once that memory is freed, so it counts as
+    UNAVAILABLE. The server's own RESOURCE_EXHAUSTED answers (its limits on workers and on
+    waiting calls) and gRPC's message-size refusals say otherwise and are final."""
+    if not isinstance(error, grpc.RpcError):
+        return Code.UNAVAILABLE
+    code = error.code()
+    if code == Code.RESOURCE_EXHAUSTED and "RST_STREAM" in _details(error):
+        return Code.UNAVAILABLE
+    return code
+
+
 def _retry_after_s(error):
     try:
         for key, value in error.trailing_metadata() or ():
@@ -160,7 +175,7 @@ class Client:
             try:
                 return rpc(self.call_timeout, [(WORKER_TOKEN_KEY, self.token)])
             except (grpc.RpcError, _SessionEnded) as e:
-                code = e.code() if isinstance(e, grpc.RpcError) else Code.UNAVAILABLE
+                code = _retry_code(e)
                 # A server shutting down cancels the calls in flight: it may come back.
                 if code == Code.CANCELLED:
                     code = Code.UNAVAILABLE
@@ -222,7 +237,7 @@ class Client:
                                    f"dbs_ps at {self.address} does not serve the scheduler: it is "
                                    "a follower shard (dbs_ps --shard=i/k with i > 0). Give "
                                    "shard 0, the leader, as --server") from None
-                if e.code() not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+                if _retry_code(e) not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
                     raise self._error(e, "registration refused") from None
                 last = _details(e)
             delay = backoff.next()
