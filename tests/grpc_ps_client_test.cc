@@ -64,17 +64,24 @@ class BlackHole final : public v1::SchedulerService::CallbackService {
   }
 };
 
+// A client of `address` that gives up retrying after 1 s, retrying every 10-50 ms.
+GrpcClientConfig QuickRetries(const std::string& address) {
+  GrpcClientConfig config;
+  config.address = address;
+  config.connect_timeout = absl::Seconds(1);
+  config.backoff.initial = absl::Milliseconds(10);
+  config.backoff.max = absl::Milliseconds(50);
+  return config;
+}
+
 class GrpcPsClientDeadlineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     LoopbackServer s = ServeOnLoopback(&hole_);
     ASSERT_NE(s.port, 0);
-    config_.address = s.address();
+    config_ = QuickRetries(s.address());
     server_ = std::move(s.server);
     config_.call_timeout = absl::Milliseconds(100);
-    config_.connect_timeout = absl::Seconds(1);
-    config_.backoff.initial = absl::Milliseconds(10);
-    config_.backoff.max = absl::Milliseconds(50);
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -240,12 +247,7 @@ class ResetEveryStream {
 TEST(GrpcPsClientRetryTest, StreamsResetUnderMemoryPressureAreRetried) {
   ResetEveryStream server;
   ASSERT_NE(server.port(), 0);
-  GrpcClientConfig config;
-  config.address = server.address();
-  config.connect_timeout = absl::Seconds(1);
-  config.backoff.initial = absl::Milliseconds(10);
-  config.backoff.max = absl::Milliseconds(50);
-  GrpcPsClient client(config);
+  GrpcPsClient client(QuickRetries(server.address()));
   WorkerRegistration reg;
   reg.name = "w";
   reg.train_samples = 10;
