@@ -152,7 +152,9 @@ PsServer::PsServer(const ServerConfig& config, std::unique_ptr<TrainingJob> job,
 }
 
 void PsServer::LeadShards() {
-  shard_log_ = std::make_unique<ShardLog>(config_.num_shards, TrainingSettings(config_.job));
+  // A follower whose stream breaks may continue it for as long as a worker may be away.
+  shard_log_ = std::make_unique<ShardLog>(config_.num_shards, TrainingSettings(config_.job), clock_,
+                                          config_.job.worker_timeout);
   shard_service_ = std::make_unique<ShardServiceImpl>(
       shard_log_.get(), config_.job_token, [job = job_.get()](int shard, const MissingPushes& m) {
         return job->RemoveMissingAtShard(shard, m.epoch, m.step, m.workers);
@@ -215,6 +217,7 @@ absl::Status PsServer::StartFollowing() {
   f.num_shards = config_.num_shards;
   f.settings = TrainingSettings(config_.job);
   f.job_token = config_.job_token;
+  f.rejoin_timeout = config_.job.worker_timeout;
   if (config_.tls_cert_pem.empty()) {
     f.credentials = grpc::InsecureChannelCredentials();
   } else {
@@ -516,6 +519,7 @@ absl::Status PsServer::RunLeader(std::ostream& out) {
   while (!job_->WaitFor(config_.supervise_every)) {
     CheckMemoryQuota();
     job_->CheckDeadWorkers();
+    if (shard_log_ != nullptr) shard_log_->CheckAway();
     if (job_->CheckStall() && !quota_shortfall_.empty()) {
       LOG(ERROR) << "the stall may be gRPC's memory quota: " << quota_shortfall_;
     }

@@ -10,12 +10,17 @@
 
 namespace dbs {
 
-ShardLog::ShardLog(int num_shards, std::map<std::string, std::string> settings)
-    : num_shards_(num_shards), settings_(std::move(settings)) {}
+ShardLog::ShardLog(int num_shards, std::map<std::string, std::string> settings, const Clock* clock,
+                   absl::Duration rejoin_grace)
+    : num_shards_(num_shards),
+      settings_(std::move(settings)),
+      clock_(clock),
+      rejoin_grace_(rejoin_grace) {}
 
-absl::StatusOr<std::string> ShardLog::Join(int shard, int num_shards,
+absl::StatusOr<ShardStream> ShardLog::Join(int shard, int num_shards,
                                            const std::map<std::string, std::string>& settings,
-                                           std::set<CheckpointAt> checkpoints) {
+                                           std::set<CheckpointAt> checkpoints,
+                                           const std::optional<ShardResume>& resume) {
   if (num_shards != num_shards_ || shard < 1 || shard >= num_shards_) {
     return absl::FailedPreconditionError(
         absl::StrCat("this leader runs ", num_shards_, " shards; a follower started as shard ",
@@ -33,40 +38,119 @@ absl::StatusOr<std::string> ShardLog::Join(int shard, int num_shards,
         absl::StrCat("shard ", shard, " was started with other training settings than the leader: ",
                      absl::StrJoin(changed, ", "), "; start every shard with the same flags"));
   }
-  absl::MutexLock lock(&mu_);
-  if (joined_.count(shard) > 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "shard ", shard, "/", num_shards_,
-        " is following already (a restarted follower whose old stream has not ended yet?)"));
+  std::function<void(int)> on_lost;
+  absl::StatusOr<ShardStream> joined;
+  {
+    absl::MutexLock lock(&mu_);
+    bool lose = false;
+    joined = ResumeLocked(shard, resume, &lose);
+    if (lose) on_lost = LoseLocked(shard);
+    if (joined.ok()) checkpoints_[shard] = std::move(checkpoints);
   }
+  if (on_lost) on_lost(shard);
+  return joined;
+}
+
+absl::StatusOr<ShardStream> ShardLog::ResumeLocked(int shard,
+                                                   const std::optional<ShardResume>& resume,
+                                                   bool* lose) {
+  const std::string who = absl::StrCat("shard ", shard, "/", num_shards_);
   if (lost_) {
-    return absl::UnavailableError(absl::StrCat("the leader is stopping: it lost a shard; shard ",
-                                               shard, "/", num_shards_, " can follow its restart"));
+    return absl::UnavailableError(
+        absl::StrCat("the leader is stopping: it lost a shard; ", who, " can follow its restart"));
   }
-  if (workers_seen_ || appended_) {
+  auto it = joined_.find(shard);
+  if (resume.has_value()) {
+    if (it == joined_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this leader holds no place for ", who,
+          " (it was restarted?): restart every shard with --restore to continue the job"));
+    }
+    Follower& f = it->second;
+    if (!ConstantTimeEquals(resume->key, f.key)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "only ", who, " itself continues its stream, with the key the stream carried"));
+    }
+    if (resume->from < base_ || resume->from > base_ + static_cast<int64_t>(events_.size())) {
+      *lose = GoneOnLocked() && !ended_;
+      return absl::FailedPreconditionError(
+          absl::StrCat("the leader no longer holds event ", resume->from, " for ", who,
+                       " (it holds ", base_, " ... ", base_ + events_.size(), ")"));
+    }
+    LOG(INFO) << who << " follows again from event " << resume->from
+              << (f.away_since.has_value() ? "" : " (its stream had not ended here)");
+    f.next = resume->from;
+    f.stream = ++streams_;
+    f.away_since.reset();
+    return ShardStream{f.key, f.next, f.stream};
+  }
+  if (it != joined_.end() && it->second.away_since.has_value()) {
+    // Away, and back without its stream: a restarted process, without this shard's state. It
+    // takes its place afresh while the job has not gone on.
+    if (GoneOnLocked()) {
+      *lose = !ended_;
+      return absl::UnavailableError(absl::StrCat("the leader is stopping: it lost a shard; ", who,
+                                                 " can follow its restart"));
+    }
+    joined_.erase(it);
+    it = joined_.end();
+  }
+  if (it != joined_.end()) {
+    return absl::UnavailableError(absl::StrCat(
+        who, " is following already (a restarted follower whose old stream has not ended yet?)"));
+  }
+  if (GoneOnLocked()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", shard, "/", num_shards_,
+        absl::StrCat(who,
                      " joins too late: workers have registered and the job has gone on "
                      "without it; restart the job"));
   }
-  joined_[shard] = 0;
-  checkpoints_[shard] = std::move(checkpoints);
-  return keys_[shard] = RandomToken();
+  Follower& f = joined_[shard];
+  f.key = RandomToken();
+  f.stream = ++streams_;
+  return ShardStream{f.key, 0, f.stream};
 }
 
-void ShardLog::Part(int shard) {
+std::function<void(int)> ShardLog::LoseLocked(int shard) {
+  joined_.erase(shard);
+  checkpoints_.erase(shard);
+  if (lost_ || ended_ || !GoneOnLocked()) return nullptr;
+  lost_ = true;
+  return on_lost_;
+}
+
+void ShardLog::Part(int shard, int64_t stream) {
   std::function<void(int)> on_lost;
   {
     absl::MutexLock lock(&mu_);
-    if (joined_.erase(shard) == 0) return;
-    keys_.erase(shard);
-    checkpoints_.erase(shard);
-    if ((workers_seen_ || appended_) && !ended_ && !lost_) {
-      lost_ = true;
-      on_lost = on_lost_;
+    auto it = joined_.find(shard);
+    if (it == joined_.end() || it->second.stream != stream) return;
+    if (!ended_ && !lost_) {
+      it->second.away_since = clock_->Now();
+      LOG(WARNING) << "shard " << shard << "/" << num_shards_
+                   << "'s stream ended: the job waits up to " << absl::FormatDuration(rejoin_grace_)
+                   << " for it to follow again";
+      return;
     }
+    on_lost = LoseLocked(shard);
   }
   if (on_lost) on_lost(shard);
+}
+
+void ShardLog::CheckAway() {
+  std::vector<std::pair<int, std::function<void(int)>>> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    std::vector<int> gone;
+    for (const auto& [shard, f] : joined_) {
+      if (f.away_since.has_value() && now - *f.away_since >= rejoin_grace_) gone.push_back(shard);
+    }
+    for (int shard : gone) lost.emplace_back(shard, LoseLocked(shard));
+  }
+  for (auto& [shard, on_lost] : lost) {
+    if (on_lost) on_lost(shard);
+  }
 }
 
 void ShardLog::SetOnLost(std::function<void(int shard)> on_lost) {
@@ -91,17 +175,19 @@ absl::StatusOr<std::map<int, std::set<CheckpointAt>>> ShardLog::AwaitFollowers(
 
 bool ShardLog::Vouches(int shard, absl::string_view key) const {
   absl::MutexLock lock(&mu_);
-  auto it = keys_.find(shard);
-  return it != keys_.end() && !key.empty() && ConstantTimeEquals(key, it->second);
+  auto it = joined_.find(shard);
+  return it != joined_.end() && !it->second.away_since.has_value() && !key.empty() &&
+         ConstantTimeEquals(key, it->second.key);
 }
 
 absl::Status ShardLog::Admit() const {
   absl::MutexLock lock(&mu_);
-  if (static_cast<int>(joined_.size()) == num_shards_ - 1) return absl::OkStatus();
   std::vector<int> missing;
   for (int s = 1; s < num_shards_; ++s) {
-    if (joined_.count(s) == 0) missing.push_back(s);
+    auto it = joined_.find(s);
+    if (it == joined_.end() || it->second.away_since.has_value()) missing.push_back(s);
   }
+  if (missing.empty()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("waiting for shard(s) ", absl::StrJoin(missing, ", "),
                                              " of ", num_shards_, " to connect (dbs_ps --shard=i/",
                                              num_shards_, " --leader=...)"));
@@ -144,21 +230,26 @@ void ShardLog::SeedFresh() {
 void ShardLog::TrimLocked() {
   // Until every follower has joined, each must still read the log from its start; so must one
   // that parts and joins again before the job goes on (what was seeded is a few events).
-  if (static_cast<int>(joined_.size()) < num_shards_ - 1 || !(workers_seen_ || appended_)) return;
-  int64_t low = joined_.begin()->second;
-  for (const auto& [shard, next] : joined_) low = std::min(low, next);
-  while (base_ < low && !events_.empty()) {
+  if (static_cast<int>(joined_.size()) < num_shards_ - 1 || !GoneOnLocked()) return;
+  int64_t low = joined_.begin()->second.next;
+  for (const auto& [shard, f] : joined_) low = std::min(low, f.next);
+  while (base_ < low - kKeptForResume && !events_.empty()) {
     events_.pop_front();
     ++base_;
   }
 }
 
-bool ShardLog::Next(int shard, int64_t next, ShardEventData* out, std::function<void()> wake) {
+bool ShardLog::Next(int shard, int64_t stream, int64_t next, ShardEventData* out,
+                    std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  if (auto it = joined_.find(shard); it != joined_.end()) {
-    it->second = std::max(it->second, next);
-    TrimLocked();
+  auto it = joined_.find(shard);
+  if (it == joined_.end() || it->second.stream != stream) {
+    out->kind = ShardEventData::Kind::kEnd;
+    out->status = absl::CancelledError("this shard follows on a newer stream");
+    return true;
   }
+  it->second.next = std::max(it->second.next, next);
+  TrimLocked();
   if (next < base_) {  // cannot happen: a follower reads in order
     out->kind = ShardEventData::Kind::kEnd;
     out->status = absl::DataLossError("the leader no longer holds the events this shard needs");

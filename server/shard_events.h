@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/plan.h"
 #include "server/liveness_monitor.h"
 #include "server/step_aggregator.h"
@@ -75,31 +76,59 @@ struct CheckpointAt {
   }
 };
 
+// A follower's stream as ShardLog::Join opened it.
+struct ShardStream {
+  // The key the follower proves itself with on its calls to the leader (Vouches), and on a
+  // stream that continues this one: random, its own, for as long as it follows.
+  std::string key;
+  int64_t from = 0;  // the position of the first event the stream carries
+  int64_t id = 0;    // this stream among the shard's (Part, Next)
+};
+
+// A follower whose stream broke continues from where it stands: it shows the key of its stream
+// and the number of events it has applied.
+struct ShardResume {
+  std::string key;
+  int64_t from = 0;
+};
+
 // The leader's log. Thread-safe.
 class ShardLog {
  public:
-  // `num_shards` > 1; `settings` are the leader's TrainingSettings.
-  ShardLog(int num_shards, std::map<std::string, std::string> settings);
+  // `num_shards` > 1; `settings` are the leader's TrainingSettings. A follower whose stream
+  // breaks once workers have registered has `rejoin_grace` by `clock` to continue it.
+  ShardLog(int num_shards, std::map<std::string, std::string> settings, const Clock* clock,
+           absl::Duration rejoin_grace);
 
   // Shard `shard` asks to follow (with the shard count and settings it was started with).
   // FAILED_PRECONDITION, naming the difference, for another shard count, an index out of
   // range, other settings, or a job that has gone on without it. UNAVAILABLE (the follower
   // retries) while its previous stream is still open, and while the job is ending because a
   // shard was lost: the leader is about to exit and be restarted.
-  // A follower started with --restore names the checkpoints it holds. Returns the key the
-  // follower proves itself with on its calls to the leader (Vouches): its own, random, valid
-  // while its stream is open. Workers hold the job's secret; only the follower holds this.
-  absl::StatusOr<std::string> Join(int shard, int num_shards,
+  // A follower started with --restore names the checkpoints it holds.
+  // With `resume`, the follower continues its broken stream (or one the leader has not seen
+  // break, which it replaces) from `resume->from`; PERMISSION_DENIED for another key,
+  // FAILED_PRECONDITION for a shard this leader does not hold a place for (it restarted) or for
+  // events it no longer holds (the shard is lost). A shard away from its broken stream that
+  // joins without one has been restarted: it takes its place afresh before workers have
+  // registered, and is lost after.
+  absl::StatusOr<ShardStream> Join(int shard, int num_shards,
                                    const std::map<std::string, std::string>& settings,
-                                   std::set<CheckpointAt> checkpoints = {});
-  // Its stream ended: it may join again (a restarted follower) while no worker has registered.
-  // Once workers have, the job cannot go on without that shard's range of the model: `on_lost`
-  // (SetOnLost) runs, unless the job has ended.
-  void Part(int shard);
+                                   std::set<CheckpointAt> checkpoints = {},
+                                   const std::optional<ShardResume>& resume = std::nullopt);
+  // Stream `stream` of `shard` ended (a stream that has been replaced changes nothing): the
+  // shard is away until it continues its stream or, before any worker has registered, joins
+  // afresh (a restarted follower). Away for longer than the grace (CheckAway), it is lost; once
+  // workers have registered the job cannot go on without that shard's range of the model, and
+  // `on_lost` (SetOnLost) runs, unless the job has ended.
+  void Part(int shard, int64_t stream);
+  // Loses every shard away for longer than the grace. Call periodically.
+  void CheckAway();
   void SetOnLost(std::function<void(int shard)> on_lost);
-  // True while shard `shard` follows (its stream is open) and `key` is the one Join gave it.
+  // True while shard `shard` follows (its stream is open) and `key` is its stream's.
   bool Vouches(int shard, absl::string_view key) const;
-  // OK once every follower has joined (workers may register); UNAVAILABLE naming the missing.
+  // OK once every follower has joined and none is away (workers may register); UNAVAILABLE
+  // naming the missing.
   absl::Status Admit() const;
   // Waits at most `timeout` for every follower to join; then the checkpoints each holds (by
   // shard), or what Admit says.
@@ -113,18 +142,40 @@ class ShardLog {
   // every follower's first event says whether there is anything to restore.
   void SeedFresh();
 
-  // The event at position `next` (from 0) into `*out`: true when it exists. Otherwise false,
-  // and `wake` runs once (on the appending thread, outside the lock) when the next event
-  // arrives. Events every joined follower has read may be dropped from memory.
-  bool Next(int shard, int64_t next, ShardEventData* out, std::function<void()> wake);
+  // The event at position `next` (from 0) for stream `stream` of `shard` into `*out`: true
+  // when it exists (for a replaced stream: an END that says so). Otherwise false, and `wake`
+  // runs once (on the appending thread, outside the lock) when the next event arrives. Events
+  // every follower has been sent, but the last kKeptForResume of them, may be dropped.
+  bool Next(int shard, int64_t stream, int64_t next, ShardEventData* out,
+            std::function<void()> wake);
+  // Events kept below every follower's position, for a stream that broke with them in flight.
+  static constexpr int64_t kKeptForResume = 4096;
 
  private:
+  // Where a follower stands.
+  struct Follower {
+    int64_t next = 0;  // the next position its stream reads
+    std::string key;
+    int64_t stream = 0;
+    std::optional<absl::Time> away_since;  // its stream broke
+  };
+  // Joins on `resume`, holding the lock; sets *lose when the shard is lost by it.
+  absl::StatusOr<ShardStream> ResumeLocked(int shard, const std::optional<ShardResume>& resume,
+                                           bool* lose) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the job as having lost `shard`: the callback to run, outside the lock.
+  std::function<void(int)> LoseLocked(int shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool GoneOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return workers_seen_ || appended_;
+  }
+
   const int num_shards_;
   const std::map<std::string, std::string> settings_;
+  const Clock* const clock_;
+  const absl::Duration rejoin_grace_;
   mutable absl::Mutex mu_;
-  std::map<int, int64_t> joined_ ABSL_GUARDED_BY(mu_);    // shard -> next position it reads
-  std::map<int, std::string> keys_ ABSL_GUARDED_BY(mu_);  // shard -> its key (Join)
+  std::map<int, Follower> joined_ ABSL_GUARDED_BY(mu_);                     // by shard
   std::map<int, std::set<CheckpointAt>> checkpoints_ ABSL_GUARDED_BY(mu_);  // by shard
+  int64_t streams_ ABSL_GUARDED_BY(mu_) = 0;                                // streams opened
   std::deque<ShardEventData> events_ ABSL_GUARDED_BY(mu_);
   int64_t base_ ABSL_GUARDED_BY(mu_) = 0;  // position of events_.front()
   bool workers_seen_ ABSL_GUARDED_BY(mu_) = false;

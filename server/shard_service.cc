@@ -66,8 +66,12 @@ class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEve
     FollowReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   };
 
-  FollowReactor(ShardLog* log, int shard)
-      : log_(log), shard_(shard), state_(std::make_shared<State>()) {
+  FollowReactor(ShardLog* log, int shard, const ShardStream& stream)
+      : log_(log),
+        shard_(shard),
+        stream_(stream.id),
+        state_(std::make_shared<State>()),
+        next_(stream.from) {
     absl::MutexLock lock(&state_->mu);
     state_->reactor = this;
     WriteNextLocked();
@@ -96,8 +100,8 @@ class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEve
       state_->reactor = nullptr;
     }
     if (!clean_) {
-      log_->Part(shard_);
       LOG(WARNING) << "shard " << shard_ << " stopped following";
+      log_->Part(shard_, stream_);
     }
     delete this;
   }
@@ -108,12 +112,13 @@ class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEve
     ShardEventData e;
     std::weak_ptr<State> weak = state_;
     // `s` is the reactor's own state_ (the analysis cannot see that the two locks are one).
-    const bool ready = log_->Next(shard_, next_, &e, [weak]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      std::shared_ptr<State> s = weak.lock();
-      if (s == nullptr) return;
-      absl::MutexLock lock(&s->mu);
-      if (s->reactor != nullptr) s->reactor->WakeLocked();
-    });
+    const bool ready =
+        log_->Next(shard_, stream_, next_, &e, [weak]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          std::shared_ptr<State> s = weak.lock();
+          if (s == nullptr) return;
+          absl::MutexLock lock(&s->mu);
+          if (s->reactor != nullptr) s->reactor->WakeLocked();
+        });
     if (!ready) return;
     ended_ = e.kind == ShardEventData::Kind::kEnd;
     event_.Clear();
@@ -133,9 +138,10 @@ class FollowReactor : public tsan::Reactor<grpc::ServerWriteReactor<v1::ShardEve
 
   ShardLog* const log_;
   const int shard_;
+  const int64_t stream_;
   const std::shared_ptr<State> state_;
   v1::ShardEvent event_;
-  int64_t next_ = 0;
+  int64_t next_;
   bool writing_ = false;
   bool ended_ = false;
   bool finished_ = false;
@@ -165,12 +171,18 @@ grpc::ServerWriteReactor<v1::ShardEvent>* ShardServiceImpl::Follow(
   for (const v1::CheckpointAt& c : request->checkpoints()) {
     checkpoints.insert({c.version(), c.epoch(), c.step()});
   }
-  const absl::StatusOr<std::string> key =
-      log_->Join(request->shard(), request->num_shards(), settings, std::move(checkpoints));
-  if (!key.ok()) return new RefusedWrite(key.status());
-  ctx->AddInitialMetadata(kShardKeyKey, *key);
-  LOG(INFO) << "shard " << request->shard() << "/" << request->num_shards() << " follows";
-  return new FollowReactor(log_, request->shard());
+  std::optional<ShardResume> resume;
+  if (std::string key = ClientMetadata(ctx, kShardKeyKey); !key.empty()) {
+    resume = ShardResume{std::move(key), request->resume_from()};
+  }
+  const absl::StatusOr<ShardStream> stream =
+      log_->Join(request->shard(), request->num_shards(), settings, std::move(checkpoints), resume);
+  if (!stream.ok()) return new RefusedWrite(stream.status());
+  ctx->AddInitialMetadata(kShardKeyKey, stream->key);
+  if (!resume.has_value()) {
+    LOG(INFO) << "shard " << request->shard() << "/" << request->num_shards() << " follows";
+  }
+  return new FollowReactor(log_, request->shard(), *stream);
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::ReportMissing(grpc::CallbackServerContext* ctx,
@@ -229,6 +241,7 @@ void LeaderLink::KeepShardKey(const grpc::ClientContext& ctx) {
   auto key = meta.find(kShardKeyKey);
   absl::MutexLock lock(&mu_);
   shard_key_ = key == meta.end() ? "" : std::string(key->second.data(), key->second.size());
+  resume_key_ = shard_key_;
 }
 
 bool LeaderLink::FollowOnce(v1::ShardService::Stub* stub, const v1::FollowRequest& req,
@@ -238,6 +251,7 @@ bool LeaderLink::FollowOnce(v1::ShardService::Stub* stub, const v1::FollowReques
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_) return false;
+    if (req.resume_from() > 0) ctx.AddMetadata(kShardKeyKey, resume_key_);
     current_ = &ctx;
   }
   std::unique_ptr<grpc::ClientReader<v1::ShardEvent>> reader = stub->Follow(&ctx, req);
@@ -251,7 +265,7 @@ bool LeaderLink::FollowOnce(v1::ShardService::Stub* stub, const v1::FollowReques
       out->result = e.status;
     }
   }
-  out->finished = reader->Finish();
+  out->finished = AsRetried(reader->Finish());
   absl::MutexLock lock(&mu_);
   current_ = nullptr;
   shard_key_.clear();
@@ -271,25 +285,38 @@ absl::Status LeaderLink::Run() {
     out->set_step(c.step);
   }
   Backoff backoff(BackoffConfig{});
-  const absl::Time deadline = absl::Now() + config_.connect_timeout;
+  absl::Time deadline = absl::Now() + config_.connect_timeout;
+  int64_t applied = 0;  // events, over every stream
   while (true) {
     Followed f;
     if (!FollowOnce(stub.get(), req, &f)) return absl::CancelledError("stopped");
     if (f.ended) return f.result;
-    // Not reachable yet (the leader starts later): retry. Anything else, or a stream that had
-    // begun, is the end of this shard's part in the job.
-    const absl::Duration delay = backoff.Next();
     const grpc::Status& s = f.finished;
-    if (f.events == 0 && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+    if (f.events > 0) {
+      // A stream that had begun broke (the network, or the leader's transport short of
+      // memory): continue it from here while the leader holds this shard's place.
+      applied += f.events;
+      req.set_resume_from(applied);
+      deadline = absl::Now() + config_.rejoin_timeout;
+      backoff = Backoff(BackoffConfig{});
+      LOG(WARNING) << "the stream from the leader at " << config_.leader << " broke after event "
+                   << applied << " (" << s.error_message() << "); following again for up to "
+                   << absl::FormatDuration(config_.rejoin_timeout);
+    }
+    // Not reachable (the leader starts later, or is back after a break): retry. Anything else
+    // is the end of this shard's part in the job.
+    const absl::Duration delay = backoff.Next();
+    if ((f.events > 0 || s.error_code() == grpc::StatusCode::UNAVAILABLE) &&
         absl::Now() + delay < deadline) {
       absl::SleepFor(delay);
       continue;
     }
     absl::Status result = absl::UnavailableError(
-        absl::StrCat(f.events > 0 ? "lost the leader at " : "could not follow the leader at ",
+        absl::StrCat(applied > 0 ? "lost the leader at " : "could not follow the leader at ",
                      config_.leader, ": ", s.error_message()));
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
       result = absl::FailedPreconditionError(
           absl::StrCat("the leader at ", config_.leader, " refused: ", s.error_message()));
     }

@@ -48,10 +48,14 @@ struct FollowConfig {
   std::string job_token;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration connect_timeout = absl::Minutes(2);  // for the leader to come up
+  // For a stream that broke to be continued (the leader holds the place as long: the job's
+  // worker timeout).
+  absl::Duration rejoin_timeout = absl::Seconds(60);
 };
 
 // Follows the leader until the job ends, applying its events to `follower`; connects with
-// retries for at most `connect_timeout`. Returns how following ended (OK after the job's end);
+// retries for at most `connect_timeout`, and continues a stream that broke (retrying for at most
+// `rejoin_timeout`). Returns how following ended (OK after the job's end);
 // on any error `follower` has been told the leader is lost. Cancel() ends it early.
 class LeaderLink {
  public:
@@ -82,7 +86,8 @@ class LeaderLink {
   absl::Mutex mu_;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::string shard_key_ ABSL_GUARDED_BY(mu_);  // from the open Follow stream
+  std::string shard_key_ ABSL_GUARDED_BY(mu_);   // from the open Follow stream
+  std::string resume_key_ ABSL_GUARDED_BY(mu_);  // from the last one
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -100,10 +100,15 @@ def gist(out, err, limit=1500):
 class DelayingProxy:
     """A TCP proxy on a loopback port of its own that holds every new connection for `delay_s`
     before relaying it to 127.0.0.1:`upstream`: a server slow to finish a handshake, as a loaded
-    machine or a distant one is. Threads are daemons; close() stops accepting."""
+    machine or a distant one is. `downstream_bytes` counts what it relayed back from upstream;
+    cut() breaks every open connection, as a network fault does. Threads are daemons; close()
+    stops accepting."""
 
     def __init__(self, upstream, delay_s):
         self.upstream, self.delay_s, self.connections = int(upstream), delay_s, 0
+        self.downstream_bytes = 0
+        self.open = []
+        self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -126,24 +131,38 @@ class DelayingProxy:
         except OSError:
             conn.close()
             return
-        for a, b in ((conn, up), (up, conn)):
-            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+        with self.lock:
+            self.open += [conn, up]
+        threading.Thread(target=self._pipe, args=(conn, up, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(up, conn, True), daemon=True).start()
 
-    @staticmethod
-    def _pipe(a, b):
+    def _pipe(self, a, b, downstream):
         try:
             while True:
                 data = a.recv(1 << 16)
                 if not data:
                     break
                 b.sendall(data)
+                if downstream:
+                    with self.lock:
+                        self.downstream_bytes += len(data)
         except OSError:
             pass
-        for s in (a, b):
+        self._shut(a, b)
+
+    @staticmethod
+    def _shut(*socks):
+        for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            s.close()
+
+    def cut(self):
+        with self.lock:
+            socks, self.open = self.open, []
+        self._shut(*socks)
 
     def close(self):
         self.sock.close()
@@ -209,36 +228,53 @@ class ProcessTestCase(unittest.TestCase):
         server = str(port) if ":" in str(port) else f"127.0.0.1:{port}"
         return [WORKER, f"--server={server}", f"--data_dir={DATA_DIR}", *flags]
 
-    def start_shards(self, flags, tag, shards):
-        """dbs_ps as `shards` processes (shard 0 leads); returns (processes, --server value)."""
+    def start_shards(self, flags, tag, shards, proxy=False):
+        """dbs_ps as `shards` processes (shard 0 leads); returns (processes, --server value).
+        With `proxy`, the followers reach the leader through a DelayingProxy (self.proxy)."""
         if shards == 1:
             ps, port = self.start_ps(flags, tag)
             return [ps], f"127.0.0.1:{port}"
         leader, port = self.start_ps(flags + [f"--shard=0/{shards}"], tag)
         procs, servers = [leader], [f"127.0.0.1:{port}"]
+        leader_port = port
+        if proxy:
+            self.proxy = DelayingProxy(port, delay_s=0)
+            self.addCleanup(self.proxy.close)
+            leader_port = self.proxy.port
         for i in range(1, shards):
             p, shard_port = self.start_ps(
                 [f for f in flags if not f.startswith("--summary_path")]
-                + [f"--shard={i}/{shards}", f"--leader=127.0.0.1:{port}"], f"{tag}-shard{i}")
+                + [f"--shard={i}/{shards}", f"--leader=127.0.0.1:{leader_port}"],
+                f"{tag}-shard{i}")
             procs.append(p)
             servers.append(f"127.0.0.1:{shard_port}")
         return procs, ",".join(servers)
 
-    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180, shards=1):
+    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180, shards=1, cut_at=()):
         """A 2-epoch job with the fixed split (deterministic), one worker per entry of
-        `worker_flags`; waits for every process to exit 0 and returns the summary."""
+        `worker_flags`; waits for every process to exit 0 and returns the summary. With
+        `cut_at`, the followers' connections to the leader are cut once the leader has sent
+        them each of those numbers of bytes (through self.proxy)."""
         summary = os.path.join(self.tmp, f"{tag}.json")
         servers, server = self.start_shards(
             [f"--workers={len(worker_flags)}", "--epochs=2", "--policy=fixed",
-             f"--summary_path={summary}"] + ps_flags, tag, shards)
+             f"--summary_path={summary}"] + ps_flags, tag, shards, proxy=bool(cut_at))
         procs = [self.spawn(self.worker_argv(server, f"--name={tag}-{i}", "--log_every_s=30",
                                              *flags))
                  for i, flags in enumerate(worker_flags)]
-        self.shard_outs = []
+        self.cuts = 0
+        for at in cut_at:
+            while self.proxy.downstream_bytes < at and servers[0].poll() is None:
+                time.sleep(0.01)
+            if servers[0].poll() is None:
+                self.proxy.cut()
+                self.cuts += 1
+        self.shard_outs, self.shard_errs = [], []
         for ps in servers:
             out, err = ps.communicate(timeout=timeout)
             self.assertEqual(ps.returncode, 0, err.decode()[-2000:])
             self.shard_outs.append(out.decode())
+            self.shard_errs.append(err.decode())
         self.worker_errs = []
         for p in procs:
             _, werr = p.communicate(timeout=60)
@@ -747,12 +783,12 @@ class ShardedJobTest(ProcessTestCase):
     """The model split across several dbs_ps processes (--shard=i/k) trains
     exactly as one server does, re-plans included."""
 
-    def run_job(self, tag, shards):
+    def run_job(self, tag, shards, cut_at=()):
         exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(3)]
         s = self.run_fixed_job(tag, ["--global_batch=48"], [
             ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
              f"--export_path={export}"]
-            for slow, export in zip(["1", "2", "4"], exports)], shards=shards)
+            for slow, export in zip(["1", "2", "4"], exports)], shards=shards, cut_at=cut_at)
         exported = []
         for e in exports:
             with open(e, "rb") as f:
@@ -760,10 +796,20 @@ class ShardedJobTest(ProcessTestCase):
         return s, exported
 
     def test_two_and_three_shards_train_bit_identically_to_one(self):
+        """One, two and three shards train bit-identically, even with the two-shard
+        follower's link to the leader cut twice (of the 5.6 kB the leader sends it, after 1.5
+        and 3.5 kB): the follower continues its stream from where it stands."""
         one, w_one = self.run_job("one", 1)
-        two, w_two = self.run_job("two", 2)
+        two, w_two = self.run_job("two", 2, cut_at=(1500, 3500))
+        self.assertEqual(self.cuts, 2, "the job ended before its link was cut twice")
+        self.assertEqual(self.shard_errs[1].count("broke after event"), 2, self.shard_errs[1])
+        self.assertEqual(self.shard_errs[0].count("shard 1/2 follows again from event"), 2,
+                         self.shard_errs[0])
         self.assertIn("dbs_ps shard 1/2: the job finished; parameter version 126",
                       self.shard_outs[1])
+        for line in self.shard_errs[1].splitlines():
+            if "broke after event" in line:
+                print(line[line.index("the stream"):])
         three, w_three = self.run_job("three", 3)
         for s in (two, three):
             self.assertEqual([e["train_loss"] for e in one["epochs"]],
@@ -1071,9 +1117,9 @@ class ShardedRestartTest(ProcessTestCase):
         self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
 
     def test_a_lost_follower_stops_the_leader_and_the_restarted_shards_continue(self):
-        """A follower killed mid-job takes its range of the model with it: the leader stops by
-        itself with a restart exit code instead of stalling, a follower restarted at once
-        retries until the leader is back, and the restarted shards continue the job from their
+        """A follower killed mid-job takes its range of the model with it: restarted at once,
+        it comes back without its stream, so the leader stops with a restart exit code instead
+        of stalling, the restarted follower retries until the leader is back, and the restarted shards continue the job from their
         newest common checkpoint while the workers wait."""
         leader, port, follower, fport, procs = self.start_training()
         follower.kill()

@@ -1,7 +1,7 @@
 """A hostile peer on the network while a real job trains.
 
-dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MNIST; in the second
-test dbs_ps is two shards and the attack goes to the follower. Meanwhile
+dbs_ps runs with a job secret and two real dbs_worker processes train Fashion-MNIST; in the last two
+tests dbs_ps is two shards and the attack goes to the follower, then to the leader. Meanwhile
 tests/hostile_client (no secret, no token) sends every kind of bad call, round after round:
 random bytes to every method, malformed, overflowing and oversized tensors, wrong steps and
 epochs, unknown and forged ids, floods of registrations and of waiting calls, push sessions
@@ -57,12 +57,12 @@ def peak_rss_mib(pid):
 
 
 class HostileTest(ProcessTestCase):
-    def run_job(self, tag, attack, shards=1):
-        """The job, attacked or not. With shards > 1 the attack goes to the last shard (a
-        follower, which serves only ParameterService) and its memory is the one watched."""
+    def run_job(self, tag, attack, shards=1, at=-1):
+        """The job, attacked or not. The attack goes to shard `at` (the last: with shards > 1,
+        a follower, which serves only ParameterService) and its memory is the one watched."""
         summary = os.path.join(self.tmp, f"{tag}.json")
         servers, server = self.start_shards(JOB + [f"--summary_path={summary}"], tag, shards)
-        target, address = servers[-1], server.split(",")[-1]
+        target, address = servers[at], server.split(",")[at]
         peak = [0.0]
         stop = threading.Event()
 
@@ -79,7 +79,7 @@ class HostileTest(ProcessTestCase):
         hostile = None
         if attack:
             argv = [HOSTILE, f"--server={address}", "--rounds=0"]
-            if shards > 1:
+            if target is not servers[0]:
                 argv.append("--follower")
             hostile = self.spawn(argv)
             # The attack is under way before the workers join.
@@ -96,24 +96,27 @@ class HostileTest(ProcessTestCase):
             hostile.send_signal(signal.SIGTERM)
             out, err = hostile.communicate(timeout=60)
             rounds = [json.loads(line) for line in (first + out).decode().splitlines() if line]
+        self.streams_continued = 0
         for ps in servers:
             ps_out, ps_err = ps.communicate(timeout=120)
             self.assertEqual(ps.returncode, 0, ps_err.decode()[-3000:])
+            self.streams_continued += ps_err.decode().count("follows again from event")
         stop.set()
         watcher.join()
         with open(summary) as f:
             record = json.load(f)
         return record, peak[0], rounds
 
-    def check_attack(self, shards):
-        calm, calm_peak, _ = self.run_job(f"calm{shards}", attack=False, shards=shards)
-        hostile, peak, rounds = self.run_job(f"hostile{shards}", attack=True, shards=shards)
+    def check_attack(self, shards, at=-1):
+        calm, calm_peak, _ = self.run_job(f"calm{shards}", attack=False, shards=shards, at=at)
+        hostile, peak, rounds = self.run_job(f"hostile{shards}", attack=True, shards=shards,
+                                             at=at)
         last = rounds[-1]
         print(f"{shards} shard(s), undisturbed: accuracy {calm['final_test_accuracy']:.4f}, "
               f"dbs_ps peak {calm_peak:.0f} MiB; attacked: accuracy "
               f"{hostile['final_test_accuracy']:.4f}, dbs_ps peak {peak:.0f} MiB; {len(rounds)} "
-              f"attack rounds, {last['calls']} bad calls: {json.dumps(last['by_method'])}",
-              flush=True)
+              f"attack rounds, {last['calls']} bad calls: {json.dumps(last['by_method'])}; "
+              f"follower streams continued: {self.streams_continued}", flush=True)
         # The first round ended before the workers started; the next began as they did, and
         # the client was still attacking when they finished (asserted in run_job): at least one
         # whole round overlapped the training.
@@ -183,6 +186,11 @@ class HostileTest(ProcessTestCase):
         # The follower checks each made-up token against the leader's signature at once
         # (common/secrets.h) instead of waiting for the leader to announce the worker.
         self.check_attack(shards=2)
+
+    def test_a_hostile_peer_at_a_sharded_jobs_leader_changes_nothing(self):
+        # The flood fills the leader's memory quota, under which gRPC may reset the follower's
+        # stream from the leader: the follower continues it (ShardLog::Join with its key).
+        self.check_attack(shards=2, at=0)
 
 
 if __name__ == "__main__":

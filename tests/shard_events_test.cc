@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/secrets.h"
 #include "common/status_matchers.h"
@@ -21,8 +22,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
+ShardEventData WorkerEvent(int id) {
+  ShardEventData worker;
+  worker.kind = ShardEventData::Kind::kWorker;
+  worker.worker_id = id;
+  worker.token = absl::StrCat("t", id);
+  return worker;
+}
+
 TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister) {
-  ShardLog log(3, {{"lr", "0.05"}});
+  FakeClock clock;
+  ShardLog log(3, {{"lr", "0.05"}}, &clock, absl::Seconds(60));
   EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("1, 2 of 3")));
   EXPECT_THAT(log.Join(1, 2, {{"lr", "0.05"}}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("runs 3 shards")));
@@ -30,87 +40,213 @@ TEST(ShardLogTest, FollowersJoinOnceWithTheLeadersSettingsBeforeWorkersRegister)
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cannot follow")));
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.1"}}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lr 0.1 (leader: 0.05)")));
-  const absl::StatusOr<std::string> key1 = log.Join(1, 3, {{"lr", "0.05"}});
-  ASSERT_THAT(key1, IsOk());
+  const absl::StatusOr<ShardStream> s1 = log.Join(1, 3, {{"lr", "0.05"}});
+  ASSERT_THAT(s1, IsOk());
+  EXPECT_EQ(s1->from, 0);
   // Retried by the follower: a restarted one may come before its old stream has ended.
   EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("following already")));
   EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shard(s) 2 of")));
-  const absl::StatusOr<std::string> key2 = log.Join(2, 3, {{"lr", "0.05"}});
-  ASSERT_THAT(key2, IsOk());
+  const absl::StatusOr<ShardStream> s2 = log.Join(2, 3, {{"lr", "0.05"}});
+  ASSERT_THAT(s2, IsOk());
   EXPECT_THAT(log.Admit(), IsOk());
   // Each follower has a key of its own, which vouches for it and for nobody else.
-  EXPECT_EQ(key1->size(), 32u);
-  EXPECT_NE(*key1, *key2);
-  EXPECT_TRUE(log.Vouches(1, *key1));
-  EXPECT_TRUE(log.Vouches(2, *key2));
-  EXPECT_FALSE(log.Vouches(1, *key2));
+  EXPECT_EQ(s1->key.size(), 32u);
+  EXPECT_NE(s1->key, s2->key);
+  EXPECT_TRUE(log.Vouches(1, s1->key));
+  EXPECT_TRUE(log.Vouches(2, s2->key));
+  EXPECT_FALSE(log.Vouches(1, s2->key));
   EXPECT_FALSE(log.Vouches(1, ""));
-  EXPECT_FALSE(log.Vouches(3, *key1));
+  EXPECT_FALSE(log.Vouches(3, s1->key));
 
   // Reading: an event that exists comes at once; otherwise the wake-up comes with the next.
   ShardEventData e;
   int woken = 0;
-  EXPECT_FALSE(log.Next(1, 0, &e, [&] { ++woken; }));
-  ShardEventData worker;
-  worker.kind = ShardEventData::Kind::kWorker;
-  worker.worker_id = 0;
-  worker.token = "t0";
-  log.Append(worker);
+  EXPECT_FALSE(log.Next(1, s1->id, 0, &e, [&] { ++woken; }));
+  log.Append(WorkerEvent(0));
   EXPECT_EQ(woken, 1);
-  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  ASSERT_TRUE(log.Next(1, s1->id, 0, &e, [] {}));
   EXPECT_EQ(e.token, "t0");
-  // Once workers have registered, a shard that leaves is lost: the leader is told once, and
-  // the shard (restarted) is asked to retry until the leader itself has been restarted.
+  // Once workers have registered, a shard whose stream ends is away: its key no longer
+  // vouches for it. Back without its stream, it is a restarted process: it is lost, the leader
+  // is told once, and the shard is asked to retry until the leader itself has been restarted.
   std::vector<int> lost;
   log.SetOnLost([&](int shard) { lost.push_back(shard); });
-  log.Part(2);
-  EXPECT_EQ(lost, std::vector<int>{2});
-  EXPECT_FALSE(log.Vouches(2, *key2)) << "a key ends with its follower's stream";
+  log.Part(2, s2->id);
+  EXPECT_TRUE(lost.empty());
+  EXPECT_FALSE(log.Vouches(2, s2->key)) << "a key vouches only while its stream is open";
   EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
-  log.Part(1);
+  EXPECT_EQ(lost, std::vector<int>{2});
+  EXPECT_THAT(log.Join(2, 3, {{"lr", "0.05"}}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
+  EXPECT_THAT(log.Join(1, 3, {{"lr", "0.05"}}, {}, ShardResume{s1->key, 1}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
+  log.Part(1, s1->id);
+  clock.Advance(absl::Hours(1));
+  log.CheckAway();
   EXPECT_EQ(lost, std::vector<int>{2});
 }
 
-TEST(ShardLogTest, AShardLeavingAnEndedJobIsNotLostAndCannotComeBack) {
-  ShardLog log(2, {});
+// A two-shard job with three workers whose follower had been sent the first four events
+// (the fresh RESUME and the workers) when its stream broke.
+class ShardLogResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log_.SetOnLost([this](int) { ++lost_; });
+    log_.SeedFresh();
+    const absl::StatusOr<ShardStream> first = log_.Join(1, 2, {});
+    ASSERT_THAT(first, IsOk());
+    first_ = *first;
+    for (int id = 0; id < 3; ++id) log_.Append(WorkerEvent(id));
+    ShardEventData e;
+    for (int64_t i = 0; i < 4; ++i) ASSERT_TRUE(log_.Next(1, first_.id, i, &e, [] {}));
+    log_.Part(1, first_.id);
+  }
+
+  FakeClock clock_;
+  ShardLog log_{2, {}, &clock_, absl::Seconds(60)};
+  int lost_ = 0;
+  ShardStream first_;
+};
+
+TEST_F(ShardLogResumeTest, OnlyTheFollowerContinuesItsStreamAndOnlyFromEventsStillHeld) {
+  clock_.Advance(absl::Seconds(30));
+  log_.CheckAway();
+  EXPECT_EQ(lost_, 0) << "within the grace";
+  EXPECT_THAT(log_.Join(1, 2, {}, {}, ShardResume{"not its key", 2}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("only shard 1/2 itself")));
+  EXPECT_THAT(
+      log_.Join(1, 2, {}, {}, ShardResume{first_.key, 9}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no longer holds event 9")));
+  EXPECT_EQ(lost_, 1) << "a shard that cannot continue is lost at once";
+}
+
+TEST_F(ShardLogResumeTest, AResumedStreamReadsOnAndReplacesOneStillOpen) {
+  // The follower applied two of the four events before the stream broke.
+  ShardEventData e;
+  const absl::StatusOr<ShardStream> second = log_.Join(1, 2, {}, {}, ShardResume{first_.key, 2});
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->from, 2);
+  EXPECT_EQ(second->key, first_.key);
+  EXPECT_TRUE(log_.Vouches(1, first_.key));
+  ASSERT_TRUE(log_.Next(1, second->id, 2, &e, [] {}));
+  EXPECT_EQ(e.token, "t1");
+  // The old stream, should its end come late, changes nothing; nor does it read on.
+  log_.Part(1, first_.id);
+  EXPECT_TRUE(log_.Vouches(1, first_.key));
+  ASSERT_TRUE(log_.Next(1, first_.id, 4, &e, [] {}));
+  EXPECT_EQ(e.kind, ShardEventData::Kind::kEnd);
+  EXPECT_THAT(e.status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("newer stream")));
+  // A follower whose stream broke without the leader seeing it continues on a new one at once.
+  const absl::StatusOr<ShardStream> third = log_.Join(1, 2, {}, {}, ShardResume{first_.key, 3});
+  ASSERT_THAT(third, IsOk());
+  ASSERT_TRUE(log_.Next(1, third->id, 3, &e, [] {}));
+  EXPECT_EQ(e.token, "t2");
+  EXPECT_EQ(lost_, 0);
+  // Away for longer than the grace, it is lost, once.
+  log_.Part(1, third->id);
+  clock_.Advance(absl::Seconds(60));
+  log_.CheckAway();
+  log_.CheckAway();
+  EXPECT_EQ(lost_, 1);
+  EXPECT_THAT(log_.Join(1, 2, {}, {}, ShardResume{first_.key, 4}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost a shard")));
+}
+
+TEST(ShardLogTest, AStreamThatBrokeBeforeAnyWorkerRegisteredContinuesToo) {
+  FakeClock clock;
+  ShardLog log(2, {}, &clock, absl::Seconds(60));
   int lost = 0;
   log.SetOnLost([&](int) { ++lost; });
   log.SeedFresh();
-  ASSERT_THAT(log.Join(1, 2, {}), IsOk());
+  const absl::StatusOr<ShardStream> first = log.Join(1, 2, {});
+  ASSERT_THAT(first, IsOk());
   ShardEventData e;
-  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
-  EXPECT_FALSE(log.Next(1, 1, &e, [] {}));  // read: nothing new yet
-  log.Part(1);  // before any worker: not lost, and it may join again and read from the start
-  ASSERT_THAT(log.Join(1, 2, {}), IsOk());
-  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  ASSERT_TRUE(log.Next(1, first->id, 0, &e, [] {}));
+  log.Part(1, first->id);
+  EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shard(s) 1 of")));
+  const absl::StatusOr<ShardStream> second = log.Join(1, 2, {}, {}, ShardResume{first->key, 1});
+  ASSERT_THAT(second, IsOk());
+  EXPECT_THAT(log.Admit(), IsOk());
+  // Away for longer than the grace before the job went on: gone, but nothing is lost.
+  log.Part(1, second->id);
+  clock.Advance(absl::Seconds(61));
+  log.CheckAway();
+  EXPECT_EQ(lost, 0);
+  EXPECT_THAT(log.Join(1, 2, {}, {}, ShardResume{first->key, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds no place")));
+  EXPECT_THAT(log.Join(1, 2, {}), IsOk());
+}
+
+TEST(ShardLogTest, ALeaderThatRestartedHoldsNoPlaceForAStreamToContinue) {
+  FakeClock clock;
+  ShardLog log(2, {}, &clock, absl::Seconds(60));
+  log.SeedFresh();
+  EXPECT_THAT(log.Join(1, 2, {}, {}, ShardResume{"a key of the leader before", 7}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds no place")));
+}
+
+TEST(ShardLogTest, EventsInFlightWhenAStreamBrokeAreKept) {
+  FakeClock clock;
+  ShardLog log(2, {}, &clock, absl::Seconds(60));
+  const absl::StatusOr<ShardStream> s = log.Join(1, 2, {});
+  ASSERT_THAT(s, IsOk());
+  const int64_t n = ShardLog::kKeptForResume + 100;
+  for (int64_t i = 0; i < n; ++i) log.Append(WorkerEvent(static_cast<int>(i)));
+  ShardEventData e;
+  for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(log.Next(1, s->id, i, &e, [] {}));
+  EXPECT_FALSE(log.Next(1, s->id, n, &e, [] {}));
+  log.Part(1, s->id);
+  // Sent, but the last kKeptForResume events may not have arrived: those are still held.
+  EXPECT_THAT(log.Join(1, 2, {}, {}, ShardResume{s->key, 99}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds 100 ...")));
+}
+
+TEST(ShardLogTest, AShardLeavingAnEndedJobIsNotLostAndCannotComeBack) {
+  FakeClock clock;
+  ShardLog log(2, {}, &clock, absl::Seconds(60));
+  int lost = 0;
+  log.SetOnLost([&](int) { ++lost; });
+  log.SeedFresh();
+  absl::StatusOr<ShardStream> s = log.Join(1, 2, {});
+  ASSERT_THAT(s, IsOk());
+  ShardEventData e;
+  ASSERT_TRUE(log.Next(1, s->id, 0, &e, [] {}));
+  EXPECT_FALSE(log.Next(1, s->id, 1, &e, [] {}));  // read: nothing new yet
+  log.Part(1, s->id);                              // before any worker: away, and not let in
+  EXPECT_THAT(log.Admit(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shard(s) 1 of")));
+  s = log.Join(1, 2, {});  // restarted: it takes its place afresh, from the start
+  EXPECT_THAT(log.Admit(), IsOk());
+  ASSERT_THAT(s, IsOk());
+  ASSERT_TRUE(log.Next(1, s->id, 0, &e, [] {}));
   EXPECT_EQ(e.kind, ShardEventData::Kind::kResume);
-  ShardEventData worker;
-  worker.kind = ShardEventData::Kind::kWorker;
-  log.Append(worker);
+  log.Append(WorkerEvent(0));
   ShardEventData end;
   end.kind = ShardEventData::Kind::kEnd;
   log.Append(end);
-  log.Part(1);
+  log.Part(1, s->id);
   EXPECT_EQ(lost, 0);
   EXPECT_THAT(log.Join(1, 2, {}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("too late")));
 }
 
 TEST(ShardLogTest, EveryFollowerReadsTheLogFromItsStartWhateverOrderTheyJoinIn) {
-  ShardLog log(3, {});
+  FakeClock clock;
+  ShardLog log(3, {}, &clock, absl::Seconds(60));
   log.SeedFresh();
   log.SeedFresh();  // once only
-  ASSERT_THAT(log.Join(1, 3, {}, {{5, 0, 3}}), IsOk());
+  const absl::StatusOr<ShardStream> s1 = log.Join(1, 3, {}, {{5, 0, 3}});
+  ASSERT_THAT(s1, IsOk());
   ShardEventData e;
-  ASSERT_TRUE(log.Next(1, 0, &e, [] {}));
+  ASSERT_TRUE(log.Next(1, s1->id, 0, &e, [] {}));
   EXPECT_EQ(e.kind, ShardEventData::Kind::kResume);
   EXPECT_EQ(e.version, -1);
-  EXPECT_FALSE(log.Next(1, 1, &e, [] {}));
+  EXPECT_FALSE(log.Next(1, s1->id, 1, &e, [] {}));
   // Shard 1 has read the first event; shard 2 joins later and still gets it.
-  ASSERT_THAT(log.Join(2, 3, {}, {}), IsOk());
-  ASSERT_TRUE(log.Next(2, 0, &e, [] {}));
+  const absl::StatusOr<ShardStream> s2 = log.Join(2, 3, {}, {});
+  ASSERT_THAT(s2, IsOk());
+  ASSERT_TRUE(log.Next(2, s2->id, 0, &e, [] {}));
   EXPECT_EQ(e.version, -1);
   auto held = log.AwaitFollowers(absl::ZeroDuration());
   ASSERT_THAT(held.status(), IsOk());

@@ -110,9 +110,11 @@ class ShardLeaderTest : public ::testing::Test {
   void SetUp() override {
     const JobConfig config = TwoWorkerConfig();
     job_ = *TrainingJob::Create(config, &clock_);
-    log_ = std::make_unique<ShardLog>(2, TrainingSettings(config));
+    log_ = std::make_unique<ShardLog>(2, TrainingSettings(config), &clock_, absl::Seconds(60));
     job_->SetShardLog(log_.get());
-    ASSERT_THAT(log_->Join(1, 2, TrainingSettings(config)), IsOk());
+    const absl::StatusOr<ShardStream> stream = log_->Join(1, 2, TrainingSettings(config));
+    ASSERT_THAT(stream, IsOk());
+    stream_ = stream->id;
     for (const char* name : {"a", "b"}) {
       ASSERT_THAT(job_->scheduler()->Register({name, 8, 2, "cpu"}), IsOk());
     }
@@ -126,7 +128,7 @@ class ShardLeaderTest : public ::testing::Test {
 
   ShardEventData LastEvent() {
     ShardEventData e;
-    for (int64_t i = 0; log_->Next(1, i, &e, [] {}); ++i) {
+    for (int64_t i = 0; log_->Next(1, stream_, i, &e, [] {}); ++i) {
     }
     return e;
   }
@@ -134,6 +136,7 @@ class ShardLeaderTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<TrainingJob> job_;
   std::unique_ptr<ShardLog> log_;
+  int64_t stream_ = 0;
   std::vector<float> grad_ = {1.0f};
 };
 
@@ -391,7 +394,7 @@ TEST(ShardRestoreTest, TheRestoredLeaderTakesAWorkersPushesOnlyOnceItResumed) {
   ASSERT_THAT(saved, IsOk());
 
   auto leader = *TrainingJob::Create(config, &clock);
-  ShardLog log(2, TrainingSettings(config));
+  ShardLog log(2, TrainingSettings(config), &clock, absl::Seconds(60));
   leader->SetShardLog(&log);
   ASSERT_THAT(leader->Restore(*saved), IsOk());
   for (int worker : {0, 1}) {

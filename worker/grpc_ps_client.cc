@@ -68,21 +68,6 @@ absl::Status GrpcPsClient::Annotate(const grpc::Status& s, const char* what) con
                       absl::StrCat(what, " at dbs_ps ", config_.address, ": ", st.message()));
 }
 
-namespace {
-// gRPC's transport, short of memory under dbs_ps's --memory_quota_mb while other large calls are
-// in flight, resets streams with ENHANCE_YOUR_CALM, which arrives as RESOURCE_EXHAUSTED "Received
-// RST_STREAM with error code 11": the server is up and takes the call once that memory is freed,
-// so it is retried as UNAVAILABLE is. The server's own RESOURCE_EXHAUSTED answers (its limits on
-// workers and on waiting calls) and gRPC's message-size refusals say otherwise and are final.
-grpc::Status AsRetried(grpc::Status s) {
-  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-      absl::StrContains(s.error_message(), "RST_STREAM")) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, s.error_message());
-  }
-  return s;
-}
-}  // namespace
-
 absl::StatusOr<RegistrationResult> GrpcPsClient::RegisterWorker(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;
   ToProto(reg, &req);

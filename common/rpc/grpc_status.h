@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "common/secrets.h"
 #include "grpcpp/security/auth_context.h"
@@ -25,6 +26,19 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
 inline absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// gRPC's transport, short of memory under dbs_ps's --memory_quota_mb while other large calls are
+// in flight, resets streams with ENHANCE_YOUR_CALM, which arrives as RESOURCE_EXHAUSTED "Received
+// RST_STREAM with error code 11": the server is up and takes the call once that memory is freed,
+// so it is retried as UNAVAILABLE is. The server's own RESOURCE_EXHAUSTED answers (its limits on
+// workers and on waiting calls) and gRPC's message-size refusals say otherwise and are final.
+inline grpc::Status AsRetried(grpc::Status s) {
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(s.error_message(), "RST_STREAM")) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, s.error_message());
+  }
+  return s;
 }
 
 // Metadata keys of the credentials (see proto/dbs.proto).

@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   config.stall_timeout = absl::Seconds(100);
   // The leader of a two-shard job whose follower has joined, so that a follower's report of
   // pushes it never got (ShardService.ReportMissing) is one of the calls.
-  dbs::ShardLog log(2, dbs::TrainingSettings(config));
+  dbs::ShardLog log(2, dbs::TrainingSettings(config), &clock, config.worker_timeout);
   if (!log.Join(1, 2, dbs::TrainingSettings(config)).ok()) std::abort();
   auto job = dbs::TrainingJob::Create(config, &clock);
   if (!job.ok()) std::abort();
