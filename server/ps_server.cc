@@ -1,5 +1,6 @@
 #include "server/ps_server.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <ostream>
@@ -218,6 +219,9 @@ absl::Status PsServer::StartFollowing() {
   f.settings = TrainingSettings(config_.job);
   f.job_token = config_.job_token;
   f.rejoin_timeout = config_.job.worker_timeout;
+  // A dead connection is noticed (ping, then its timeout) within half the worker timeout, which
+  // leaves the other half to continue the stream before the leader gives up this shard.
+  f.keepalive = std::clamp(config_.job.worker_timeout / 4, absl::Seconds(6), absl::Seconds(20));
   if (config_.tls_cert_pem.empty()) {
     f.credentials = grpc::InsecureChannelCredentials();
   } else {

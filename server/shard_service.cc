@@ -231,7 +231,17 @@ absl::Status LeaderLink::ReportMissing(const MissingPushes& missing, absl::Durat
 
 std::shared_ptr<grpc::Channel> LeaderLink::Channel() {
   absl::MutexLock lock(&mu_);
-  if (channel_ == nullptr) channel_ = grpc::CreateChannel(config_.leader, config_.credentials);
+  if (channel_ == nullptr) {
+    // Pings notice a leader that went silent (a partition, a connection a middlebox dropped):
+    // the stream fails and is continued, instead of waiting on a dead connection.
+    grpc::ChannelArguments args;
+    const int ping_ms = static_cast<int>(absl::ToInt64Milliseconds(config_.keepalive));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ping_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ping_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    channel_ = grpc::CreateCustomChannel(config_.leader, config_.credentials, args);
+  }
   return channel_;
 }
 

@@ -51,6 +51,9 @@ struct FollowConfig {
   // For a stream that broke to be continued (the leader holds the place as long: the job's
   // worker timeout).
   absl::Duration rejoin_timeout = absl::Seconds(60);
+  // How often the link pings the leader, and how long it waits for the answer before it takes
+  // the connection for dead (at least 5 s: the leader refuses pings more frequent).
+  absl::Duration keepalive = absl::Seconds(20);
 };
 
 // Follows the leader until the job ends, applying its events to `follower`; connects with

@@ -101,13 +101,14 @@ class DelayingProxy:
     """A TCP proxy on a loopback port of its own that holds every new connection for `delay_s`
     before relaying it to 127.0.0.1:`upstream`: a server slow to finish a handshake, as a loaded
     machine or a distant one is. `downstream_bytes` counts what it relayed back from upstream;
-    cut() breaks every open connection, as a network fault does. Threads are daemons; close()
-    stops accepting."""
+    cut() breaks every open connection, as a network fault does, and freeze() silences them
+    (what arrives is dropped, nothing is closed), as a partition does. Threads are daemons;
+    close() stops accepting."""
 
     def __init__(self, upstream, delay_s):
         self.upstream, self.delay_s, self.connections = int(upstream), delay_s, 0
         self.downstream_bytes = 0
-        self.open = []
+        self.open, self.frozen = [], set()
         self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -142,6 +143,8 @@ class DelayingProxy:
                 data = a.recv(1 << 16)
                 if not data:
                     break
+                if a in self.frozen:
+                    continue
                 b.sendall(data)
                 if downstream:
                     with self.lock:
@@ -163,6 +166,11 @@ class DelayingProxy:
         with self.lock:
             socks, self.open = self.open, []
         self._shut(*socks)
+
+    def freeze(self):
+        with self.lock:
+            self.frozen.update(self.open)
+            self.open = []
 
     def close(self):
         self.sock.close()
@@ -250,25 +258,25 @@ class ProcessTestCase(unittest.TestCase):
             servers.append(f"127.0.0.1:{shard_port}")
         return procs, ",".join(servers)
 
-    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180, shards=1, cut_at=()):
+    def run_fixed_job(self, tag, ps_flags, worker_flags, timeout=180, shards=1, faults=()):
         """A 2-epoch job with the fixed split (deterministic), one worker per entry of
-        `worker_flags`; waits for every process to exit 0 and returns the summary. With
-        `cut_at`, the followers' connections to the leader are cut once the leader has sent
-        them each of those numbers of bytes (through self.proxy)."""
+        `worker_flags`; waits for every process to exit 0 and returns the summary. `faults`
+        are (bytes, "cut" or "freeze"): the followers' connections to the leader are cut or
+        frozen (DelayingProxy) once the leader has sent them that many bytes."""
         summary = os.path.join(self.tmp, f"{tag}.json")
         servers, server = self.start_shards(
             [f"--workers={len(worker_flags)}", "--epochs=2", "--policy=fixed",
-             f"--summary_path={summary}"] + ps_flags, tag, shards, proxy=bool(cut_at))
+             f"--summary_path={summary}"] + ps_flags, tag, shards, proxy=bool(faults))
         procs = [self.spawn(self.worker_argv(server, f"--name={tag}-{i}", "--log_every_s=30",
                                              *flags))
                  for i, flags in enumerate(worker_flags)]
-        self.cuts = 0
-        for at in cut_at:
+        self.faults = 0
+        for at, fault in faults:
             while self.proxy.downstream_bytes < at and servers[0].poll() is None:
                 time.sleep(0.01)
             if servers[0].poll() is None:
-                self.proxy.cut()
-                self.cuts += 1
+                getattr(self.proxy, fault)()
+                self.faults += 1
         self.shard_outs, self.shard_errs = [], []
         for ps in servers:
             out, err = ps.communicate(timeout=timeout)
@@ -783,12 +791,13 @@ class ShardedJobTest(ProcessTestCase):
     """The model split across several dbs_ps processes (--shard=i/k) trains
     exactly as one server does, re-plans included."""
 
-    def run_job(self, tag, shards, cut_at=()):
+    def run_job(self, tag, shards, faults=()):
         exports = [os.path.join(self.tmp, f"{tag}-{i}.pt") for i in range(3)]
-        s = self.run_fixed_job(tag, ["--global_batch=48"], [
+        # (At --worker_timeout_s=24 a follower pings its leader every 6 s.)
+        s = self.run_fixed_job(tag, ["--global_batch=48", "--worker_timeout_s=24"], [
             ["--train_limit=3000", "--test_limit=600", "--model=mlp", f"--slowdown={slow}",
              f"--export_path={export}"]
-            for slow, export in zip(["1", "2", "4"], exports)], shards=shards, cut_at=cut_at)
+            for slow, export in zip(["1", "2", "4"], exports)], shards=shards, faults=faults)
         exported = []
         for e in exports:
             with open(e, "rb") as f:
@@ -797,12 +806,14 @@ class ShardedJobTest(ProcessTestCase):
 
     def test_two_and_three_shards_train_bit_identically_to_one(self):
         """One, two and three shards train bit-identically, even with the two-shard
-        follower's link to the leader cut twice (of the 5.6 kB the leader sends it, after 1.5
-        and 3.5 kB): the follower continues its stream from where it stands."""
+        follower's link to the leader cut, then silenced (of the 5.6 kB the leader sends it,
+        after 1.5 and 3.5 kB): the follower notices, continues its stream from where it
+        stands, and the leader sends on from there."""
         one, w_one = self.run_job("one", 1)
-        two, w_two = self.run_job("two", 2, cut_at=(1500, 3500))
-        self.assertEqual(self.cuts, 2, "the job ended before its link was cut twice")
+        two, w_two = self.run_job("two", 2, faults=((1500, "cut"), (3500, "freeze")))
+        self.assertEqual(self.faults, 2, "the job ended before both faults")
         self.assertEqual(self.shard_errs[1].count("broke after event"), 2, self.shard_errs[1])
+        self.assertIn("keepalive", self.shard_errs[1])
         self.assertEqual(self.shard_errs[0].count("shard 1/2 follows again from event"), 2,
                          self.shard_errs[0])
         self.assertIn("dbs_ps shard 1/2: the job finished; parameter version 126",
