@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (--config=fuzz) and runs each for a bounded time from
-# its seed corpus in tests/fuzz/corpus/<name>/ (new inputs go to a scratch copy, not the repo).
+# Builds the libFuzzer targets with clang (--config=fuzz, which also checks the thread-safety
+# annotations) and runs each for a bounded time from its seed corpus in
+# tests/fuzz/corpus/<name>/ (new inputs go to a scratch copy, not the repo).
 # Usage: deploy/run_fuzzers.sh [seconds per target, default 60]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 targets=(tensor_decoder step_wire plan_codec checkpoint call_sequence)
-bazel build --config=fuzz $(printf '//tests/fuzz:%s_fuzzer ' "${targets[@]}")
+# With the gRPC adapters of the server and the worker: clang checks every thread-safety
+# annotation in this configuration (.bazelrc).
+bazel build --config=fuzz $(printf '//tests/fuzz:%s_fuzzer ' "${targets[@]}") \
+  //server:ps_server //worker:grpc_ps_client
 bin=$(bazel info --config=fuzz bazel-bin 2>/dev/null)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
