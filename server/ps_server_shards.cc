@@ -88,7 +88,8 @@ absl::Status PsServer::StartFollowing() {
   f.job_token = config_.job_token;
   f.rejoin_timeout = config_.job.worker_timeout;
   // A dead connection is noticed (ping, then its timeout) within half the worker timeout, which
-  // leaves the other half to continue the stream before the leader gives up this shard.
+  // leaves the other half to continue the stream before the leader gives up this shard (from a
+  // 24 s worker timeout on: the leader refuses pings more often than every 5 s).
   f.keepalive = std::clamp(config_.job.worker_timeout / 4, absl::Seconds(6), absl::Seconds(20));
   if (config_.tls_cert_pem.empty()) {
     f.credentials = grpc::InsecureChannelCredentials();
