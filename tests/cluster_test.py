@@ -895,6 +895,32 @@ class ShardedJobTest(ProcessTestCase):
                 self.assertEqual(p.returncode, 0, err.decode()[-2000:])
         self.assertGreater(s["final_test_accuracy"], 0.7)
 
+    def test_a_follower_gone_for_the_worker_timeout_stops_the_leader(self):
+        # The leader holds a follower's place for --worker_timeout_s after its stream ends (it
+        # may only have lost its link); a follower that does not come back is lost.
+        servers, server = self.start_shards(
+            ["--workers=2", "--global_batch=64", "--epochs=2", "--worker_timeout_s=5",
+             "--summary_path="], "gone", 2)
+        procs = [self.spawn(self.worker_argv(
+            server, "--train_limit=6000", "--test_limit=500", "--model=mlp",
+            "--log_every_s=0.5", f"--name=gone-{i}")) for i in range(2)]
+        self.assertTrue(is_progress(WorkerDeathTest.wait_for_training(procs[0])))
+        servers[1].kill()
+        servers[1].wait()
+        killed = time.monotonic()
+        try:
+            _, err = servers[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            servers[0].kill()
+            self.fail("the leader did not stop: " + gist(*servers[0].communicate()))
+        waited = time.monotonic() - killed
+        log = err.decode()
+        self.assertEqual(servers[0].returncode, 200, log[-3000:])
+        self.assertIn("shard 1/2's stream ended: the job waits up to 5s", log)
+        self.assertIn("shard 1/2 stopped following", log)
+        self.assertGreaterEqual(waited, 4.5, "it stopped before the grace was over")
+        print(f"the leader stopped {waited:.1f} s after its follower was killed")
+
     def test_a_follower_with_other_settings_is_refused(self):
         leader, port = self.start_ps(["--workers=1", "--shard=0/2", "--lr=0.05",
                                       "--summary_path="], "leader")
