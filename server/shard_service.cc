@@ -324,9 +324,12 @@ absl::Status LeaderLink::Run() {
     absl::Status result = absl::UnavailableError(
         absl::StrCat(applied > 0 ? "lost the leader at " : "could not follow the leader at ",
                      config_.leader, ": ", s.error_message()));
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    // Refused on joining: this shard's configuration (exit 2, not retried). Refused a stream
+    // to continue (a leader restarted, the shard lost meanwhile), it stays UNAVAILABLE: every
+    // shard restarts with --restore_if_present (exit 200).
+    if (applied == 0 && (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                         s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                         s.error_code() == grpc::StatusCode::PERMISSION_DENIED)) {
       result = absl::FailedPreconditionError(
           absl::StrCat("the leader at ", config_.leader, " refused: ", s.error_message()));
     }

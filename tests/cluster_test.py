@@ -1153,6 +1153,27 @@ class ShardedRestartTest(ProcessTestCase):
                       flog)
         self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
 
+    def test_a_leader_restarted_alone_has_its_follower_restart_too(self):
+        """The leader alone killed and restarted with --restore: its follower, still running,
+        cannot continue its stream on the new leader, which holds no place for it. It stops
+        with the restart exit code (200, which an orchestrator restarts; not 2, a bad
+        configuration), and restarted, the shards continue the job from their newest common
+        checkpoint."""
+        leader, port, follower, fport, procs = self.start_training()
+        leader.kill()
+        leader.wait()
+        restarted = self.spawn(self.shard_argv(0, port, port))
+        ferr = self.wait_for(follower, 90, [restarted] + procs, "the old follower did not stop")
+        self.assertEqual(follower.returncode, 200, ferr[-3000:])
+        self.assertIn("holds no place for shard 1/2", ferr)
+        refollower = self.spawn(self.shard_argv(1, fport, port))
+        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
+        self.assertEqual(restarted.returncode, 0, log[-3000:])
+        _, err = refollower.communicate(timeout=60)
+        self.assertEqual(refollower.returncode, 0, err.decode()[-3000:])
+        self.assertIn("shard 1/2 restored", err.decode())
+        self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
+
     def test_a_lost_follower_stops_the_leader_and_the_restarted_shards_continue(self):
         """A follower killed mid-job takes its range of the model with it: restarted at once,
         it comes back without its stream, so the leader stops with a restart exit code instead
