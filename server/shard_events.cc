@@ -43,7 +43,7 @@ absl::StatusOr<ShardStream> ShardLog::Join(int shard, int num_shards,
   {
     absl::MutexLock lock(&mu_);
     bool lose = false;
-    joined = ResumeLocked(shard, resume, &lose);
+    joined = resume.has_value() ? ContinueLocked(shard, *resume, &lose) : JoinLocked(shard, &lose);
     if (lose) on_lost = LoseLocked(shard);
     if (joined.ok()) checkpoints_[shard] = std::move(checkpoints);
   }
@@ -51,51 +51,57 @@ absl::StatusOr<ShardStream> ShardLog::Join(int shard, int num_shards,
   return joined;
 }
 
-absl::StatusOr<ShardStream> ShardLog::ResumeLocked(int shard,
-                                                   const std::optional<ShardResume>& resume,
-                                                   bool* lose) {
+namespace {
+
+absl::Status Stopping(const std::string& who) {
+  return absl::UnavailableError(
+      absl::StrCat("the leader is stopping: it lost a shard; ", who, " can follow its restart"));
+}
+
+}  // namespace
+
+absl::StatusOr<ShardStream> ShardLog::ContinueLocked(int shard, const ShardResume& resume,
+                                                     bool* lose) {
   const std::string who = absl::StrCat("shard ", shard, "/", num_shards_);
-  if (lost_) {
-    return absl::UnavailableError(
-        absl::StrCat("the leader is stopping: it lost a shard; ", who, " can follow its restart"));
-  }
+  if (lost_) return Stopping(who);
   auto it = joined_.find(shard);
-  if (resume.has_value()) {
-    if (it == joined_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this leader holds no place for ", who,
-          " (it was restarted?): restart every shard with --restore to continue the job"));
-    }
-    Follower& f = it->second;
-    if (!ConstantTimeEquals(resume->key, f.key)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "only ", who, " itself continues its stream, with the key the stream carried"));
-    }
-    if (resume->from < base_ || resume->from > base_ + static_cast<int64_t>(events_.size())) {
-      *lose = GoneOnLocked() && !ended_;
-      return absl::FailedPreconditionError(
-          absl::StrCat("the leader no longer holds event ", resume->from, " for ", who,
-                       " (it holds ", base_, " ... ", base_ + events_.size(), ")"));
-    }
-    LOG(INFO) << who << " follows again from event " << resume->from
-              << (f.away_since.has_value() ? "" : " (its stream had not ended here)");
-    f.next = resume->from;
-    f.stream = ++streams_;
-    f.away_since.reset();
-    return ShardStream{f.key, f.next, f.stream};
+  if (it == joined_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this leader holds no place for ", who,
+        " (it was restarted?): restart every shard with --restore to continue the job"));
   }
+  Follower& f = it->second;
+  if (!ConstantTimeEquals(resume.key, f.key)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "only ", who, " itself continues its stream, with the key the stream carried"));
+  }
+  if (resume.from < base_ || resume.from > base_ + static_cast<int64_t>(events_.size())) {
+    *lose = GoneOnLocked() && !ended_;
+    return absl::FailedPreconditionError(absl::StrCat("the leader no longer holds event ",
+                                                      resume.from, " for ", who, " (it holds ",
+                                                      base_, " ... ", base_ + events_.size(), ")"));
+  }
+  LOG(INFO) << who << " follows again from event " << resume.from
+            << (f.away_since.has_value() ? "" : " (its stream had not ended here)");
+  f.next = resume.from;
+  f.stream = ++streams_;
+  f.away_since.reset();
+  return ShardStream{f.key, f.next, f.stream};
+}
+
+absl::StatusOr<ShardStream> ShardLog::JoinLocked(int shard, bool* lose) {
+  const std::string who = absl::StrCat("shard ", shard, "/", num_shards_);
+  if (lost_) return Stopping(who);
+  auto it = joined_.find(shard);
   if (it != joined_.end() && it->second.away_since.has_value()) {
     // Away, and back without its stream: a restarted process, without this shard's state. It
     // takes its place afresh while the job has not gone on.
     if (GoneOnLocked()) {
       *lose = !ended_;
-      return absl::UnavailableError(absl::StrCat("the leader is stopping: it lost a shard; ", who,
-                                                 " can follow its restart"));
+      return Stopping(who);
     }
     joined_.erase(it);
-    it = joined_.end();
-  }
-  if (it != joined_.end()) {
+  } else if (it != joined_.end()) {
     return absl::UnavailableError(absl::StrCat(
         who, " is following already (a restarted follower whose old stream has not ended yet?)"));
   }

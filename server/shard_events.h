@@ -159,9 +159,10 @@ class ShardLog {
     int64_t stream = 0;
     std::optional<absl::Time> away_since;  // its stream broke
   };
-  // Joins on `resume`, holding the lock; sets *lose when the shard is lost by it.
-  absl::StatusOr<ShardStream> ResumeLocked(int shard, const std::optional<ShardResume>& resume,
-                                           bool* lose) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Join without and with a stream to continue; each sets *lose when the shard is lost by it.
+  absl::StatusOr<ShardStream> JoinLocked(int shard, bool* lose) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ShardStream> ContinueLocked(int shard, const ShardResume& resume, bool* lose)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the job as having lost `shard`: the callback to run, outside the lock.
   std::function<void(int)> LoseLocked(int shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GoneOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

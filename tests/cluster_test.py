@@ -1153,6 +1153,16 @@ class ShardedRestartTest(ProcessTestCase):
                       flog)
         self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
 
+    def check_restarted_shards(self, restarted, refollower, procs):
+        """The restarted leader and follower end the job ok, the follower restored, and the
+        workers carry on (check_restarted_job)."""
+        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
+        self.assertEqual(restarted.returncode, 0, log[-3000:])
+        _, err = refollower.communicate(timeout=60)
+        self.assertEqual(refollower.returncode, 0, err.decode()[-3000:])
+        self.assertIn("shard 1/2 restored", err.decode())
+        self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
+
     def test_a_leader_restarted_alone_has_its_follower_restart_too(self):
         """The leader alone killed and restarted with --restore: its follower, still running,
         cannot continue its stream on the new leader, which holds no place for it. It stops
@@ -1167,18 +1177,13 @@ class ShardedRestartTest(ProcessTestCase):
         self.assertEqual(follower.returncode, 200, ferr[-3000:])
         self.assertIn("holds no place for shard 1/2", ferr)
         refollower = self.spawn(self.shard_argv(1, fport, port))
-        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
-        self.assertEqual(restarted.returncode, 0, log[-3000:])
-        _, err = refollower.communicate(timeout=60)
-        self.assertEqual(refollower.returncode, 0, err.decode()[-3000:])
-        self.assertIn("shard 1/2 restored", err.decode())
-        self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
+        self.check_restarted_shards(restarted, refollower, procs)
 
     def test_a_lost_follower_stops_the_leader_and_the_restarted_shards_continue(self):
         """A follower killed mid-job takes its range of the model with it: restarted at once,
         it comes back without its stream, so the leader stops with a restart exit code instead
-        of stalling, the restarted follower retries until the leader is back, and the restarted shards continue the job from their
-        newest common checkpoint while the workers wait."""
+        of stalling, the restarted follower retries until the leader is back, and the restarted
+        shards continue the job from their newest common checkpoint while the workers wait."""
         leader, port, follower, fport, procs = self.start_training()
         follower.kill()
         follower.wait()
@@ -1189,12 +1194,7 @@ class ShardedRestartTest(ProcessTestCase):
         self.assertEqual(leader.returncode, 200, log[-3000:])
         self.assertIn("shard 1/2 stopped following", log)
         restarted = self.spawn(self.shard_argv(0, port, port))
-        log = self.wait_for(restarted, 120, [refollower] + procs, "the restarted job did not end")
-        self.assertEqual(restarted.returncode, 0, log[-3000:])
-        _, ferr = refollower.communicate(timeout=60)
-        self.assertEqual(refollower.returncode, 0, ferr.decode()[-3000:])
-        self.assertIn("shard 1/2 restored", ferr.decode())
-        self.check_restarted_job(procs, self.summary, "resuming at epoch", log)
+        self.check_restarted_shards(restarted, refollower, procs)
 
     def test_shards_without_a_common_checkpoint_refuse_to_restore(self):
         ckpt = [os.path.join(self.tmp, f"ckpt{i}") for i in range(2)]
