@@ -6,6 +6,7 @@
 #define DBS_COMMON_STEP_WIRE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,16 @@ absl::Status ParsePushRequest(const Segments& message, v1::PushGradientRequest* 
 // with the values (which follow them, encoded by EncodeValues) appended to every worker's reply;
 // returns how many there are.
 size_t WriteValuesFieldHead(int64_t version, WireDtype dtype, size_t count, uint8_t* out);
+
+// The values of one version as an answer's field carries them after its head: `count` values in
+// `dtype` at `bytes`, which `keep` keeps valid and unchanged. Null bytes: no values.
+struct EncodedValues {
+  int64_t version = 0;
+  WireDtype dtype = WireDtype::kFp32;
+  size_t count = 0;
+  const uint8_t* bytes = nullptr;
+  std::shared_ptr<const void> keep;
+};
 
 // The bytes of PushGradientRequest field `gradient` (tag and length included).
 size_t GradientFieldSize(size_t count, WireDtype dtype);

@@ -108,8 +108,8 @@ ValuesField ParameterServiceImpl::AnswerValues(const ParameterSnapshot& snap, in
   // A version that is not in its slot lies elsewhere (the slot was held when its update began)
   // and goes over gRPC.
   if (shared && hooks_.observer != nullptr) hooks_.observer->OnSharedAnswerOverGrpc();
-  answers_.AnsweredOverGrpc();
-  return answers_.ValuesOf(snap);
+  answers_.AnsweredOverSocket();
+  return FieldOf(answers_.ValuesOf(snap));
 }
 
 namespace {
@@ -184,7 +184,7 @@ void ParameterServiceImpl::DoRegisterModel(grpc::CallbackServerContext* ctx,
   }
   if (snap.ok()) {
     reply->head.set_version(snap->version);
-    reply->values = answers_.ValuesOf(*snap);
+    reply->values = FieldOf(answers_.ValuesOf(*snap));
     if (model_accepted_hook_) model_accepted_hook_(req->worker_id());
   }
   return Answer(reactor, snap.status());
@@ -198,7 +198,7 @@ void ParameterServiceImpl::DoPullParameters(grpc::CallbackServerContext* ctx,
   absl::StatusOr<ParameterSnapshot> snap = store_->Snapshot();
   if (snap.ok()) {
     reply->head.set_version(snap->version);
-    reply->values = answers_.ValuesOf(*snap);
+    reply->values = FieldOf(answers_.ValuesOf(*snap));
   }
   return Answer(reactor, snap.status());
 }

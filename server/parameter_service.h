@@ -117,7 +117,9 @@ class ParameterServiceImpl final : public ParameterRawService {
                                                grpc::ByteBuffer* out) override;
 
   // What every answer over gRPC carries for `snapshot` (AnswerCache).
-  ValuesField ValuesOf(const ParameterSnapshot& snapshot) { return answers_.ValuesOf(snapshot); }
+  ValuesField ValuesOf(const ParameterSnapshot& snapshot) {
+    return FieldOf(answers_.ValuesOf(snapshot));
+  }
 
  private:
   void DoRegisterModel(grpc::CallbackServerContext* ctx, const v1::RegisterModelRequest& req,

@@ -325,51 +325,63 @@ TEST(StepWireTest, APushsPrefixThenItsValuesIsWhatProtobufWouldWrite) {
   EXPECT_EQ(got, g);
 }
 
-TEST(SlicePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {
-  auto pool = SlicePool::Create(2);
+// A pool's buffer lent to gRPC as a slice comes back when gRPC lets go of the last reference,
+// however many answers shared it, and serves the next step.
+TEST(BytePoolTest, BuffersComeBackWhenTheLastSliceGoesAndAreReused) {
+  auto pool = BytePool::Create(2);
   for (int step = 0; step < 10; ++step) {
-    uint8_t* data = nullptr;
-    grpc::Slice s = pool->Acquire(1 << 20, &data);
+    std::shared_ptr<uint8_t> buffer = pool->Acquire(1 << 20);
+    uint8_t* data = buffer.get();
     std::memset(data, step, 1 << 20);
+    grpc::Slice s = SliceOfMemory(data, 1 << 20, std::move(buffer));
     grpc::Slice shared = s;  // N replies share one buffer
     grpc::ByteBuffer reply(&shared, 1);
     EXPECT_EQ(reply.Length(), 1u << 20);
   }
   EXPECT_EQ(pool->allocations(), 1) << "one buffer served every step";
   // Two held at once need two buffers.
-  uint8_t* a = nullptr;
-  uint8_t* b = nullptr;
-  grpc::Slice first = pool->Acquire(100, &a);
-  grpc::Slice second = pool->Acquire(100, &b);
-  EXPECT_NE(a, b);
+  std::shared_ptr<uint8_t> first = pool->Acquire(100);
+  std::shared_ptr<uint8_t> second = pool->Acquire(100);
+  EXPECT_NE(first.get(), second.get());
 }
 
 // DropFree lets go of the free buffers only: the next Acquire allocates again, and a buffer
-// still held comes back to the pool when its last slice goes.
-TEST(SlicePoolTest, DropFreeLetsGoOfTheFreeBuffersOnly) {
-  auto pool = SlicePool::Create(2);
-  uint8_t* data = nullptr;
-  { grpc::Slice gone = pool->Acquire(1000, &data); }
-  grpc::Slice held = pool->Acquire(1000, &data);
+// still held comes back to the pool when its last reference goes.
+TEST(BytePoolTest, DropFreeLetsGoOfTheFreeBuffersOnly) {
+  auto pool = BytePool::Create(2);
+  { std::shared_ptr<uint8_t> gone = pool->Acquire(1000); }
+  std::shared_ptr<uint8_t> held = pool->Acquire(1000);
   EXPECT_EQ(pool->allocations(), 1);
-  std::memset(data, 7, 1000);
-  pool->DropFree();  // none free: the held one stays valid
-  EXPECT_EQ(held.begin()[999], 7);
-  held = grpc::Slice();
-  { grpc::Slice again = pool->Acquire(1000, &data); }
+  std::memset(held.get(), 7, 1000);
+  EXPECT_EQ(pool->DropFree(), 0u) << "none free: the held one stays valid";
+  EXPECT_EQ(held.get()[999], 7);
+  held.reset();
+  { std::shared_ptr<uint8_t> again = pool->Acquire(1000); }
   EXPECT_EQ(pool->allocations(), 1) << "the held buffer came back to the pool";
-  pool->DropFree();
-  { grpc::Slice fresh = pool->Acquire(1000, &data); }
+  EXPECT_EQ(pool->DropFree(), 1u);
+  { std::shared_ptr<uint8_t> fresh = pool->Acquire(1000); }
   EXPECT_EQ(pool->allocations(), 2) << "the free buffer was let go";
 }
 
-TEST(SlicePoolTest, SlicesOutliveThePoolsOwner) {
+// A buffer much larger than asked for is not handed out: a 16-bit model's buffer does not
+// serve a push's few bytes.
+TEST(BytePoolTest, AFarLargerFreeBufferIsNotUsed) {
+  auto pool = BytePool::Create(2);
+  { std::shared_ptr<uint8_t> big = pool->Acquire(1 << 20); }
+  { std::shared_ptr<uint8_t> small = pool->Acquire(100); }
+  EXPECT_EQ(pool->allocations(), 2);
+  { std::shared_ptr<uint8_t> big_again = pool->Acquire(1 << 19); }
+  EXPECT_EQ(pool->allocations(), 2) << "half the size or more reuses it";
+}
+
+TEST(BytePoolTest, BuffersOutliveThePoolsOwner) {
   grpc::Slice kept;
   {
-    auto pool = SlicePool::Create();
-    uint8_t* data = nullptr;
-    kept = pool->Acquire(16, &data);
+    auto pool = BytePool::Create();
+    std::shared_ptr<uint8_t> buffer = pool->Acquire(16);
+    uint8_t* data = buffer.get();
     std::memset(data, 0xab, 16);
+    kept = SliceOfMemory(data, 16, std::move(buffer));
   }
   EXPECT_EQ(kept.begin()[15], 0xab);  // still valid; freed with the slice
 }
@@ -407,7 +419,7 @@ std::string BytesOf(const grpc::Slice& slice) {
 TEST(GradientOnWireTest, Fp32IsTheGradientsOwnMemoryWhichIsWaitedFor) {
   if (!Fp32IsWireOrder()) GTEST_SKIP() << "fp32 is encoded on a big-endian machine";
   std::vector<float> gradient = {1.5f, -2, 3, 4};
-  auto pool = SlicePool::Create(1);
+  auto pool = BytePool::Create(1);
   GradientOnWire bytes(gradient, WireDtype::kFp32, pool.get());
   grpc::Slice whole = bytes.Range(0, 4);
   EXPECT_EQ(whole.begin(), reinterpret_cast<const uint8_t*>(gradient.data()));
@@ -424,7 +436,7 @@ TEST(GradientOnWireTest, Fp32IsTheGradientsOwnMemoryWhichIsWaitedFor) {
 
 TEST(GradientOnWireTest, Bf16IsEncodedOnceAndTheGradientIsFreeAtOnce) {
   std::vector<float> gradient = {1.5f, -2, 3, 4};
-  auto pool = SlicePool::Create(1);
+  auto pool = BytePool::Create(1);
   GradientOnWire bytes(gradient, WireDtype::kBf16, pool.get());
   std::string field(GradientFieldSize(4, WireDtype::kBf16), '\0');
   WriteGradientField(WireDtype::kBf16, gradient, reinterpret_cast<uint8_t*>(field.data()));

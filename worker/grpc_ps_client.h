@@ -146,7 +146,7 @@ class GrpcPsClient : public PsClient {
                                          absl::Span<float> params);
   ModelLayout layout_;
   WireDtype wire_dtype_ = WireDtype::kFp32;  // the job's, from RegisterWorker
-  std::shared_ptr<SlicePool> pool_ = SlicePool::Create(2);
+  std::shared_ptr<BytePool> pool_ = BytePool::Create(2);
   grpc::ByteBuffer push_reply_;
   std::vector<grpc::Slice> reply_slices_;
   bool reconnected_ = false;

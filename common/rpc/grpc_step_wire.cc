@@ -8,77 +8,6 @@
 
 namespace dbs {
 
-struct SlicePool::Buffer {
-  std::unique_ptr<uint8_t[]> data;
-  size_t capacity = 0;
-  std::shared_ptr<SlicePool> owner;  // while lent out: the pool outlives its slices
-};
-
-std::shared_ptr<SlicePool> SlicePool::Create(size_t max_free) {
-  return std::shared_ptr<SlicePool>(new SlicePool(max_free));
-}
-
-SlicePool::~SlicePool() {
-  for (Buffer* b : free_) delete b;
-}
-
-grpc::Slice SlicePool::Acquire(size_t bytes, uint8_t** data) {
-  Buffer* buffer = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    // The smallest free buffer that fits and is not far too large.
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if ((*it)->capacity >= bytes && (*it)->capacity <= 2 * bytes + 4096 &&
-          (best == free_.end() || (*it)->capacity < (*best)->capacity)) {
-        best = it;
-      }
-    }
-    if (best != free_.end()) {
-      buffer = *best;
-      free_.erase(best);
-    } else {
-      ++allocations_;
-    }
-  }
-  if (buffer == nullptr) {
-    buffer = new Buffer;
-    buffer->capacity = std::max<size_t>(bytes, 1);
-    buffer->data.reset(new uint8_t[buffer->capacity]);
-  }
-  buffer->owner = shared_from_this();
-  *data = buffer->data.get();
-  return grpc::Slice(buffer->data.get(), bytes, &SlicePool::Release, buffer);
-}
-
-void SlicePool::Release(void* p) {
-  Buffer* buffer = static_cast<Buffer*>(p);
-  std::shared_ptr<SlicePool> pool = std::move(buffer->owner);
-  {
-    absl::MutexLock lock(&pool->mu_);
-    if (pool->free_.size() < pool->max_free_) {
-      pool->free_.push_back(buffer);
-      return;
-    }
-  }
-  delete buffer;
-}
-
-size_t SlicePool::DropFree() {
-  std::vector<Buffer*> free;
-  {
-    absl::MutexLock lock(&mu_);
-    free.swap(free_);
-  }
-  for (Buffer* b : free) delete b;
-  return free.size();
-}
-
-int64_t SlicePool::allocations() const {
-  absl::MutexLock lock(&mu_);
-  return allocations_;
-}
-
 Segments SegmentsOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* keep) {
   keep->clear();
   Segments segments;
@@ -133,17 +62,20 @@ bool EncodeShared(const google::protobuf::MessageLite& head, const ValuesField& 
   return true;
 }
 
-grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values) {
-  const float* data = values->data();
-  const size_t bytes = values->size() * sizeof(float);
-  return SliceOfMemory(data, bytes, std::move(values));
-}
-
 grpc::Slice SliceOfMemory(const void* data, size_t bytes, std::shared_ptr<const void> keep) {
   auto* held = new std::shared_ptr<const void>(std::move(keep));
   return grpc::Slice(
       const_cast<void*>(data), bytes,
       [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }, held);
+}
+
+ValuesField FieldOf(const EncodedValues& values) {
+  if (values.bytes == nullptr) return ValuesField{};
+  uint8_t head[64];
+  const size_t n = WriteValuesFieldHead(values.version, values.dtype, values.count, head);
+  return ValuesField{
+      grpc::Slice(head, n),
+      SliceOfMemory(values.bytes, values.count * BytesPerValue(values.dtype), values.keep)};
 }
 
 LentValues::LentValues(absl::Span<const float> values) : values_(values) {}
@@ -173,15 +105,17 @@ bool LentValues::AwaitReturned(absl::Duration timeout) const {
   return s->mu.AwaitWithTimeout(absl::Condition(&LentValues::NoneOut, s), timeout);
 }
 
-GradientOnWire::GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, SlicePool* pool)
+GradientOnWire::GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, BytePool* pool)
     : width_(BytesPerValue(dtype)) {
   if (dtype == WireDtype::kFp32 && Fp32IsWireOrder()) {
     lent_.emplace(gradient);
     return;
   }
-  uint8_t* data = nullptr;
-  encoded_ = pool->Acquire(GradientFieldSize(gradient.size(), dtype), &data);
+  const size_t size = GradientFieldSize(gradient.size(), dtype);
+  std::shared_ptr<uint8_t> buffer = pool->Acquire(size);
+  uint8_t* data = buffer.get();
   WriteGradientField(dtype, gradient, data);
+  encoded_ = SliceOfMemory(data, size, std::move(buffer));
   start_ = encoded_.size() - gradient.size() * width_;
 }
 

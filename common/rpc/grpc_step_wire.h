@@ -2,9 +2,10 @@
 //
 //  - A received message is read where gRPC delivered it: its slices are referenced, not
 //    flattened, and a gradient stays in them until the aggregator has summed it.
-//  - Outgoing payloads (a worker's gradient, a step's parameters) are written once into buffers
-//    of a SlicePool, which gRPC hands back when the last reference goes: the same memory, already
-//    mapped, serves every step, and one step's parameters are shared by all N replies.
+//  - Outgoing payloads (a worker's gradient, a step's parameters) are lent to gRPC where they
+//    lie, or written once into a BytePool's buffer, which comes back when gRPC lets go of the
+//    last slice: the same memory serves every step, and one step's parameters are shared by all
+//    N replies.
 #ifndef DBS_COMMON_GRPC_STEP_WIRE_H_
 #define DBS_COMMON_GRPC_STEP_WIRE_H_
 
@@ -16,8 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/byte_pool.h"
 #include "common/step_wire.h"
-#include "common/value_buffer.h"
 #include "common/wire_values.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -25,33 +26,6 @@
 #include "proto/dbs.pb.h"
 
 namespace dbs {
-
-// Reusable memory for outgoing slices. Thread-safe; slices may outlive the pool's owner.
-class SlicePool : public std::enable_shared_from_this<SlicePool> {
- public:
-  static std::shared_ptr<SlicePool> Create(size_t max_free = 4);
-  ~SlicePool();
-
-  // A slice of `bytes` bytes; `*data` is where to write them before the slice is shared.
-  grpc::Slice Acquire(size_t bytes, uint8_t** data);
-
-  // Lets go of the free buffers (a caller that will not need them for a while); returns how
-  // many.
-  size_t DropFree();
-
-  // Buffers allocated so far (for tests: steady state allocates none).
-  int64_t allocations() const;
-
- private:
-  struct Buffer;
-  explicit SlicePool(size_t max_free) : max_free_(max_free) {}
-  static void Release(void* buffer);
-
-  const size_t max_free_;
-  mutable absl::Mutex mu_;
-  std::vector<Buffer*> free_ ABSL_GUARDED_BY(mu_);
-  int64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // The segments of `buffer`; `keep` receives references to its slices (which the segments point
 // into). No bytes are copied.
@@ -66,20 +40,17 @@ grpc::Status RawDecode(grpc::ByteBuffer* in, PushRequest* request);
 
 // The parameters of one version as the field that carries them (field 7 of both
 // PushGradientReply and Parameters, WriteValuesField): its head (tag, length, version, dtype
-// and the values' own tag and length) and the values' bytes, each a slice shared by every
-// answer of that version. In fp32 on a little-endian machine the bytes are the server's
-// snapshot of the parameters itself (SliceOfValues), not a copy. Both empty: no values.
+// and the values' own tag and length) and the values' bytes, which are `values`' own memory
+// (no copy), shared by every answer of that version. Both empty: no values.
 struct ValuesField {
   grpc::Slice head;
   grpc::Slice body;
   size_t size() const { return head.size() + body.size(); }
 };
+ValuesField FieldOf(const EncodedValues& values);
 
-// A slice of `values`' bytes that keeps them alive until gRPC lets go of it (and of every
-// sub-slice): no copy.
-grpc::Slice SliceOfValues(std::shared_ptr<const ValueBuffer> values);
-// The same for `bytes` bytes at `data`, which `keep` keeps alive (and, while anyone holds the
-// slice, counts one more user of).
+// A slice of `bytes` bytes at `data`, which `keep` keeps alive until gRPC lets go of it (and of
+// every sub-slice): no copy. While anyone holds the slice, it counts one more user of `keep`.
 grpc::Slice SliceOfMemory(const void* data, size_t bytes, std::shared_ptr<const void> keep);
 
 // Lends memory the caller owns (a worker's gradient) to gRPC without a copy: `Range` makes
@@ -109,7 +80,7 @@ class LentValues {
 // lent to gRPC (LentValues, no copy); otherwise encoded once into a buffer from `pool`.
 class GradientOnWire {
  public:
-  GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, SlicePool* pool);
+  GradientOnWire(absl::Span<const float> gradient, WireDtype dtype, BytePool* pool);
   // Values [from, from + count) in the wire's dtype, without their field's tag and length
   // (GradientFieldPrefix).
   grpc::Slice Range(size_t from, size_t count);
