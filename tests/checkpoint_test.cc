@@ -7,10 +7,10 @@
 #include <memory>
 #include <sstream>
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/training_job.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

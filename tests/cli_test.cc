@@ -8,9 +8,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 ABSL_FLAG(int, cli_test_batch, 128, "A test flag: the batch.");
 ABSL_FLAG(std::string, cli_test_server, "127.0.0.1:50051", "A test flag: the server.");

@@ -6,10 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/parameter_store.h"
 #include "server/step_aggregator.h"
+#include "tests/status_matchers.h"
 #include "worker/micro_batch.h"
 #include "worker/model.h"
 

@@ -26,7 +26,6 @@
 #include "common/clock.h"
 #include "common/rpc/waiting_reactor.h"
 #include "common/shard_range.h"
-#include "common/status_matchers.h"
 #include "common/wire_values.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -34,6 +33,7 @@
 #include "proto/dbs.grpc.pb.h"
 #include "server/ps_server.h"
 #include "tests/loopback_server.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

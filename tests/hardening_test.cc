@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_matchers.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/training_job.h"
 #include "tests/push_outcome.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -17,7 +17,6 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/grpc_step_wire.h"
 #include "common/shared_memory.h"
-#include "common/status_matchers.h"
 #include "common/step_wire.h"
 #include "common/tensor_codec.h"
 #include "common/tsan.h"
@@ -29,6 +28,7 @@
 #include "server/training_job.h"
 #include "tests/loopback_server.h"
 #include "tests/push_once.h"
+#include "tests/status_matchers.h"
 #include "tests/values_field.h"
 
 namespace dbs {

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batch_allocator.h"
 #include "server/run_summary.h"
 #include "server/scheduler.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

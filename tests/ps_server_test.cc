@@ -16,7 +16,6 @@
 #include "absl/strings/match.h"
 #include "common/clock.h"
 #include "common/rpc/grpc_status.h"
-#include "common/status_matchers.h"
 #include "common/step_wire.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -26,6 +25,7 @@
 #include "proto/health.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "tests/push_once.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "common/secrets.h"
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

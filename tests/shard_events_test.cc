@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/secrets.h"
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/push_outcome.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

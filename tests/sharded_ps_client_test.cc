@@ -12,13 +12,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/waiting_reactor.h"
-#include "common/status_matchers.h"
 #include "common/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/dbs.grpc.pb.h"
 #include "tests/loopback_server.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -6,10 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/balancing_policy.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "tests/clusters_to_check.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

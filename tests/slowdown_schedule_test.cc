@@ -1,8 +1,8 @@
 #include "worker/slowdown_schedule.h"
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/step_aggregator.h"
 #include "tests/push_outcome.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

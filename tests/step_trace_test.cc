@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "common/status_matchers.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "common/rpc/grpc_step_wire.h"
-#include "common/status_matchers.h"
 #include "common/wire_values.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/values_field.h"
 
 namespace dbs {

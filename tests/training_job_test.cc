@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
+#include "tests/status_matchers.h"
 
 namespace dbs {
 namespace {

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "common/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/fake_ps_client.h"
+#include "tests/status_matchers.h"
 #include "worker/emulation.h"
-#include "worker/fake_ps_client.h"
 
 namespace dbs {
 namespace {

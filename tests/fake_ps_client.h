@@ -8,8 +8,8 @@
 // not match (INVALID_ARGUMENT), and any call from an evicted worker (NOT_FOUND). Scripted events
 // make it restart from an earlier step, revise the rest of an epoch, or evict the worker.
 // Every push can take simulated network time on an injected FakeClock. Not thread-safe.
-#ifndef DBS_WORKER_FAKE_PS_CLIENT_H_
-#define DBS_WORKER_FAKE_PS_CLIENT_H_
+#ifndef DBS_TESTS_FAKE_PS_CLIENT_H_
+#define DBS_TESTS_FAKE_PS_CLIENT_H_
 
 #include <map>
 #include <utility>
@@ -145,4 +145,4 @@ class FakePsClient : public PsClient {
 
 }  // namespace dbs
 
-#endif  // DBS_WORKER_FAKE_PS_CLIENT_H_
+#endif  // DBS_TESTS_FAKE_PS_CLIENT_H_

@@ -1,7 +1,7 @@
 // GoogleTest matchers for absl::Status and absl::StatusOr, in the style of Abseil's internal
 // StatusIs: EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead"))).
-#ifndef DBS_COMMON_STATUS_MATCHERS_H_
-#define DBS_COMMON_STATUS_MATCHERS_H_
+#ifndef DBS_TESTS_STATUS_MATCHERS_H_
+#define DBS_TESTS_STATUS_MATCHERS_H_
 
 #include <ostream>
 #include <string>
@@ -56,4 +56,4 @@ MATCHER(IsOk, std::string(negation ? "is not OK" : "is OK")) {
 
 }  // namespace dbs
 
-#endif  // DBS_COMMON_STATUS_MATCHERS_H_
+#endif  // DBS_TESTS_STATUS_MATCHERS_H_

@@ -1,4 +1,4 @@
-#include "worker/fake_ps_client.h"
+#include "tests/fake_ps_client.h"
 
 #include <algorithm>
 
