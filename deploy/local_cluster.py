@@ -206,6 +206,10 @@ def build_parser():
     ap.add_argument("--min_batch", type=int, default=0, help="dbs: smallest batch per worker")
     ap.add_argument("--max_batch", type=int, default=0,
                     help="dbs: largest batch per worker (0: no limit)")
+    ap.add_argument("--worker_max_batch", default="",
+                    help="the largest batch each worker computes at once (what its memory "
+                         "holds: dbs_worker --max_batch), comma-separated or one for all; a "
+                         "larger planned batch is computed as micro-batches; 0: no limit")
     ap.add_argument("--stall_timeout_s", type=float, default=300.0)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--global_batch", type=int, default=128)
@@ -312,6 +316,14 @@ def fixed_split_flag(text, workers):
     return ",".join(f"worker-{i}:{w}" for i, w in enumerate(items))
 
 
+def worker_max_batch(args):
+    """Each worker's --max_batch from --worker_max_batch."""
+    values = hetero.parse_floats(args.worker_max_batch, args.workers, "--worker_max_batch", 0)
+    if any(v < 0 or v != int(v) for v in values):
+        raise ValueError("--worker_max_batch takes whole numbers >= 0")
+    return [int(v) for v in values]
+
+
 def worker_argv(args, worker_bin, servers, i, slowdown, window):
     return [
         worker_bin, f"--server={servers}", f"--name=worker-{i}",
@@ -324,7 +336,8 @@ def worker_argv(args, worker_bin, servers, i, slowdown, window):
         f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
         f"--slow_windows={window}", f"--init_params={args.init_params}",
         f"--loss={args.loss}", f"--cpu_limit={args.cpu_limit}",
-        f"--shared_memory={args.shared_memory}"] + (
+        f"--shared_memory={args.shared_memory}",
+        f"--max_batch={worker_max_batch(args)[i]}"] + (
             [f"--export_path={args.export_path}"] if args.export_path and i == 0 else []) + (
             [f"--corrupt_gradient={args.corrupt_gradient}"]
             if args.corrupt_gradient and i == args.workers - 1 else [])
@@ -344,7 +357,8 @@ def python_worker_argv(args, servers, i, slowdown, window):
         f"--threads={args.threads}", f"--seed={args.seed}",
         f"--log_every_s={args.log_every_s}",
         f"--record_path={os.path.join(args.out_dir, f'worker-{i}.json')}",
-        f"--init_params={args.init_params}", f"--loss={args.loss}"] + (
+        f"--init_params={args.init_params}", f"--loss={args.loss}",
+        f"--max_batch={worker_max_batch(args)[i]}"] + (
             [f"--export_path={args.export_path}"] if args.export_path and i == 0 else [])
 
 
@@ -475,6 +489,7 @@ def main(argv=None):
         ap.error("--fixed_split needs --policy=fixed")
     try:
         fixed_split_flag(args.fixed_split, args.workers)
+        worker_max_batch(args)
     except ValueError as e:
         ap.error(str(e))
     try:

@@ -1369,6 +1369,20 @@ class PolicyTest(ProcessTestCase):
             self.assertLessEqual(max(batches.values()), 20)
             self.assertEqual(batches[slow_id], 12)
 
+    @policy_outcome
+    def test_a_worker_over_its_memory_keeps_its_share_in_micro_batches(self):
+        # The fast worker holds only 8 samples at once (dbs_worker --max_batch=8, through the
+        # launcher's --worker_max_batch): it computes its batch as micro-batches, and DBS, which
+        # is not told of the limit, still gives it the share its speed earns (about 24 of 32).
+        s, slow_id = self.run_policy("micro", "--policy=dbs", "--worker_max_batch=8,0")
+        with open(os.path.join(self.tmp, "micro", "worker-0.log")) as f:
+            log = f.read()
+        self.assertRegex(log, r"batch \d+ is over --max_batch=8: computed as [3-5] micro-batches")
+        for e in s["epochs"][1:]:
+            batches = {w["id"]: w["batch_size"] for w in e["workers"]}
+            self.assertLess(batches[slow_id], 12, e["epoch"])
+            self.assertGreater(32 - batches[slow_id], 16, "the fast worker's share is not capped")
+
 
 class LauncherTest(ProcessTestCase):
     def test_a_failing_worker_stops_the_whole_cluster(self):
