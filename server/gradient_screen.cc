@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,23 +31,34 @@ const char* FaultyGradientsName(FaultyGradients mode) {
 }
 
 namespace {
-double MedianOf(std::vector<double> v) {
-  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
+// The median of `value` over `pushes`, each weighted by its samples (every push alike when none
+// has any): the value of the push that the middle sample of all of them belongs to.
+template <typename Value>
+double SampleMedian(const std::vector<PushNorm>& pushes, Value value) {
+  std::vector<std::pair<double, double>> v;  // (value, weight)
+  double total = 0.0;
+  for (const PushNorm& p : pushes) total += std::max(p.samples, 0);
+  for (const PushNorm& p : pushes) {
+    v.emplace_back(value(p), total > 0 ? std::max(p.samples, 0) : 1.0);
+  }
+  if (total <= 0) total = static_cast<double>(v.size());
+  std::sort(v.begin(), v.end());
+  double below = 0.0;
+  for (const auto& [x, w] : v) {
+    below += w;
+    if (below > total / 2) return x;
+  }
+  return v.back().first;
 }
 }  // namespace
 
 absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& reference, double ratio,
                        absl::string_view against) {
   if (std::isnan(push.norm)) return absl::InvalidArgumentError("the gradient's norm is NaN");
-  std::vector<double> norms, samples;
-  for (const PushNorm& r : reference) {
-    norms.push_back(r.norm);
-    samples.push_back(r.samples);
-  }
-  const double median = MedianOf(norms);
-  const double fewer = std::max(1.0, MedianOf(samples) / std::max(push.samples, 1));
+  const double median = SampleMedian(reference, [](const PushNorm& p) { return p.norm; });
+  const double samples =
+      SampleMedian(reference, [](const PushNorm& p) { return static_cast<double>(p.samples); });
+  const double fewer = std::max(1.0, samples / std::max(push.samples, 1));
   const double allowed = ratio * median * fewer;
   if (push.norm <= allowed) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(

@@ -10,9 +10,12 @@
 // gradient is mostly its few hard samples' (a classifier's loss is near 0 on most of the
 // others), so one hard sample alone can be m times the mean of m. A push of b samples against
 // pushes of a median of m may be m / b times larger still (a worker that DBS gives a small
-// batch, or probes with one sample, is not an outlier for that). A gradient whose norm is plausible
-// (a sign flip, a small scale) is not told apart: see docs/fault_tolerance.md for what that
-// costs.
+// batch, or probes with one sample, is not an outlier for that). Both medians weigh each push by
+// its samples: where DBS gives one worker most of the batch and the others a sample or two, the
+// reference is the pushes that hold most of the samples, not the many single samples, whose
+// norms are mostly an easy sample's (near 0) and now and then a hard one's. A gradient whose norm
+// is plausible (a sign flip, a small scale) is not told apart: see docs/fault_tolerance.md for what
+// that costs.
 //
 // Pure value type; thread-compatible.
 #ifndef DBS_SERVER_GRADIENT_SCREEN_H_
@@ -44,7 +47,7 @@ struct PushNorm {
 
 // OK, or (INVALID_ARGUMENT, naming `against`) why `push` is an outlier against `reference`
 // (not empty): more than `ratio` times their median norm, times their median samples / its
-// samples when it is over fewer samples.
+// samples when it is over fewer samples (both medians over the reference's samples).
 absl::Status JudgeNorm(const PushNorm& push, const std::vector<PushNorm>& reference, double ratio,
                        absl::string_view against);
 

@@ -56,6 +56,33 @@ TEST(GradientScreenTest, AMeanOverFewerSamplesMayBeLarger) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of the others")));
 }
 
+// The grid's B64 1:1:1:8 cell: DBS gives the fast worker 59 of 64 samples and the three others
+// 1-3 (or none). Most pushes are single samples, mostly easy ones (norm near 0); a hard sample's gradient
+// alone is 15 times their median. The reference is the pushes that hold most of the samples:
+// the hard sample passes, and a corrupted push of either size does not. (Judged by the median
+// of the pushes, unweighted, the hard sample was quarantined, then every worker that its
+// re-planned samples went to, until no worker was left.)
+TEST(GradientScreenTest, TheMediansWeighEachPushByItsSamples) {
+  std::vector<PushNorm> reference;
+  for (int step = 0; step < 16; ++step) {
+    reference.push_back({0.2, 1});
+    reference.push_back({0.4, 1});
+    reference.push_back({2.0, 1});
+    reference.push_back({1.679, 59});
+  }
+  EXPECT_THAT(JudgeNorm({26.14, 1}, reference, 10.0, "x"), IsOk());
+  EXPECT_THAT(JudgeNorm({1000.0 * 26.14, 1}, reference, 10.0, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the median 1.679 of x")));
+  EXPECT_THAT(JudgeNorm({1000.0 * 1.679, 59}, reference, 10.0, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(allowed: 10 times)")));
+  // Pushes without samples (a worker the controller took to none) weigh nothing.
+  reference.assign(40, {0.0, 0});
+  reference.push_back({2.0, 8});
+  EXPECT_THAT(JudgeNorm({19.0, 8}, reference, 10.0, "x"), IsOk());
+  EXPECT_THAT(JudgeNorm({21.0, 8}, reference, 10.0, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the median 2 of x")));
+}
+
 TEST(GradientScreenTest, AFewOutliersInTheHistoryDoNotMoveTheMedianAndOldNormsAge) {
   ScreenConfig c;
   c.history = 10;
