@@ -57,10 +57,10 @@ TEST(GradientScreenTest, AMeanOverFewerSamplesMayBeLarger) {
 }
 
 // The grid's B64 1:1:1:8 cell: DBS gives the fast worker 59 of 64 samples and the three others
-// 1-3 (or none). Most pushes are single samples, mostly easy ones (norm near 0); a hard sample's gradient
-// alone is 15 times their median. The reference is the pushes that hold most of the samples:
-// the hard sample passes, and a corrupted push of either size does not. (Judged by the median
-// of the pushes, unweighted, the hard sample was quarantined, then every worker that its
+// 1-3 (or none). Most pushes are single samples, mostly easy ones (norm near 0); a hard sample's
+// gradient alone is 15 times their median. The reference is the pushes that hold most of the
+// samples: the hard sample passes, and a corrupted push of either size does not. (Judged by the
+// median of the pushes, unweighted, the hard sample was quarantined, then every worker that its
 // re-planned samples went to, until no worker was left.)
 TEST(GradientScreenTest, TheMediansWeighEachPushByItsSamples) {
   std::vector<PushNorm> reference;
